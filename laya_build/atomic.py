@@ -1,0 +1,59 @@
+"""Atomic file writes: a temp file in the target's directory, fsync, then ``os.replace``.
+
+An interrupted build therefore never leaves a truncated file under its final name.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``target``; on success it is renamed onto ``target``.
+
+    On any exception the temporary file is removed and ``target`` is left untouched.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp_path, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_path.unlink()
+        raise
+
+
+def write_bytes(target: str | os.PathLike, data: bytes) -> Path:
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(data)
+    return Path(target)
+
+
+def write_text(target: str | os.PathLike, text: str) -> Path:
+    return write_bytes(target, text.encode("utf-8"))
+
+
+def dump_json(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def write_json(target: str | os.PathLike, obj) -> Path:
+    return write_text(target, dump_json(obj))
+
+
+def copy_file(src: str | os.PathLike, target: str | os.PathLike) -> Path:
+    with atomic_path(target) as tmp:
+        shutil.copyfile(src, tmp)
+    return Path(target)

@@ -1,0 +1,87 @@
+"""Stage records: JSON documents validated against ``schemas/<stage>.schema.json``.
+
+Every record has a top-level ``"stage"`` naming its schema.  :func:`write_record` validates
+before writing (atomically), so an invalid record fails its task and leaves nothing behind.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from . import SCHEMA_DIR
+from .atomic import write_json
+
+
+class RecordError(ValueError):
+    """A record (or config) does not match its schema."""
+
+
+@functools.lru_cache(maxsize=None)
+def load_schema(name: str) -> dict:
+    path = SCHEMA_DIR / f"{name}.schema.json"
+    if not path.is_file():
+        raise RecordError(f"no schema for stage {name!r}: {path} does not exist")
+    return json.loads(path.read_text())
+
+
+@functools.lru_cache(maxsize=None)
+def _validator(name: str):
+    import jsonschema
+
+    schema = load_schema(name)
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def key_path(error) -> str:
+    """``models.0.dtype`` style path of a jsonschema error (``<root>`` for the document)."""
+    parts = [str(p) for p in error.absolute_path]
+    return ".".join(parts) if parts else "<root>"
+
+
+def validate(name: str, doc, *, what: str | None = None) -> None:
+    """Raise :class:`RecordError` with the best-matching error and its key path."""
+    import jsonschema
+
+    error = jsonschema.exceptions.best_match(_validator(name).iter_errors(doc))
+    if error is not None:
+        label = what or f"{name} record"
+        raise RecordError(f"{label}: invalid at {key_path(error)}: {error.message}")
+
+
+def write_record(path: str | os.PathLike, record: dict) -> Path:
+    """Validate ``record`` against the schema its ``stage`` names, then write it atomically."""
+    if not isinstance(record, dict) or "stage" not in record:
+        raise RecordError(f"{path}: a record must be an object with a top-level 'stage'")
+    validate(record["stage"], record, what=f"{record['stage']} record for {path}")
+    return write_json(path, record)
+
+
+def read_record(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RecordError(f"{path}: record is missing") from None
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(record, dict) or "stage" not in record:
+        raise RecordError(f"{path}: not a stage record (no top-level 'stage')")
+    validate(record["stage"], record, what=str(path))
+    return record
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def file_entry(path: str | os.PathLike, root: str | os.PathLike | None = None) -> dict:
+    """``{"path", "bytes", "sha256"}`` of a file (path relative to ``root`` when given)."""
+    path = Path(path)
+    rel = path.relative_to(root).as_posix() if root is not None else path.as_posix()
+    return {"path": rel, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
