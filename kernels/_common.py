@@ -60,3 +60,43 @@ def loop(*extents, cpu: bool):
 
 def threads(gpu_threads: int, cpu: bool) -> int:
     return 1 if cpu else gpu_threads
+
+
+def stages(gpu_stages: int, cpu: bool) -> int:
+    """Software-pipelining depth of a ``T.Pipelined`` loop: none on the CPU."""
+    return 0 if cpu else gpu_stages
+
+
+def rasterize(panel_size: int, cpu: bool):
+    """The GPU's threadblock swizzle (L2-friendly block order); dropped on the CPU."""
+    return T.use_swizzle(panel_size, enable=not cpu)
+
+
+ACTIVATIONS = ("none", "gelu", "relu")
+_INV_SQRT2 = 0.7071067811865476
+
+
+def check_choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not supported; allowed: {', '.join(map(str, allowed))}")
+
+
+def check_positive(**dims) -> None:
+    """Compile-time shape arguments must be positive Python ints."""
+    for name, value in dims.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def gelu(x):
+    """Exact (erf) GELU of an fp32 expression."""
+    return 0.5 * x * (1.0 + T.erf(x * _INV_SQRT2))
+
+
+def activation(x, act: str):
+    """The GEMM epilogue on an fp32 expression: ``none``, exact ``gelu`` or ``relu``."""
+    if act == "gelu":
+        return gelu(x)
+    if act == "relu":
+        return T.max(x, T.float32(0))
+    return x

@@ -28,13 +28,25 @@ def load_schema(name: str) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
+def _registry():
+    """Every schema of ``schemas/`` by its ``$id``, so schemas can ``$ref`` each other."""
+    from referencing import Registry, Resource
+
+    resources = []
+    for path in sorted(SCHEMA_DIR.glob("*.schema.json")):
+        schema = json.loads(path.read_text())
+        resources.append((schema.get("$id", path.name), Resource.from_contents(schema)))
+    return Registry().with_resources(resources)
+
+
+@functools.lru_cache(maxsize=None)
 def _validator(name: str):
     import jsonschema
 
     schema = load_schema(name)
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+    return cls(schema, registry=_registry(), format_checker=cls.FORMAT_CHECKER)
 
 
 def key_path(error) -> str:

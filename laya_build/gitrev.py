@@ -1,0 +1,47 @@
+"""Kernels at a git revision, extracted into an isolated folder (for ``cuda_diff`` baselines)."""
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+
+class GitRefError(ValueError):
+    """The baseline git revision cannot be resolved or holds no kernels/."""
+
+
+def resolve(root: Path, ref: str) -> str:
+    """The commit sha ``ref`` names in the repository at ``root``."""
+    proc = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+                          cwd=root, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise GitRefError(f"cuda.baseline.git_ref: {ref!r} is not a commit of the repository at {root}")
+    return proc.stdout.strip()
+
+
+def extract_kernels(root: Path, sha: str, dest: Path) -> Path:
+    """Write ``kernels/`` as of ``sha`` to ``dest/kernels`` (atomically: temp dir + rename).
+
+    Returns ``dest``, the folder to put first on ``sys.path`` so ``import kernels`` loads the
+    baseline instead of the working tree.
+    """
+    if (dest / "kernels" / "__init__.py").is_file():
+        return dest
+    proc = subprocess.run(["git", "archive", "--format=tar", sha, "kernels"], cwd=root, capture_output=True)
+    if proc.returncode != 0:
+        raise GitRefError(f"cuda.baseline.git_ref: commit {sha} has no kernels/ ({proc.stderr.decode().strip()})")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
+            tar.extractall(tmp, filter="data")
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest

@@ -1,0 +1,90 @@
+"""Run a stage function in a fresh Python process.
+
+Compiling stages run here rather than in the doit process because TileLang renames
+PrimFuncs whose names collide within one process (which changes generated source), because
+CUDA cannot be re-initialised in a forked worker, and because a crashing native compiler
+must not take the build down with it.
+
+Protocol: the parent sends ``{"module", "function", "spec", "record"}`` as JSON on stdin;
+the child imports ``module``, calls ``function(spec)`` and, if ``record`` is set, validates
+and writes the returned record there.  A failure in the child is reported as one
+``LAYA-ERROR <type>: <message>`` line on stderr, which the parent re-raises as
+:class:`StageFailed` with that message.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+from . import PROJECT_ROOT
+
+ERROR_PREFIX = "LAYA-ERROR "
+
+
+class StageFailed(RuntimeError):
+    """A stage failed in its own process; the message is the child's error."""
+
+
+def child_env(extra_path: list[str] | None = None, env: dict | None = None) -> dict:
+    """Environment of a stage process: offline, project (and optional baseline kernels) importable."""
+    out = dict(os.environ)
+    paths = [*(extra_path or []), str(PROJECT_ROOT)]
+    if out.get("PYTHONPATH"):
+        paths.append(out["PYTHONPATH"])
+    out["PYTHONPATH"] = os.pathsep.join(paths)
+    out["HF_HUB_OFFLINE"] = "1"
+    out["TRANSFORMERS_OFFLINE"] = "1"
+    out.update(env or {})
+    return out
+
+
+def run(module: str, function: str, spec: dict, *, record: str | os.PathLike | None = None,
+        extra_path: list[str] | None = None, env: dict | None = None, label: str | None = None,
+        timeout: float | None = None) -> None:
+    """Run ``module.function(spec)`` in a new interpreter; raise :class:`StageFailed` on failure."""
+    payload = json.dumps({"module": module, "function": function, "spec": spec,
+                          "record": str(record) if record else None})
+    proc = subprocess.run(
+        [sys.executable, "-m", "laya_build.isolate"],
+        input=payload, text=True, capture_output=True, cwd=PROJECT_ROOT,
+        env=child_env(extra_path, env), timeout=timeout,
+    )
+    if proc.returncode == 0:
+        return
+    what = label or f"{module}.{function}"
+    errors = [line[len(ERROR_PREFIX):] for line in proc.stderr.splitlines() if line.startswith(ERROR_PREFIX)]
+    if errors:
+        raise StageFailed(f"{what}: {errors[-1]}")
+    if proc.returncode < 0:
+        reason = f"killed by signal {signal.Signals(-proc.returncode).name}"
+    else:
+        reason = f"exit status {proc.returncode}"
+    tail = "\n".join(proc.stderr.strip().splitlines()[-20:])
+    raise StageFailed(f"{what}: process failed ({reason})\n{tail}")
+
+
+def _main() -> int:
+    request = json.loads(sys.stdin.read())
+    try:
+        func = getattr(importlib.import_module(request["module"]), request["function"])
+        record = func(request["spec"])
+        if request.get("record"):
+            from .records import write_record
+
+            write_record(Path(request["record"]), record)
+    except Exception as exc:  # reported to the parent, which raises StageFailed
+        traceback.print_exc()
+        message = str(exc).replace("\n", " | ")
+        print(f"{ERROR_PREFIX}{type(exc).__name__}: {message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,77 @@
+"""The Laya decision model: a ModernBERT encoder with a typed decision head.
+
+``forward(input_ids, attention_mask, marker_pos, marker_mask, qtype)`` returns
+``(decision_logits [rows, slots] fp32, act_logits [rows, n_act])``.  Tokenisation, padding,
+temperature calibration (the ``temperature`` buffer) and answer formatting stay with the
+caller; the forward has no data-dependent Python control flow and is ``torch.export``-able
+with dynamic rows, tokens and marker slots.  The only branch is on the *static* slot count:
+a true one-slot tensor (``slots == 1``) takes the single-option branch (no runner-up), which
+needs its own export.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from transformers import ModernBertConfig, ModernBertModel
+
+QUESTION_TYPES = ("choice", "score", "noul")  # qtype ids 0, 1, 2
+MASKED_SLOT_LOGIT = -1e4
+MAX_SLOTS_SCALE = 255.0  # the act head sees k / 255
+
+
+class DecisionModel(nn.Module):
+    def __init__(self, encoder_config: ModernBertConfig, head_layers: int = 2, n_act: int = 2,
+                 temperature: float = 3.0):
+        super().__init__()
+        d = encoder_config.hidden_size
+        self.encoder = ModernBertModel(encoder_config)
+        layer = nn.TransformerEncoderLayer(d, max(1, d // 64), 4 * d, batch_first=True,
+                                           norm_first=True)
+        # norm_first layers never take the nested-tensor fast path; saying so avoids a warning.
+        self.head = nn.TransformerEncoder(layer, head_layers, enable_nested_tensor=False)
+        self.type_emb = nn.Embedding(len(QUESTION_TYPES), d)
+        self.scorer = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
+        self.act_head = nn.Sequential(nn.Linear(d + 4, 256), nn.GELU(), nn.Linear(256, n_act))
+        self.register_buffer("temperature", torch.tensor(float(temperature)))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                marker_pos: torch.Tensor, marker_mask: torch.Tensor, qtype: torch.Tensor):
+        states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        states = states + self.type_emb(qtype)[:, None]
+        states = self.head(states, src_key_padding_mask=attention_mask == 0)
+
+        index = marker_pos[:, :, None].expand(-1, -1, states.shape[-1])
+        markers = torch.gather(states, 1, index)
+        logits = self.scorer(markers).squeeze(-1).float()
+        logits = logits.masked_fill(marker_mask == 0, MASKED_SLOT_LOGIT)
+        return logits, self.act_head(self.act_features(states, logits, marker_mask))
+
+    def act_features(self, states: torch.Tensor, logits: torch.Tensor,
+                     marker_mask: torch.Tensor) -> torch.Tensor:
+        """``[CLS state, top1, top1 - top2, entropy / log k, k / 255]``, cast for the act head.
+
+        Softmax and entropy are fp32.  Outside autocast the concatenation is cast to the act
+        head's weight dtype (explicit bf16 weights would otherwise meet fp32 features); under
+        autocast it is left to autocast's own casts.
+        """
+        probs = torch.softmax(logits.float(), dim=-1)
+        if probs.shape[-1] >= 2:
+            top = probs.topk(2, dim=-1).values
+            top1, top2 = top[:, 0], top[:, 1]
+        else:  # single-option branch: a static shape decision, resolved at export time
+            top1 = probs[:, 0]
+            top2 = torch.zeros_like(top1)
+        entropy = -(probs * torch.log(probs.clamp_min(1e-12))).sum(-1)
+        k = (marker_mask != 0).sum(-1).clamp(min=2).float()
+        feats = torch.cat([
+            states[:, 0].float(),
+            top1[:, None],
+            (top1 - top2)[:, None],
+            (entropy / torch.log(k))[:, None],
+            (k / MAX_SLOTS_SCALE)[:, None],
+        ], dim=-1)
+        if not torch.is_autocast_enabled(feats.device.type):
+            feats = feats.to(self.act_head[0].weight.dtype)
+        return feats

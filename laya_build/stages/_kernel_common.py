@@ -1,0 +1,39 @@
+"""What the kernel stages share: importing a factory and describing the toolchain."""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import platform
+
+
+def load_factory(name: str):
+    """The factory ``name`` from the ``kernels`` package on ``sys.path`` (the project's, or a
+    baseline revision's when the stage process was started with that on its path)."""
+    kernels = importlib.import_module("kernels")
+    try:
+        return getattr(kernels, name)
+    except AttributeError:
+        raise LookupError(f"kernels ({kernels.__file__}) has no factory {name!r}") from None
+
+
+def toolchain() -> dict:
+    """Versions that determine generated code."""
+    import tilelang
+    import torch
+
+    return {
+        "tilelang": importlib.metadata.version("tilelang"),
+        "tvm": getattr(__import__("tvm"), "__version__", "unknown"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def call_args(spec: dict, **override) -> tuple[list, dict]:
+    kwargs = {**spec.get("kwargs", {}), **override}
+    return list(spec.get("args", [])), kwargs
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -1,0 +1,48 @@
+"""Stage ``cuda_source``: CUDA C++ for one kernel variant x dtype x arch, with no GPU.
+
+``tilelang.lower`` runs TileLang's device lowering and codegen only; nothing is compiled
+with nvcc and no CUDA device is touched, so this works on a CPU-only machine.  Each
+generation runs in its own process (see :mod:`laya_build.isolate`): the source then depends
+only on the kernel and its arguments, not on what else the process generated before.
+"""
+from __future__ import annotations
+
+import time
+
+from ..atomic import write_text
+from ._kernel_common import call_args, load_factory, sha256_text, toolchain
+
+
+def generate(factory_name: str, args: list, kwargs: dict, dtype: str, target: dict) -> str:
+    import tilelang
+    import tvm
+
+    import kernels
+
+    factory = load_factory(factory_name)
+    func = factory.get_tir(*args, **{**kwargs, "dtype": dtype})
+    with tvm.transform.PassContext(opt_level=3, config=dict(kernels._common.GPU_PASS_CONFIGS)):
+        artifact = tilelang.lower(func, target=dict(target))
+    return artifact.kernel_source
+
+
+def run_cuda_source(spec: dict) -> dict:
+    """spec: variant, factory, args, kwargs, dtype, target (TileLang target dict), source (path)."""
+    start = time.perf_counter()
+    args, kwargs = call_args(spec)
+    source = generate(spec["factory"], args, kwargs, spec["dtype"], spec["target"])
+    write_text(spec["source"], source)
+    return {
+        "stage": "cuda_source",
+        "variant": spec["variant"],
+        "factory": spec["factory"],
+        "args": args,
+        "kwargs": kwargs,
+        "dtype": spec["dtype"],
+        "target": spec["target"],
+        "source": spec["source_rel"],
+        "sha256": sha256_text(source),
+        "bytes": len(source.encode("utf-8")),
+        "toolchain": toolchain(),
+        "elapsed_s": round(time.perf_counter() - start, 4),
+    }

@@ -1,0 +1,183 @@
+"""Stage ``lower_c``: the fp32 C specialisation (``kernels.compile_cpu``), its generated C
+source, and a numerical check against the torch reference on the configured shapes.
+
+The check fails the stage (:class:`NumericalCheckFailed`, numbers in the message) when a
+kernel's output differs from the reference by more than ``atol``, or when an in-place
+update is not exact (LayerNorm's residual stream must equal ``X + R`` bit for bit and stay
+untouched with ``residual=False``; RoPE must leave V bit for bit unchanged).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..atomic import write_text
+from ._kernel_common import call_args, load_factory, sha256_text, toolchain
+
+
+class NumericalCheckFailed(AssertionError):
+    """A CPU kernel disagrees with its reference."""
+
+
+@dataclass
+class Case:
+    """One numerical case: the kernel's call arguments and what its outputs must equal."""
+
+    inputs: tuple
+    compare: list = field(default_factory=list)  # (name, actual_fn, expected, valid_mask|None)
+    exact: list = field(default_factory=list)  # (name, actual_fn, expected)
+
+
+def _rand(gen, *shape, scale=1.0):
+    import torch
+
+    return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).float()
+
+
+def _gemm_case(args, kwargs, shape, gen):
+    import torch
+    from kernels.reference import gemm_reference
+
+    N, K = args[0], args[1]
+    M = shape["M"]
+    A, W, b = _rand(gen, M, K), _rand(gen, N, K, scale=K ** -0.5), _rand(gen, N)
+    C = torch.empty(M, N)
+    bias = kwargs.get("bias", False)
+    ref = gemm_reference(A, W, b if bias else None, kwargs.get("act", "none"))
+    return Case((A, W, b, C), compare=[("C", lambda: C, ref, None)])
+
+
+def _geglu_case(args, kwargs, shape, gen):
+    import torch
+    from kernels.reference import geglu_reference
+
+    F, K = args[0], args[1]
+    M = shape["M"]
+    A, W = _rand(gen, M, K), _rand(gen, 2 * F, K, scale=K ** -0.5)
+    C = torch.empty(M, F)
+    return Case((A, W, C), compare=[("C", lambda: C, geglu_reference(A, W), None)])
+
+
+def _add_ln_case(args, kwargs, shape, gen):
+    import torch
+    from kernels.reference import add_ln_reference
+
+    D = args[0]
+    M = shape["M"]
+    residual, bias = kwargs.get("residual", True), kwargs.get("bias", False)
+    X, R = _rand(gen, M, D, scale=3e4), _rand(gen, M, D)
+    w, b = _rand(gen, D), _rand(gen, D)
+    Y = torch.empty(M, D)
+    x_new, ref = add_ln_reference(X, R, w, b if bias else None, kwargs.get("eps", 1e-5), residual)
+    return Case((X, R, w, b, Y), compare=[("Y", lambda: Y, ref, None)], exact=[("X (residual stream)", lambda: X, x_new)])
+
+
+def _rope_case(args, kwargs, shape, gen):
+    from kernels.reference import rope_reference, rope_tables
+
+    H, Dh = args[0], args[1]
+    M, L = shape["M"], shape["L"]
+    QKV = _rand(gen, M, 3 * H * Dh)
+    cos, sin = rope_tables(L, Dh)
+    ref = rope_reference(QKV, cos, sin, H, Dh)
+    v = QKV[:, 2 * H * Dh:].clone()
+    return Case(
+        (QKV, cos, sin),
+        compare=[("QK columns", lambda: QKV[:, : 2 * H * Dh], ref[:, : 2 * H * Dh], None)],
+        exact=[("V columns", lambda: QKV[:, 2 * H * Dh:], v)],
+    )
+
+
+def _attn_case(args, kwargs, shape, gen):
+    import torch
+    from kernels.reference import attn_reference
+
+    B0, L0, H, Dh = args[0], args[1], args[2], args[3]
+    B, L = shape.get("B", B0), shape.get("L", L0)
+    if B is None or L is None:
+        raise ValueError("attention check shapes need B and L when the variant leaves them symbolic")
+    lens = torch.tensor(shape.get("lens", [L] * B), dtype=torch.int32)
+    if lens.numel() != B:
+        raise ValueError(f"attention check shape: lens has {lens.numel()} entries for B={B}")
+    QKV = _rand(gen, B, L, 3, H, Dh)
+    O = torch.empty(B, L, H * Dh)
+    ref = attn_reference(QKV, lens, window=kwargs.get("window", 0))
+    valid = (torch.arange(L)[None, :] < lens[:, None].long())  # [B, L] valid query rows
+    return Case((QKV, lens, O), compare=[("O", lambda: O, ref, valid)])
+
+
+HARNESS: dict[str, Callable] = {
+    "gemm_kernel": _gemm_case,
+    "gemm_geglu_kernel": _geglu_case,
+    "add_ln_kernel": _add_ln_case,
+    "rope_kernel": _rope_case,
+    "attn_kernel": _attn_case,
+}
+
+
+def check_case(case: Case, atol: float, where: str) -> dict:
+    """Max abs error vs the reference (valid rows only) and exactness of in-place updates."""
+    import torch
+
+    result = {"max_abs_err": 0.0, "exact": True, "finite": True}
+    for name, actual_fn, expected, valid in case.compare:
+        actual = actual_fn().double()
+        result["finite"] &= bool(torch.isfinite(actual).all())
+        err = (actual - expected).abs()
+        if valid is not None:
+            err = err[valid]
+        worst = float(err.max()) if err.numel() else 0.0
+        result["max_abs_err"] = max(result["max_abs_err"], worst)
+        if not worst <= atol:  # also catches NaN
+            idx = divmod(int(err.argmax()), err.shape[-1]) if err.dim() == 2 else int(err.argmax())
+            raise NumericalCheckFailed(f"{where}: {name} differs from the reference by {worst:.3e} > atol {atol:.1e} (at {idx})")
+    for name, actual_fn, expected in case.exact:
+        actual = actual_fn()
+        if not torch.equal(actual, expected):
+            diff = float((actual.double() - expected.double()).abs().max())
+            raise NumericalCheckFailed(f"{where}: {name} is not bitwise exact (max difference {diff:.3e})")
+    if not result["finite"]:
+        raise NumericalCheckFailed(f"{where}: output contains NaN or Inf")
+    return result
+
+
+def run_lower_c(spec: dict) -> dict:
+    """spec: variant, factory, args, kwargs, shapes, seed, atol, source (path), source_rel."""
+    import torch
+
+    import kernels
+
+    start = time.perf_counter()
+    args, kwargs = call_args(spec)
+    kernel = kernels.compile_cpu(load_factory(spec["factory"]), *args, **kwargs)
+    compile_s = time.perf_counter() - start
+    source = kernel.source
+    make_case = HARNESS[spec["factory"]]
+    gen = torch.Generator().manual_seed(spec["seed"])
+    checks = []
+    for i, shape in enumerate(spec["shapes"]):
+        case = make_case(args, kwargs, shape, gen)
+        kernel(*case.inputs)
+        result = check_case(case, spec["atol"], f"{spec['variant']} shape {i} {shape}")
+        checks.append({"shape": shape, **result, "atol": spec["atol"], "passed": True})
+    write_text(spec["source"], source)
+    return {
+        "stage": "lower_c",
+        "variant": spec["variant"],
+        "factory": spec["factory"],
+        "args": args,
+        "kwargs": kwargs,
+        "dtype": "float32",
+        "target": "c",
+        "source": spec["source_rel"],
+        "sha256": sha256_text(source),
+        "bytes": len(source.encode("utf-8")),
+        "seed": spec["seed"],
+        "checks": checks,
+        "max_abs_err": max(c["max_abs_err"] for c in checks),
+        "passed": True,
+        "compile_s": round(compile_s, 4),
+        "toolchain": toolchain(),
+        "elapsed_s": round(time.perf_counter() - start, 4),
+    }

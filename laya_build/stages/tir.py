@@ -1,0 +1,36 @@
+"""Stage ``tir``: ``factory.get_tir(...)`` -> TVMScript text and a structural hash."""
+from __future__ import annotations
+
+import time
+
+from ..atomic import write_text
+from ._kernel_common import call_args, load_factory, sha256_text, toolchain
+
+
+def run_tir(spec: dict) -> dict:
+    """spec: variant, factory, args, kwargs, dtype, cpu, script (output path)."""
+    import tvm
+
+    start = time.perf_counter()
+    factory = load_factory(spec["factory"])
+    args, kwargs = call_args(spec, dtype=spec["dtype"], cpu=spec["cpu"])
+    func = factory.get_tir(*args, **kwargs)
+    script = func.script()
+    write_text(spec["script"], script)
+    return {
+        "stage": "tir",
+        "variant": spec["variant"],
+        "factory": spec["factory"],
+        "args": spec.get("args", []),
+        "kwargs": spec.get("kwargs", {}),
+        "dtype": spec["dtype"],
+        "cpu": spec["cpu"],
+        "global_symbol": str(func.attrs["global_symbol"]) if func.attrs and "global_symbol" in func.attrs else None,
+        "params": [str(p.name) for p in func.params],
+        "structural_hash": int(tvm.ir.structural_hash(func)),
+        "script": spec["script_rel"],
+        "script_sha256": sha256_text(script),
+        "script_bytes": len(script.encode("utf-8")),
+        "toolchain": toolchain(),
+        "elapsed_s": round(time.perf_counter() - start, 4),
+    }
