@@ -2,37 +2,39 @@
 
 Layout::
 
-    QKV  [B, L, 3, H, Dh]  dtype     (index 0/1/2 of axis 2 = Q/K/V)
-    Lens [B]               int32     valid tokens per sequence
-    O    [B, L, H * Dh]    dtype     written for every row; padded rows are 0
+    QKV  [B, L, 3, H, Dh]  dtype     axis 2 holds Q, K, V
+    Lens [B]               int32     valid tokens of each sequence
+    O    [B, L, H * Dh]    dtype     every row is written; padded rows are 0
 
-Key ``j`` is visible from query ``i`` of sequence ``b`` iff ``i < Lens[b]``,
-``j < Lens[b]`` and, when ``window > 0``, ``abs(i - j) <= window`` (bidirectional
-sliding window).  A query row that sees no key (padding, ``Lens[b] == 0``) gets 0:
-the final division is guarded, the kernel never produces NaN/Inf from padding.
+Query ``i`` of sequence ``b`` sees key ``j`` iff ``i < Lens[b]``, ``j < Lens[b]`` and,
+when ``window > 0``, ``abs(i - j) <= window`` (bidirectional sliding window).  The
+scores are scaled by ``1/sqrt(Dh)``.  A query row that sees no key (padding,
+``Lens[b] == 0``) is written as 0: the final division is guarded, so padding never
+produces NaN/Inf.  Values stored at padded positions are never selected by the mask but
+are multiplied by zero probabilities, so they must be finite (any projection output is).
 
-``B`` and/or ``L`` may be ``None``: they become runtime dimensions (``T.dynamic``),
-so one compiled kernel serves several batch sizes and sequence lengths.  Partial
-tiles are handled by padding predicates on every load and store.
+``B`` and/or ``L`` may be ``None``: they become runtime dimensions (``T.dynamic``), so
+one compiled kernel serves several batch sizes and sequence lengths.  Partial tiles
+(``L`` not a multiple of the block sizes) are covered by the padding predicates of the
+tile copies: rows past ``L`` load as 0 and are never stored.
 
-One algorithm for both specialisations.  The body of :func:`attn_kernel` (tiling,
-tile ranges, masks, online softmax, guarded normalisation) is shared; ``cpu=True``
-only changes the small helper layer below (``_load_rows``, ``_gemm``, ``_row_max``,
-``_row_sum``, ``_kv_tiles``) and the allocation scopes/loop kinds of
-:mod:`kernels._common`:
+One algorithm serves both specialisations.  The body of :func:`attn_kernel` (tiling,
+key-tile ranges, masks, online softmax, guarded normalisation) is shared; ``cpu=True``
+only switches the allocation scopes and loop kinds of :mod:`kernels._common` and the
+small helper layer below:
 
-======================  ==================================  ==============================
-piece                   GPU (``cpu=False``)                 CPU (``cpu=True``, target "c")
-======================  ==================================  ==============================
-tile buffers            shared / fragment                   local
-element-wise loops      ``T.Parallel``                      sequential ``T.grid``
-QK^T, PV                ``T.gemm`` (tensor cores)           ``T.gemm`` (TileLang's scalar
-                                                            CPU GEMM on local buffers)
-row max / row sum       ``T.reduce_max`` / ``T.reduce_sum`` sequential loops
-key-tile loop           ``T.Pipelined(num_stages)``         ``T.serial``
-block rasterisation     ``T.use_swizzle``                   (omitted)
-probabilities for PV    cast to the storage dtype           fp32
-======================  ==================================  ==============================
+=====================  ====================================  ===============================
+piece                  GPU (``cpu=False``)                   CPU (``cpu=True``, target "c")
+=====================  ====================================  ===============================
+tile buffers           shared / fragment                     local
+element-wise loops     ``T.Parallel``                        sequential ``T.grid``
+QK^T, PV               ``T.gemm`` (tensor cores)             ``T.gemm`` (TileLang's scalar
+                                                             CPU GEMM on local buffers)
+row max / row sum      ``T.reduce_max`` / ``T.reduce_sum``   sequential loops
+key-tile loop          ``T.Pipelined(num_stages)``           ``T.serial``
+block rasterisation    ``T.use_swizzle``                     (omitted)
+PV probabilities       cast to the storage dtype             fp32 (the scores buffer itself)
+=====================  ====================================  ===============================
 """
 from __future__ import annotations
 
@@ -46,74 +48,46 @@ from ._common import ACCUM_DTYPE, alloc, loop
 
 __all__ = ["attn_kernel", "PROBE_ARGS", "TILE_DEFAULTS"]
 
-# Canonical small shape for the compile probe (kernels/probe.py): one partial
-# key/query tile pair per (batch, head) with the default tiles.
+# Canonical probe arguments (kernels/probe.py): a small static shape with whole tiles.
 PROBE_ARGS = dict(B=2, L=128, H=4, Dh=64)
 
-# Tile defaults (TileLang's example_mha_fwd_bshd configuration for Dh=64).
+# GPU tile defaults: TileLang's example_mha_fwd_bshd configuration (Dh <= 128).
 TILE_DEFAULTS = dict(block_M=64, block_N=64, num_stages=1, threads=128)
 
-_LOG2E = 1.44269504088896340736
+_LOG2E = 1.4426950408889634
 _SWIZZLE_PANEL = 10
 _NEG_INF = -T.infinity(ACCUM_DTYPE)
 
 
 # --------------------------------------------------------------------------------------
-# The helper layer: the only place where the GPU and CPU specialisations differ.
+# Helper layer: the only code that differs between the GPU and CPU specialisations.
 # --------------------------------------------------------------------------------------
-def _load_rows(QKV, dst, b, row0, part, h, n_valid, *, cpu: bool):
-    """``dst[r, :] = QKV[b, row0 + r, part, h, :]`` for ``row0 + r < n_valid``, else 0.
-
-    The predicate is the padding guard of partial tiles (never reads past ``L``) and
-    zeroes keys/values past the sequence's valid length, so garbage in padded
-    positions cannot reach the products.
-    """
-
-    @T.macro
-    def body():
-        for r, d in loop(dst.shape[0], dst.shape[1], cpu=cpu):
-            dst[r, d] = T.if_then_else(row0 + r < n_valid, QKV[b, row0 + r, part, h, d], T.cast(0, dst.dtype))
-
-    return body()
-
-
-def _gemm(A, Bm, C, *, transpose_B: bool, clear: bool, cpu: bool):
-    """``C = A @ B(^T)`` (``clear=True``) or ``C += A @ B(^T)``.
-
-    GPU: tensor-core ``T.gemm`` with the FullRow warp policy of TileLang's attention
-    examples; CPU: the same tile op, which TileLang lowers to its scalar triple loop on
-    local buffers for the ``c`` target.
-    """
-    policy = T.GemmWarpPolicy.Square if cpu else T.GemmWarpPolicy.FullRow
-    return T.gemm(A, Bm, C, transpose_B=transpose_B, clear_accum=clear, policy=policy)
-
-
 def _row_max(src, dst, *, cpu: bool):
-    """``dst[i] = max(dst[i], max_j src[i, j])`` (running maximum: no clear)."""
+    """Running row maximum: ``dst[i] = max(dst[i], max_j src[i, j])``."""
     if not cpu:
         return T.reduce_max(src, dst, dim=1, clear=False)
 
     @T.macro
-    def body():
+    def serial_max():
         for i, j in T.grid(src.shape[0], src.shape[1]):
             dst[i] = T.max(dst[i], src[i, j])
 
-    return body()
+    return serial_max()
 
 
 def _row_sum(src, dst, *, cpu: bool):
-    """``dst[i] = sum_j src[i, j]``."""
+    """Row sum: ``dst[i] = sum_j src[i, j]``."""
     if not cpu:
         return T.reduce_sum(src, dst, dim=1, clear=True)
 
     @T.macro
-    def body():
+    def serial_sum():
         for i in T.serial(src.shape[0]):
             dst[i] = T.cast(0, dst.dtype)
             for j in T.serial(src.shape[1]):
                 dst[i] += src[i, j]
 
-    return body()
+    return serial_sum()
 
 
 def _kv_tiles(begin, end, num_stages: int, *, cpu: bool):
@@ -127,8 +101,21 @@ def _visible(i, j, n, window: int):
     return valid & (T.abs(i - j) <= window) if window > 0 else valid
 
 
+def _key_tile_range(q0, n, block_M: int, block_N: int, window: int):
+    """``[begin, end)`` of the key tiles that some valid query row of tile ``q0`` sees.
+
+    Empty for query tiles that lie entirely in the padding (``q0 >= n``); with a window,
+    only the tiles within ``window`` of the tile's valid rows.
+    """
+    lo = T.max(q0 - window, 0) if window > 0 else 0
+    hi = T.min(T.min(q0 + block_M, n) + window, n) if window > 0 else n
+    begin = lo // block_N
+    end = T.if_then_else(q0 < n, T.max(T.ceildiv(hi, block_N), begin), begin)
+    return begin, end
+
+
 # --------------------------------------------------------------------------------------
-# The kernel factory.
+# Kernel factory.
 # --------------------------------------------------------------------------------------
 @tilelang.jit(pass_configs=_common.GPU_PASS_CONFIGS)
 def attn_kernel(
@@ -148,9 +135,9 @@ def attn_kernel(
     """Flash attention ``O = softmax(Q K^T / sqrt(Dh) + mask) V`` on packed ``QKV``.
 
     ``B``/``L``: ints, or ``None`` for runtime dimensions.  ``window``: 0 = full
-    bidirectional attention, ``w > 0`` = keys with ``abs(i - j) <= w``.  Call the
-    compiled kernel as ``k(QKV, Lens, O)``.  ``cpu=True`` builds the scalar CPU
-    specialisation (use :func:`kernels.compile_cpu`, which also forces fp32).
+    bidirectional attention, ``w > 0`` = keys with ``abs(i - j) <= w``.  Call the compiled
+    kernel as ``k(QKV, Lens, O)``.  ``cpu=True`` builds the scalar CPU specialisation;
+    compile it with :func:`kernels.compile_cpu`, which also forces fp32.
     """
     dtype = _common.check_dtype(dtype, cpu)
     if window < 0:
@@ -158,10 +145,7 @@ def attn_kernel(
     batch = T.dynamic("B") if B is None else B
     seq = T.dynamic("L") if L is None else L
     accum = ACCUM_DTYPE
-    # Probabilities feed the PV product: storage dtype on the GPU (tensor cores), fp32 on the CPU.
-    prob_dtype = accum if cpu else dtype
-    n_threads = _common.threads(threads, cpu)
-    qk_scale = _LOG2E / math.sqrt(Dh)  # softmax via exp2: exp(x / sqrt(Dh)) = exp2(x * qk_scale)
+    qk_scale = _LOG2E / math.sqrt(Dh)  # exp(s / sqrt(Dh)) == exp2(s * qk_scale)
 
     @T.prim_func
     def attention(
@@ -169,18 +153,20 @@ def attn_kernel(
         Lens: T.Tensor([batch], "int32"),
         O: T.Tensor([batch, seq, H * Dh], dtype),
     ):
-        with T.Kernel(T.ceildiv(seq, block_M), H, batch, threads=n_threads) as (bx, by, bz):
+        with T.Kernel(T.ceildiv(seq, block_M), H, batch, threads=_common.threads(threads, cpu)) as (bx, by, bz):
             Q_t = alloc([block_M, Dh], dtype, cpu, "shared")
             K_t = alloc([block_N, Dh], dtype, cpu, "shared")
             V_t = alloc([block_N, Dh], dtype, cpu, "shared")
             O_t = alloc([block_M, Dh], dtype, cpu, "shared")
             S = alloc([block_M, block_N], accum, cpu)  # scores, then probabilities
-            P = alloc([block_M, block_N], prob_dtype, cpu)  # probabilities for the PV product
-            acc_o = alloc([block_M, Dh], accum, cpu)
-            m = alloc([block_M], accum, cpu)  # running row maximum (raw scores)
+            # Probabilities for the PV product: the storage dtype on the GPU (tensor cores),
+            # the fp32 scores buffer itself on the CPU.
+            P = S if cpu else alloc([block_M, block_N], dtype, cpu)
+            acc_o = alloc([block_M, Dh], accum, cpu)  # unnormalised output
+            m = alloc([block_M], accum, cpu)  # running row maximum of the raw scores
             m_prev = alloc([block_M], accum, cpu)
-            m_safe = alloc([block_M], accum, cpu)  # m, with -inf (nothing seen yet) -> 0
-            alpha = alloc([block_M], accum, cpu)  # rescale factor of the previous partials
+            m_safe = alloc([block_M], accum, cpu)  # m with -inf (no key seen yet) -> 0
+            alpha = alloc([block_M], accum, cpu)  # rescale factor of the earlier partials
             row_sum = alloc([block_M], accum, cpu)
             l = alloc([block_M], accum, cpu)  # running softmax denominator
 
@@ -189,33 +175,24 @@ def attn_kernel(
 
             q0 = bx * block_M
             n = T.max(T.min(Lens[bz], seq), 0)  # valid tokens of this sequence
-            # Key tiles that some valid query row of this tile can see; none for padded tiles.
-            k_lo = T.max(q0 - window, 0) if window > 0 else 0
-            k_hi = T.min(T.min(q0 + block_M, n) + window, n) if window > 0 else n
-            t_begin = k_lo // block_N
-            t_end = T.if_then_else(q0 < n, T.max(T.ceildiv(k_hi, block_N), t_begin), t_begin)
+            t_begin, t_end = _key_tile_range(q0, n, block_M, block_N, window)
 
-            _load_rows(QKV, Q_t, bz, q0, 0, by, n, cpu=cpu)
-            for i, d in loop(block_M, Dh, cpu=cpu):
-                acc_o[i, d] = 0
-            for i in loop(block_M, cpu=cpu):
-                l[i] = 0
-                m[i] = _NEG_INF
+            T.copy(QKV[bz, q0 : q0 + block_M, 0, by, :], Q_t)
+            T.fill(acc_o, 0)
+            T.fill(l, 0)
+            T.fill(m, _NEG_INF)
 
             for t in _kv_tiles(t_begin, t_end, num_stages, cpu=cpu):
                 k0 = t * block_N
-                _load_rows(QKV, K_t, bz, k0, 1, by, n, cpu=cpu)
-                _load_rows(QKV, V_t, bz, k0, 2, by, n, cpu=cpu)
-                _gemm(Q_t, K_t, S, transpose_B=True, clear=True, cpu=cpu)
-
-                # Mask: padded queries/keys and, with a window, keys out of reach.
+                T.copy(QKV[bz, k0 : k0 + block_N, 1, by, :], K_t)
+                T.copy(QKV[bz, k0 : k0 + block_N, 2, by, :], V_t)
+                T.gemm(Q_t, K_t, S, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 for i, j in loop(block_M, block_N, cpu=cpu):
                     S[i, j] = T.if_then_else(_visible(q0 + i, k0 + j, n, window), S[i, j], _NEG_INF)
 
                 # Online softmax.  A row that has seen no visible key keeps m = -inf; m_safe
-                # makes its exponentials exp2(-inf) = 0 instead of exp2(-inf + inf) = NaN.
-                for i in loop(block_M, cpu=cpu):
-                    m_prev[i] = m[i]
+                # turns its exponentials into exp2(-inf) = 0 instead of exp2(-inf + inf) = NaN.
+                T.copy(m, m_prev)
                 _row_max(S, m, cpu=cpu)
                 for i in loop(block_M, cpu=cpu):
                     m_safe[i] = T.if_then_else(m[i] == _NEG_INF, T.cast(0, accum), m[i])
@@ -225,17 +202,15 @@ def attn_kernel(
                 _row_sum(S, row_sum, cpu=cpu)
                 for i in loop(block_M, cpu=cpu):
                     l[i] = l[i] * alpha[i] + row_sum[i]
-                for i, j in loop(block_M, block_N, cpu=cpu):
-                    P[i, j] = S[i, j]
                 for i, d in loop(block_M, Dh, cpu=cpu):
                     acc_o[i, d] *= alpha[i]
-                _gemm(P, V_t, acc_o, transpose_B=False, clear=False, cpu=cpu)
+                if not cpu:
+                    T.copy(S, P)
+                T.gemm(P, V_t, acc_o, policy=T.GemmWarpPolicy.FullRow)
 
-            # Guarded normalisation: rows that saw no key (l == 0) are written as 0.
+            # Guarded normalisation: a row that saw no key (l == 0) is written as 0.
             for i, d in loop(block_M, Dh, cpu=cpu):
                 O_t[i, d] = T.cast(T.if_then_else(l[i] > 0, acc_o[i, d] / l[i], T.cast(0, accum)), dtype)
-            for i, d in loop(block_M, Dh, cpu=cpu):
-                if q0 + i < seq:
-                    O[bz, q0 + i, by * Dh + d] = O_t[i, d]
+            T.copy(O_t, O[bz, q0 : q0 + block_M, by * Dh : (by + 1) * Dh])
 
     return attention

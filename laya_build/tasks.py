@@ -96,7 +96,8 @@ def tir_tasks(p: config_mod.Pipeline):
             flavour = f"cpu-{dtype}" if cpu else dtype
             script = p.version_dir / "tir" / variant / f"{flavour}.tir.py"
             record = script.with_name(f"{flavour}.json")
-            spec = {"variant": variant, **vspec, "dtype": dtype, "cpu": cpu,
+            target = "c" if cpu else p.data["cuda"]["archs"][0]
+            spec = {"variant": variant, **vspec, "dtype": dtype, "cpu": cpu, "target": target,
                     "script": str(script), "script_rel": _rel(p, script)}
             yield {
                 "name": f"{variant}.{flavour}",
@@ -104,7 +105,7 @@ def tir_tasks(p: config_mod.Pipeline):
                 "actions": [_isolated("laya_build.stages.tir", "run_tir", spec, record, env=_stage_env(p))],
                 "file_dep": _stage_deps(p, "tir", *kdeps),
                 "targets": [str(script), str(record)],
-                "uptodate": [config_changed({"variant": vspec, "dtype": dtype, "cpu": cpu})],
+                "uptodate": [config_changed({"variant": vspec, "dtype": dtype, "cpu": cpu, "target": target})],
                 "clean": True,
             }
 

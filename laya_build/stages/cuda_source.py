@@ -20,9 +20,10 @@ def generate(factory_name: str, args: list, kwargs: dict, dtype: str, target: di
     import kernels
 
     factory = load_factory(factory_name)
-    func = factory.get_tir(*args, **{**kwargs, "dtype": dtype})
-    with tvm.transform.PassContext(opt_level=3, config=dict(kernels._common.GPU_PASS_CONFIGS)):
-        artifact = tilelang.lower(func, target=dict(target))
+    with tvm.target.Target(dict(target)):
+        func = factory.get_tir(*args, **{**kwargs, "dtype": dtype})
+        with tvm.transform.PassContext(opt_level=3, config=dict(kernels._common.GPU_PASS_CONFIGS)):
+            artifact = tilelang.lower(func, target=dict(target))
     return artifact.kernel_source
 
 

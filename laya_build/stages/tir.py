@@ -8,13 +8,15 @@ from ._kernel_common import call_args, load_factory, sha256_text, toolchain
 
 
 def run_tir(spec: dict) -> dict:
-    """spec: variant, factory, args, kwargs, dtype, cpu, script (output path)."""
+    """spec: variant, factory, args, kwargs, dtype, cpu, target (TileLang target), script (output path)."""
+    import tilelang  # noqa: F401  (puts its bundled tvm on sys.path)
     import tvm
 
     start = time.perf_counter()
     factory = load_factory(spec["factory"])
     args, kwargs = call_args(spec, dtype=spec["dtype"], cpu=spec["cpu"])
-    func = factory.get_tir(*args, **kwargs)
+    with tvm.target.Target(spec["target"]):  # TileLang's frontend lowers T.gemm per target
+        func = factory.get_tir(*args, **kwargs)
     script = func.script()
     write_text(spec["script"], script)
     return {
@@ -25,6 +27,7 @@ def run_tir(spec: dict) -> dict:
         "kwargs": spec.get("kwargs", {}),
         "dtype": spec["dtype"],
         "cpu": spec["cpu"],
+        "target": spec["target"],
         "global_symbol": str(func.attrs["global_symbol"]) if func.attrs and "global_symbol" in func.attrs else None,
         "params": [str(p.name) for p in func.params],
         "structural_hash": int(tvm.ir.structural_hash(func)),

@@ -1,0 +1,90 @@
+"""A throw-away copy of the project (its own git repository) to run ``doit`` in."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+TASK_LINE = re.compile(r"^(\.|--|!!) +(\S+)")
+
+
+@dataclass
+class DoitRun:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def lines(self, mark: str) -> list[str]:
+        return [m.group(2) for line in self.stdout.splitlines() if (m := TASK_LINE.match(line)) and m.group(1) == mark]
+
+    @property
+    def executed(self) -> list[str]:
+        """Tasks doit ran (reporter lines ``.  task``)."""
+        return self.lines(".")
+
+    @property
+    def up_to_date(self) -> list[str]:
+        """Tasks doit skipped as up to date (``-- task``)."""
+        return self.lines("--")
+
+
+def project_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout.split()
+    return [f for f in out if not f.startswith("tests/") and (ROOT / f).is_file()]
+
+
+class Project:
+    """A copy of the project in ``path``, committed as one git revision."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        for rel in project_files():
+            dest = path / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, dest)
+        self.git("init", "-q", "-b", "main")
+        self.commit("copy of the project")
+
+    def git(self, *args: str) -> str:
+        env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+               "GIT_COMMITTER_EMAIL": "t@t"}
+        return subprocess.run(["git", *args], cwd=self.path, env=env, capture_output=True, text=True, check=True).stdout
+
+    def commit(self, message: str) -> str:
+        self.git("add", "-A")
+        self.git("commit", "-q", "--allow-empty", "-m", message)
+        return self.git("rev-parse", "HEAD").strip()
+
+    @property
+    def config(self) -> dict:
+        return yaml.safe_load((self.path / "pipeline.yaml").read_text())
+
+    def write_config(self, data: dict) -> None:
+        (self.path / "pipeline.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+
+    def edit_config(self, fn) -> None:
+        data = self.config
+        fn(data)
+        self.write_config(data)
+
+    def doit(self, *args: str, timeout: float = 1800) -> DoitRun:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        env.pop("PYTHONPATH", None)
+        proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=self.path, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+        return DoitRun(proc.returncode, proc.stdout, proc.stderr)
+
+    @property
+    def artifacts(self) -> Path:
+        return self.path / "artifacts"
+
+    def version_dir(self, version: str | None = None) -> Path:
+        return self.artifacts / (version or self.config["version"])

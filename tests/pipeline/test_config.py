@@ -1,0 +1,107 @@
+"""A bad pipeline.yaml stops before any task runs, naming the key path; nothing is written."""
+from __future__ import annotations
+
+import copy
+import shutil
+
+import pytest
+import yaml
+
+from laya_build import config
+from tests.pipeline.project import ROOT, Project
+
+GOOD = yaml.safe_load((ROOT / "pipeline.yaml").read_text())
+
+
+def _load(tmp_path, data=None, text=None, **kw):
+    (tmp_path / "pipeline.yaml").write_text(text if text is not None else yaml.safe_dump(data))
+    (tmp_path / "kernels").symlink_to(ROOT / "kernels")
+    return config.load(tmp_path / "pipeline.yaml", root=tmp_path, **kw)
+
+
+def _mutated(fn):
+    data = copy.deepcopy(GOOD)
+    fn(data)
+    return data
+
+
+def test_default_pipeline_is_valid(tmp_path):
+    p = _load(tmp_path, GOOD)
+    assert p.version == GOOD["version"]
+    assert p.version_dir == (tmp_path / "artifacts" / GOOD["version"]).resolve()
+
+
+BAD = {
+    "unknown top-level key": (lambda d: d.update(colour="blue"), "<root>", "colour"),
+    "unknown key in a variant": (lambda d: d["kernels"]["variants"]["rope"].update(tile=3), "kernels.variants.rope", "tile"),
+    "wrong type": (lambda d: d["cpu_checks"].update(seed="1234"), "cpu_checks.seed", "is not of type 'integer'"),
+    "missing field": (lambda d: d["cuda"].pop("archs"), "cuda", "'archs' is a required property"),
+    "unknown kernel": (lambda d: d["kernels"]["variants"]["rope"].update(factory="rope_kernal"),
+                       "kernels.variants.rope.factory", "unknown kernel 'rope_kernal'"),
+    "bad target kind": (lambda d: d["cuda"]["archs"].append({"kind": "rocm", "arch": "sm_90"}), "cuda.archs.1.kind", "'cuda' was expected"),
+    "bad target arch": (lambda d: d["cuda"]["archs"].__setitem__(0, {"kind": "cuda", "arch": "90"}), "cuda.archs.0.arch", "does not match"),
+    "bad dtype": (lambda d: d["cuda"].update(dtypes=["float32"]), "cuda.dtypes.0", "is not one of"),
+    "version escaping artifacts": (lambda d: d.update(version="../../etc"), "version", "does not match"),
+    "output_root escaping artifacts": (lambda d: d.update(output_root="../elsewhere"), "output_root", "outside"),
+    "output_root not artifacts": (lambda d: d.update(output_root="build"), "output_root", "outside"),
+    "checks for a missing variant": (lambda d: d["cpu_checks"]["shapes"].update(nope=[{"M": 1}]),
+                                     "cpu_checks.shapes.nope", "no kernel variant named 'nope'"),
+    "variant without checks": (lambda d: d["cpu_checks"]["shapes"].pop("geglu"), "cpu_checks.shapes", "'geglu' has no check shapes"),
+    "dtype passed as a kwarg": (lambda d: d["kernels"]["variants"]["rope"].update(kwargs={"dtype": "float32"}),
+                                "kernels.variants.rope.kwargs", "dtype"),
+    "baseline is itself": (lambda d: d["cuda"].update(baseline={"version": d["version"]}), "cuda.baseline.version", "cannot be the version"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_config_names_the_key_path(tmp_path, case):
+    mutate, key, fragment = BAD[case]
+    with pytest.raises(config.ConfigError) as info:
+        _load(tmp_path, _mutated(mutate))
+    message = str(info.value)
+    assert f"invalid at {key}" in message
+    assert fragment in message
+    assert "pipeline.yaml" in message
+
+
+def test_duplicate_key_is_refused(tmp_path):
+    text = (ROOT / "pipeline.yaml").read_text() + "\nversion: \"9.9.9\"\n"
+    with pytest.raises(config.ConfigError, match="duplicate key 'version'"):
+        _load(tmp_path, text=text)
+
+
+def test_not_yaml(tmp_path):
+    with pytest.raises(config.ConfigError, match="not valid YAML"):
+        _load(tmp_path, text="version: [1, 2\n")
+
+
+def test_version_override_is_validated(tmp_path):
+    with pytest.raises(config.ConfigError, match="invalid at version"):
+        _load(tmp_path, GOOD, overrides={"version": "1.0/../../x"})
+    assert config.load(tmp_path / "pipeline.yaml", root=tmp_path, overrides={"version": "1.2.0"}).version == "1.2.0"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    return Project(tmp_path_factory.mktemp("cfg"))
+
+
+@pytest.mark.parametrize("case", ["unknown kernel", "version escaping artifacts", "wrong type"])
+def test_doit_stops_before_any_task(project, case):
+    mutate, key, fragment = BAD[case]
+    shutil.rmtree(project.artifacts, ignore_errors=True)
+    project.write_config(_mutated(mutate))
+    try:
+        run = project.doit("tir")
+    finally:
+        project.write_config(GOOD)
+    assert run.returncode != 0
+    assert f"invalid at {key}" in run.stderr and fragment in run.stderr
+    assert run.executed == []
+    assert not project.artifacts.exists(), "a bad config must write nothing"
+
+
+def test_doit_version_override_on_command_line(project):
+    run = project.doit("list", "version=1..2")
+    assert run.returncode != 0 and "invalid at version" in run.stderr
+    assert project.doit("list", "version=1.2.0").returncode == 0

@@ -1,0 +1,63 @@
+"""cuda_diff against a git revision that changed one kernel reports exactly that kernel."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from laya_build.records import read_record
+from tests.pipeline.project import Project
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    project = Project(tmp_path_factory.mktemp("diff"))
+
+    def small(cfg):
+        keep = ("gemm_gelu", "rope", "add_ln")
+        cfg["kernels"]["variants"] = {k: v for k, v in cfg["kernels"]["variants"].items() if k in keep}
+        cfg["cpu_checks"]["shapes"] = {k: v for k, v in cfg["cpu_checks"]["shapes"].items() if k in keep}
+
+    project.edit_config(small)
+    base = project.commit("baseline")
+    rope = project.path / "kernels" / "rope.py"
+    text, n = re.subn(r"block_M: int = (\d+)", lambda m: f"block_M: int = {int(m.group(1)) * 2}", rope.read_text(), count=1)
+    assert n == 1, "rope_kernel's block_M default not found"
+    rope.write_text(text)
+    project.commit("rope: larger row tile")
+    project.edit_config(lambda c: c["cuda"].update(baseline={"git_ref": base}, expect="report"))
+    return project, base
+
+
+def test_reports_exactly_the_changed_kernel(project):
+    project, base = project
+    run = project.doit("cuda_diff")
+    assert run.returncode == 0, run.stdout + run.stderr
+    record = read_record(project.version_dir() / "cuda_diff" / "cuda_diff.json")
+    assert record["baseline"]["commit"] == base
+    differing = sorted(f["file"] for f in record["files"] if not f["identical"])
+    assert differing == ["rope/bfloat16-sm_90.cu", "rope/float16-sm_90.cu"]
+    assert record["summary"] == "4/6 identical"
+    for f in record["files"]:
+        if f["identical"]:
+            assert f["current"] == f["baseline"] and f["diff"] is None
+        else:
+            assert f["current"]["sha256"] != f["baseline"]["sha256"]
+            cur = (project.version_dir() / "cuda" / f["file"]).read_bytes()
+            old = (project.version_dir() / "cuda_diff" / "baseline" / f["file"]).read_bytes()
+            off = f["first_diff_offset"]
+            assert cur[:off] == old[:off] and cur[off] != old[off]
+            diff = (project.version_dir() / f["diff"]).read_text()
+            assert diff.startswith(f"--- baseline/{f['file']}\n+++ current/{f['file']}\n")
+
+
+def test_expect_identical_fails_naming_the_files(project):
+    project, _ = project
+    project.edit_config(lambda c: c["cuda"].update(expect="identical"))
+    record = project.version_dir() / "cuda_diff" / "cuda_diff.json"
+    record.unlink(missing_ok=True)
+    run = project.doit("cuda_diff")
+    assert run.returncode != 0
+    assert "4/6 identical" in run.stdout + run.stderr
+    assert "differing: rope/bfloat16-sm_90.cu, rope/float16-sm_90.cu" in run.stdout + run.stderr
+    assert not record.exists()
