@@ -9,6 +9,8 @@ from __future__ import annotations
 import tilelang
 import tilelang.language as T
 
+from .reference import ACTIVATIONS  # the GEMM epilogues, shared with the references
+
 GPU_DTYPES = ("bfloat16", "float16")
 CPU_DTYPE = "float32"
 ACCUM_DTYPE = "float32"
@@ -72,7 +74,6 @@ def rasterize(panel_size: int, cpu: bool):
     return T.use_swizzle(panel_size, enable=not cpu)
 
 
-ACTIVATIONS = ("none", "gelu", "relu")
 _INV_SQRT2 = 0.7071067811865476
 
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import tilelang
 import tilelang.language as T
 
-from ._common import ACCUM_DTYPE, alloc, check_dtype, check_positive, loop
+from ._common import ACCUM_DTYPE, GPU_PASS_CONFIGS, alloc, check_dtype, check_positive, loop
 from ._common import threads as launch_threads
 
 
-@tilelang.jit
+@tilelang.jit(pass_configs=GPU_PASS_CONFIGS)
 def add_ln_kernel(
     D: int,
     residual: bool = True,

@@ -17,6 +17,7 @@ import tilelang.language as T
 from ._common import (
     ACCUM_DTYPE,
     ACTIVATIONS,
+    GPU_PASS_CONFIGS,
     activation,
     alloc,
     check_choice,
@@ -29,7 +30,7 @@ from ._common import (
 from ._common import threads as launch_threads
 
 
-@tilelang.jit
+@tilelang.jit(pass_configs=GPU_PASS_CONFIGS)
 def gemm_kernel(
     N: int,
     K: int,

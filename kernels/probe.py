@@ -18,6 +18,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from ._common import GPU_DTYPES, GPU_PASS_CONFIGS
+from .attention import PROBE_ARGS as ATTN_PROBE_ARGS
 
 __all__ = [
     "ProbeCase",
@@ -59,7 +60,7 @@ PROBE_CASES: dict[str, ProbeCase] = {
     "geglu": ProbeCase("gemm_geglu_kernel", (128, 128)),
     "add_ln": ProbeCase("add_ln_kernel", (256,), {"residual": True, "bias": True}),
     "rope": ProbeCase("rope_kernel", (4, 64)),
-    "attention": ProbeCase("attn_kernel", (), {"B": 2, "L": 128, "H": 4, "Dh": 64}),
+    "attention": ProbeCase("attn_kernel", (), dict(ATTN_PROBE_ARGS)),
 }
 
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 import tilelang
 import tilelang.language as T
 
-from ._common import ACCUM_DTYPE, check_dtype, check_positive, loop
+from ._common import ACCUM_DTYPE, GPU_PASS_CONFIGS, check_dtype, check_positive, loop
 from ._common import threads as launch_threads
 
 
-@tilelang.jit
+@tilelang.jit(pass_configs=GPU_PASS_CONFIGS)
 def rope_kernel(
     H: int,
     Dh: int,

@@ -198,6 +198,13 @@ def cuda_diff_tasks(p: config_mod.Pipeline):
         describe = {"kind": "git_ref", "ref": baseline["git_ref"], "commit": sha,
                     "describe": f"kernels at git {baseline['git_ref']} ({sha[:12]})"}
         kernels_root = p.output_root / ".cache" / "baseline-kernels" / sha
+        yield {
+            "name": "baseline_kernels",
+            "doc": f"kernels/ as of {sha[:12]}, extracted for the baseline generation",
+            "actions": [(_extract_action, [p.root, sha, kernels_root])],
+            "targets": [str(kernels_root / "kernels" / "__init__.py")],
+            "uptodate": [config_changed({"commit": sha})],
+        }
         for variant, vspec, dtype, target, name in cuda_source_paths(p):
             base = out / "baseline" / name
             base_record = base.with_suffix(".json")
@@ -208,12 +215,10 @@ def cuda_diff_tasks(p: config_mod.Pipeline):
             yield {
                 "name": task_name,
                 "doc": f"CUDA source of {variant} ({dtype}, {target['arch']}) from kernels at {sha[:12]}",
-                "actions": [
-                    (gitrev.extract_kernels, [p.root, sha, kernels_root]),
-                    _isolated("laya_build.stages.cuda_source", "run_cuda_source", spec, base_record,
-                              extra_path=[str(kernels_root)], label=f"baseline {name}", env=_stage_env(p)),
-                ],
+                "actions": [_isolated("laya_build.stages.cuda_source", "run_cuda_source", spec, base_record,
+                                      extra_path=[str(kernels_root)], label=f"baseline {name}", env=_stage_env(p))],
                 "file_dep": _stage_deps(p, "cuda_source"),
+                "task_dep": ["cuda_diff:baseline_kernels"],
                 "targets": [str(base), str(base_record)],
                 "uptodate": [config_changed({"variant": vspec, "dtype": dtype, "target": target, "commit": sha})],
                 "clean": True,
@@ -238,6 +243,14 @@ def cuda_diff_tasks(p: config_mod.Pipeline):
         "clean": [(_clean_dir, [out])],
         "verbosity": 2,
     }
+
+
+def _extract_action(root: Path, sha: str, dest: Path):
+    try:
+        gitrev.extract_kernels(root, sha, dest)
+    except gitrev.GitRefError as exc:
+        return TaskFailed(str(exc))
+    return None
 
 
 def _compare_action(spec: dict, record: Path):

@@ -1,0 +1,1 @@
+"""The Laya decision model, its tokenizer, checkpoint layout and saved inputs."""

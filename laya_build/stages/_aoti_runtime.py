@@ -1,0 +1,110 @@
+"""Torch-and-stdlib-only helpers shared by the package, verify and latency child processes.
+
+This module must import nothing but ``torch`` and the standard library: the fresh
+verification process (``_verify_child.py``) runs it as a plain sibling module, without the
+``laya_build`` package, transformers or any model code on its import path.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import statistics
+import time
+
+import torch
+
+HEADS = ("decision", "act")
+INPUTS_FORMAT = 1
+EAGER_FORMAT = 1
+
+
+def sha256_file(path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def write_json_atomic(path, obj) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def load_weights_only(path, what: str, fmt: int) -> dict:
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(obj, dict) or obj.get("format") != fmt:
+        raise ValueError(f"{path}: not a laya {what} file (format {fmt})")
+    return obj
+
+
+def batch_args(batch: dict, arg_names, device) -> tuple:
+    return tuple(batch[name].to(device) for name in arg_names)
+
+
+def outputs_dict(outputs) -> dict:
+    """``(decision_logits, act_logits)`` of a model or package call, detached on the CPU."""
+    decision, act = outputs
+    return {"decision": decision.detach().cpu(), "act": act.detach().cpu()}
+
+
+def finite_or_none(x: float):
+    return x if math.isfinite(x) else None
+
+
+def compare_heads(ref: dict, got: dict) -> dict:
+    """Per head and row: max |logit delta|, max |probability delta| and both argmaxes.
+
+    Compared in fp32; probabilities are the raw softmax of each side's logits.  A non-finite
+    delta is reported as ``None`` (and fails every threshold).
+    """
+    out = {}
+    for head in HEADS:
+        r, g = ref[head].float(), got[head].float()
+        if r.shape != g.shape:
+            raise ValueError(f"{head} logits: shape {tuple(g.shape)} != reference {tuple(r.shape)}")
+        logit = (r - g).abs().amax(-1)
+        prob = (torch.softmax(r, -1) - torch.softmax(g, -1)).abs().amax(-1)
+        out[head] = {
+            "logit_delta": [finite_or_none(float(v)) for v in logit],
+            "prob_delta": [finite_or_none(float(v)) for v in prob],
+            "argmax_ref": [int(v) for v in r.argmax(-1)],
+            "argmax_got": [int(v) for v in g.argmax(-1)],
+        }
+    return out
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_forwards(fn, args: tuple, timing: dict, device: str) -> dict:
+    """Median per-forward milliseconds over ``groups`` groups of ``group_size`` synchronised
+    forwards, after ``warmup`` forwards."""
+    with torch.inference_mode():
+        for _ in range(timing["warmup"]):
+            fn(*args)
+        synchronize(device)
+        groups = []
+        for _ in range(timing["groups"]):
+            start = time.perf_counter()
+            for _ in range(timing["group_size"]):
+                fn(*args)
+            synchronize(device)
+            groups.append((time.perf_counter() - start) * 1e3 / timing["group_size"])
+    return {"median_ms": statistics.median(groups), "groups_ms": groups}
+
+
+def list_tree(root) -> list[dict]:
+    """Files under ``root`` (relative path and size), sorted."""
+    found = []
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            full = os.path.join(dirpath, name)
+            found.append({"path": os.path.relpath(full, root), "bytes": os.path.getsize(full)})
+    return sorted(found, key=lambda f: f["path"])

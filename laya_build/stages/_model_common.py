@@ -1,0 +1,235 @@
+"""What the model stages (model, export, aoti_package, verify, latency) share.
+
+Config sections (defaults + validation), records and skip records, the support checks that
+turn "cannot run here" into an explicit skip, version/device snapshots, fresh child
+processes and their private Inductor caches.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import importlib.metadata
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .. import PROJECT_ROOT
+from ..errors import ChildCrashError, ConfigError, StageError
+from ..records import RecordError, read_record, validate, write_record
+
+DEFAULTS_PATH = PROJECT_ROOT / "laya_build" / "model" / "defaults.yaml"
+DTYPES = ("float32", "bfloat16", "float16")
+TARGETS = ("cpu", "cuda")
+STAGE_FILES = {"model": "model.json", "export": "export.json", "aoti_package": "aoti_package.json",
+               "verify": "verify.json", "latency": "latency.json"}
+
+
+# --------------------------------------------------------------------------------- config
+
+@functools.lru_cache(maxsize=None)
+def _defaults() -> dict:
+    import yaml
+
+    return yaml.safe_load(DEFAULTS_PATH.read_text())
+
+
+def merge(base: dict, override: dict) -> dict:
+    """Deep merge of mappings; lists and scalars of ``override`` replace ``base``'s."""
+    out = copy.deepcopy(base)
+    for key, value in (override or {}).items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def section(name: str, cfg: dict | None) -> dict:
+    """``cfg`` (a pipeline.yaml section) over the defaults, validated against
+    ``model_sections.schema.json#/$defs/<name>``; errors name the key path."""
+    merged = merge(_defaults()[name], cfg or {})
+    try:
+        validate("model_sections", {name: merged}, what=f"{name} config")
+    except RecordError as exc:
+        raise ConfigError(str(exc)) from None
+    return merged
+
+
+def torch_dtype(name: str):
+    import torch
+
+    if name not in DTYPES:
+        raise ConfigError(f"unknown dtype {name!r}; allowed: {', '.join(DTYPES)}")
+    return getattr(torch, name)
+
+
+def check_target(target: str) -> str:
+    if target not in TARGETS:
+        raise ConfigError(f"unknown target {target!r}; allowed: {', '.join(TARGETS)}")
+    return target
+
+
+# -------------------------------------------------------------------------------- records
+
+def record_path(out_dir, stage: str) -> Path:
+    return Path(out_dir) / STAGE_FILES[stage]
+
+
+def finish(out_dir, record: dict) -> dict:
+    """Validate and atomically write ``record`` as ``out_dir/<stage>.json``; return it."""
+    write_record(record_path(out_dir, record["stage"]), record)
+    return record
+
+
+def skip(stage: str, out_dir, reason: str, **fields) -> dict:
+    """Write an explicit skip record (never a silent pass)."""
+    return finish(out_dir, {"stage": stage, "status": "skipped", "reason": reason, **fields})
+
+
+def upstream(path, stage: str) -> dict:
+    """Read and validate an upstream record, checking it is the expected stage's."""
+    record = read_record(path)
+    if record["stage"] != stage:
+        raise ConfigError(f"{path}: expected a {stage} record, got stage {record['stage']!r}")
+    return record
+
+
+# ------------------------------------------------------------------------- support checks
+
+def cuda_unavailable_reason() -> str | None:
+    """Why CUDA cannot be used here, or None.  Asks NVML, so the calling process (possibly
+    a doit worker that forks later) does not initialise CUDA."""
+    import torch
+
+    if not torch.version.cuda:
+        return f"torch {torch.__version__} is a CPU-only build (no CUDA)"
+    saved = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    try:
+        available = torch.cuda.is_available()
+    finally:
+        if saved is None:
+            os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
+        else:
+            os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = saved
+    return None if available else "no CUDA device is visible"
+
+
+def cxx_compiler() -> str | None:
+    """The C++ compiler Inductor will use (``$CXX``, else g++/c++/clang++ on PATH)."""
+    if os.environ.get("CXX"):
+        return shutil.which(os.environ["CXX"])
+    return next((found for name in ("g++", "c++", "clang++") if (found := shutil.which(name))), None)
+
+
+def unsupported_reason(target: str, *, aoti: bool = False) -> str | None:
+    """Why ``target`` cannot be built here (missing CUDA; with ``aoti``, missing AOTInductor
+    APIs or C++ compiler), or None when it can."""
+    check_target(target)
+    if target == "cuda" and (reason := cuda_unavailable_reason()):
+        return f"target cuda: {reason}"
+    if aoti:
+        import torch._inductor as inductor
+
+        missing = [api for api in ("aoti_compile_and_package", "aoti_load_package")
+                   if not hasattr(inductor, api)]
+        if missing:
+            return f"torch {__import__('torch').__version__} lacks torch._inductor.{', '.join(missing)}"
+        if cxx_compiler() is None:
+            wanted = os.environ.get("CXX") or "g++/c++/clang++"
+            return f"no C++ compiler found ({wanted}); AOTInductor needs one"
+    return None
+
+
+# ---------------------------------------------------------------------------- snapshots
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict:
+    """Versions of the stack (from metadata: importing nothing heavy, initialising no CUDA)."""
+    import torch
+
+    cxx = cxx_compiler()
+    cxx_version = None
+    if cxx:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
+        cxx_version = (out.stdout.splitlines() or [""])[0] or None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "transformers": _version("transformers"),
+        "tokenizers": _version("tokenizers"),
+        "safetensors": _version("safetensors"),
+        "tilelang": _version("tilelang"),
+        "platform": platform.platform(),
+        "cxx": cxx_version,
+    }
+
+
+def device_snapshot(target: str) -> dict:
+    """The machine the artifact was built on: CPU, and ``nvidia-smi -q`` where there is one."""
+    smi = shutil.which("nvidia-smi")
+    nvidia = None
+    if smi:
+        out = subprocess.run([smi, "-q"], capture_output=True, text=True, check=False, timeout=60)
+        nvidia = out.stdout if out.returncode == 0 else None
+    return {"target": target, "cpu": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count() or 1, "nvidia_smi_q": nvidia}
+
+
+# ------------------------------------------------------------------------ child processes
+
+@contextlib.contextmanager
+def temp_inductor_cache(label: str):
+    """A new, empty Inductor cache directory outside the artifacts; removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix=f"laya-{label}-inductor-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def child_env(**extra: str) -> dict:
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def run_child(argv: list[str], *, env: dict, timeout: float, what: str, log_path,
+              crash_error: type[ChildCrashError] = ChildCrashError) -> int:
+    """Run ``[sys.executable, *argv]`` to completion; its output goes to ``log_path``.
+
+    Returns the exit status (the caller reads the child's result file for details).  A
+    child killed by a signal raises ``crash_error`` naming the signal, a timeout raises
+    :class:`StageError`: neither can ever pass as success.
+    """
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w", encoding="utf-8") as log:
+        try:
+            proc = subprocess.run([sys.executable, *argv], env=env, stdout=log,
+                                  stderr=subprocess.STDOUT, timeout=timeout, cwd=PROJECT_ROOT)
+        except subprocess.TimeoutExpired:
+            raise StageError(f"{what} ran past its {timeout:g} s timeout (log: {log_path})") from None
+    if proc.returncode < 0:
+        name = signal.Signals(-proc.returncode).name
+        raise crash_error(f"{what} died by signal {name} ({-proc.returncode}); this is a failure, "
+                          f"not a pass. Last output ({log_path}):\n{log_tail(log_path)}", signal=name)
+    return proc.returncode
+
+
+def log_tail(path, lines: int = 25) -> str:
+    text = Path(path).read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    return "\n".join(text[-lines:])
