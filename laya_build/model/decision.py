@@ -75,3 +75,16 @@ class DecisionModel(nn.Module):
         if not torch.is_autocast_enabled(feats.device.type):
             feats = feats.to(self.act_head[0].weight.dtype)
         return feats
+
+
+def eval_copy(model: nn.Module, dtype: torch.dtype, device: str | torch.device = "cpu") -> nn.Module:
+    """A separate eval-mode copy of ``model`` with explicit ``dtype`` weights on ``device``.
+
+    This is how a model is prepared for export: the weights themselves are converted,
+    outside autocast (an export captured under autocast cannot be packaged outside it).
+    """
+    import copy
+
+    if torch.is_autocast_enabled(torch.device(device).type):
+        raise RuntimeError("eval_copy must be called outside autocast")
+    return copy.deepcopy(model).to(device=device, dtype=dtype).eval()

@@ -1,0 +1,143 @@
+"""Stage ``export``: ``torch.export`` of the decision model in one dtype for one target.
+
+A separate eval copy is converted to ``dtype`` outside autocast and exported with dynamic
+rows ``Dim("rows")``, tokens ``16 * Dim("tokens16")`` (the attention alignment guard wants
+16-token multiples) and marker slots ``Dim("slots")``, rows and tokens independent, all from
+``export.dims``.  Outputs in ``out_dir``: ``exported.pt2`` (``torch.export.save``),
+``eager.pt`` (that copy's outputs on every saved batch: the parity reference of the
+package) and ``export.json``.  With ``export.single_slot`` the one-slot branch (slots fixed
+at 1) is exported too, as ``exported_single_slot.pt2`` / ``eager_single_slot.pt``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..atomic import atomic_path
+from ..errors import ConfigError, InputsMismatchError
+from ..records import file_entry, sha256_file
+from ._aoti_runtime import EAGER_FORMAT, batch_args, outputs_dict
+from ._model_common import (check_target, finish, section, skip, torch_dtype,
+                            unsupported_reason, versions)
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    batches_key: str
+    single_slot: bool
+    exported: str
+    eager: str
+
+
+PROGRAMS = (
+    Program("decision", "batches", False, "exported.pt2", "eager.pt"),
+    Program("decision_single_slot", "single_slot_batches", True,
+            "exported_single_slot.pt2", "eager_single_slot.pt"),
+)
+
+
+def dynamic_shapes(dims: dict, single_slot: bool) -> dict:
+    from torch.export import Dim
+
+    rows = Dim("rows", min=dims["rows"]["min"], max=dims["rows"]["max"])
+    tokens = 16 * Dim("tokens16", min=dims["tokens16"]["min"], max=dims["tokens16"]["max"])
+    per_slot = {0: rows} if single_slot else {
+        0: rows, 1: Dim("slots", min=dims["slots"]["min"], max=dims["slots"]["max"])}
+    return {"input_ids": {0: rows, 1: tokens}, "attention_mask": {0: rows, 1: tokens},
+            "marker_pos": per_slot, "marker_mask": dict(per_slot), "qtype": {0: rows}}
+
+
+def range_constraints(ep) -> dict:
+    def bound(v):
+        try:
+            return int(v)
+        except (TypeError, ValueError, OverflowError):
+            return None
+    return {str(sym): [bound(r.lower), bound(r.upper)] for sym, r in ep.range_constraints.items()}
+
+
+def export_program(model, inputs: dict, program: Program, cfg: dict, device: str, out: Path,
+                   meta: dict) -> dict:
+    import torch
+
+    from ..model.inputs import batch_shape
+
+    batches = inputs[program.batches_key]
+    index = 0 if program.single_slot else cfg["example_batch"]
+    if index >= len(batches):
+        raise ConfigError(f"export.example_batch {index}: inputs have {len(batches)} "
+                          f"{program.batches_key}")
+    example = batch_args(batches[index], inputs["arg_names"], device)
+    if example[0].shape[0] < 2:
+        raise ConfigError(f"export example ({program.batches_key}[{index}]) has one row; "
+                          "torch.export would specialise rows to 1: pick a batch with >= 2 rows")
+    start = time.perf_counter()
+    with torch.inference_mode():
+        ep = torch.export.export(model, example,
+                                 dynamic_shapes=dynamic_shapes(cfg["dims"], program.single_slot))
+    export_s = time.perf_counter() - start
+    with atomic_path(out / program.exported) as tmp:
+        torch.export.save(ep, tmp)
+
+    start = time.perf_counter()
+    with torch.inference_mode():
+        outputs = [outputs_dict(model(*batch_args(b, inputs["arg_names"], device))) for b in batches]
+    eager_s = time.perf_counter() - start
+    with atomic_path(out / program.eager) as tmp:
+        torch.save({"format": EAGER_FORMAT, "program": program.name,
+                    "batches_key": program.batches_key, **meta, "outputs": outputs}, tmp)
+    return {
+        "name": program.name, "single_slot": program.single_slot,
+        "batches_key": program.batches_key, "example_batch": index,
+        "example_shape": batch_shape(batches[index]),
+        "exported": file_entry(out / program.exported, out),
+        "eager": file_entry(out / program.eager, out),
+        "range_constraints": range_constraints(ep),
+        "export_s": round(export_s, 4), "eager_s": round(eager_s, 4),
+    }
+
+
+def run_export(export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: str,
+               dtype: str) -> dict:
+    from ..model.checkpoint import load_checkpoint
+    from ..model.decision import eval_copy
+    from ..model.inputs import check_dims_reached, load_inputs
+
+    start = time.perf_counter()
+    cfg = section("export", export_cfg)
+    check_target(target)
+    torch_dtype(dtype)
+    if dtype not in cfg["targets"].get(target, []):
+        raise ConfigError(f"export.targets.{target} does not list {dtype}")
+    out = Path(out_dir)
+    if reason := unsupported_reason(target):
+        return skip("export", out, reason, target=target, dtype=dtype)
+
+    inputs = load_inputs(inputs_path)
+    check_dims_reached(inputs["batches"], cfg["dims"])
+    programs = [p for p in PROGRAMS if cfg["single_slot"] or not p.single_slot]
+    if cfg["single_slot"]:
+        if not inputs["single_slot_batches"]:
+            raise InputsMismatchError(f"{inputs_path}: export.single_slot is set but the inputs "
+                                      "have no single_slot_batches")
+        check_dims_reached(inputs["single_slot_batches"], cfg["dims"], reach=False)
+
+    model, _, _ = load_checkpoint(checkpoint_dir)
+    model = eval_copy(model, torch_dtype(dtype), target)
+    meta = {"target": target, "dtype": dtype, "inputs_sha256": sha256_file(inputs_path)}
+    out.mkdir(parents=True, exist_ok=True)
+    records = [export_program(model, inputs, p, cfg, target, out, meta) for p in programs]
+    dims = cfg["dims"]
+    return finish(out, {
+        "stage": "export", "status": "ok", "target": target, "dtype": dtype,
+        "dims": {**dims, "tokens": {"min": 16 * dims["tokens16"]["min"],
+                                    "max": 16 * dims["tokens16"]["max"]}},
+        "single_slot": cfg["single_slot"],
+        "inputs": {"sha256": meta["inputs_sha256"], "bytes": Path(inputs_path).stat().st_size},
+        "checkpoint": {"weights_sha256": sha256_file(Path(checkpoint_dir) / "model.safetensors")},
+        "programs": records,
+        "versions": versions(),
+        "elapsed_s": round(time.perf_counter() - start, 4),
+    })
