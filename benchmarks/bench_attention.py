@@ -8,10 +8,12 @@ re-packed (in SDPA's favour); the TileLang kernel writes ``O[B, L, H*Dh]`` direc
 
 TFLOP/s count the useful work only: ``4 * Dh`` FLOPs per visible (query, key) pair and
 head (QK^T and PV), the same count for both sides, so a masked SDPA that computes every
-pair is not credited for the masked ones.  Times are the median of CUDA-event-timed
-calls after a warm-up.
+pair is not credited for the masked ones.  A time is the median over repeats of the mean
+of a burst of back-to-back calls between two CUDA events, after a warm-up; the host's
+per-call launch cost therefore counts only where it exceeds the kernel's own time.
 
     python benchmarks/bench_attention.py [--out results.json] [--windows 0 64] [--dtype bfloat16]
+                                         [--tiles 64,64,1,128 128,128,2,256 ...]
 
 :func:`bench_attention` returns the rows, for a benchmark driver that collects several.
 """
@@ -29,8 +31,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels import attn_kernel  # noqa: E402
+from kernels.attention import TILE_DEFAULTS  # noqa: E402
 
 MODERNBERT_LARGE = dict(B=8, L=512, H=16, Dh=64)
+TILE_KEYS = ("block_M", "block_N", "num_stages", "threads")
 
 
 def visible_pairs(L: int, window: int) -> int:
@@ -41,24 +45,28 @@ def visible_pairs(L: int, window: int) -> int:
     return int(((i[:, None] - i[None, :]).abs() <= window).sum())
 
 
-def time_ms(fn, warmup: int = 25, rep: int = 200) -> float:
-    """Median wall time of ``fn()`` on the current stream, in milliseconds."""
+def time_ms(fn, warmup: int = 25, burst: int = 50, repeats: int = 15) -> float:
+    """Time of one ``fn()`` in milliseconds: the median over ``repeats`` of the mean of
+    ``burst`` back-to-back calls between two CUDA events."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
-    for _ in range(rep):
+    for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(burst):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / burst)
     return float(torch.tensor(times).median())
 
 
-def bench_attention(B: int, L: int, H: int, Dh: int, windows=(0, 64), dtype: str = "bfloat16", seed: int = 1234) -> list[dict]:
-    """One row per (window, implementation): ms, useful TFLOP/s and max |TileLang - SDPA|."""
+def bench_attention(B: int, L: int, H: int, Dh: int, windows=(0, 64), dtype: str = "bfloat16",
+                    tiles=(TILE_DEFAULTS,), seed: int = 1234) -> list[dict]:
+    """One row per (window, implementation and tile configuration): ms, useful TFLOP/s
+    and max |TileLang - SDPA|."""
     tdtype = getattr(torch, dtype)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     qkv = torch.randn(B, L, 3, H, Dh, device="cuda", dtype=tdtype, generator=gen)
@@ -69,33 +77,45 @@ def bench_attention(B: int, L: int, H: int, Dh: int, windows=(0, 64), dtype: str
 
     rows = []
     for window in windows:
-        kernel = attn_kernel(B, L, H, Dh, window=window, dtype=dtype)
         mask = (idx[:, None] - idx[None, :]).abs() <= window if window > 0 else None
-
-        def tilelang_call():
-            kernel(qkv, lens, out)
+        flops = 4.0 * B * H * Dh * visible_pairs(L, window)
+        shape = dict(kernel="attention", B=B, L=L, H=H, Dh=Dh, window=window, dtype=dtype)
 
         def sdpa_call():
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
-        tilelang_call()
-        ref = sdpa_call().transpose(1, 2).reshape(B, L, H * Dh)
-        max_diff = float((out.float() - ref.float()).abs().max())
-        flops = 4.0 * B * H * Dh * visible_pairs(L, window)
-        for name, fn in (("tilelang", tilelang_call), ("sdpa", sdpa_call)):
-            ms = time_ms(fn)
-            rows.append(
-                dict(kernel="attention", impl=name, B=B, L=L, H=H, Dh=Dh, window=window, dtype=dtype,
-                     ms=ms, tflops=flops / (ms * 1e-3) / 1e12, max_abs_diff_vs_sdpa=max_diff)
-            )
+        ref = sdpa_call().transpose(1, 2).reshape(B, L, H * Dh).float()
+        ms = time_ms(sdpa_call)
+        rows.append(dict(shape, impl="sdpa", tiles=None, ms=ms, tflops=flops / (ms * 1e-3) / 1e12, max_abs_diff_vs_sdpa=0.0))
+        for tile in tiles:
+            kernel = attn_kernel(B, L, H, Dh, window=window, dtype=dtype, **tile)
+
+            def tilelang_call():
+                kernel(qkv, lens, out)
+
+            out.fill_(float("nan"))
+            tilelang_call()
+            max_diff = float((out.float() - ref).abs().max())  # NaN if a row was not written
+            ms = time_ms(tilelang_call)
+            rows.append(dict(shape, impl="tilelang", tiles=dict(tile), ms=ms, tflops=flops / (ms * 1e-3) / 1e12,
+                             max_abs_diff_vs_sdpa=max_diff))
     return rows
 
 
+def parse_tiles(text: str) -> dict:
+    """``"128,64,2,256"`` -> ``{"block_M": 128, "block_N": 64, "num_stages": 2, "threads": 256}``."""
+    values = [int(v) for v in text.split(",")]
+    if len(values) != len(TILE_KEYS):
+        raise argparse.ArgumentTypeError(f"expected {','.join(TILE_KEYS)}, got {text!r}")
+    return dict(zip(TILE_KEYS, values))
+
+
 def markdown(rows: list[dict]) -> str:
-    head = "| window | impl | B×L×H×Dh | ms | TFLOP/s | max abs diff vs SDPA |\n|---|---|---|---:|---:|---:|"
+    head = ("| window | impl | tiles (M,N,stages,threads) | B×L×H×Dh | ms | TFLOP/s | max abs diff vs SDPA |\n"
+            "|---|---|---|---|---:|---:|---:|")
     body = [
-        f"| {r['window'] or 'full'} | {r['impl']} | {r['B']}×{r['L']}×{r['H']}×{r['Dh']} | "
-        f"{r['ms']:.4f} | {r['tflops']:.1f} | {r['max_abs_diff_vs_sdpa']:.2e} |"
+        f"| {r['window'] or 'full'} | {r['impl']} | {','.join(str(r['tiles'][k]) for k in TILE_KEYS) if r['tiles'] else ''} | "
+        f"{r['B']}×{r['L']}×{r['H']}×{r['Dh']} | {r['ms']:.4f} | {r['tflops']:.1f} | {r['max_abs_diff_vs_sdpa']:.2e} |"
         for r in rows
     ]
     return "\n".join([head, *body])
@@ -114,12 +134,14 @@ def main(argv=None) -> int:
         ap.add_argument(f"--{key}", type=int, default=value)
     ap.add_argument("--windows", type=int, nargs="+", default=[0, 64], help="0 = full attention")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    ap.add_argument("--tiles", nargs="+", type=parse_tiles, default=[dict(TILE_DEFAULTS)],
+                    help="TileLang tile configurations block_M,block_N,num_stages,threads (default: the kernel's)")
     ap.add_argument("--out", type=Path, help="write the rows and the environment as JSON")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_attention: no CUDA device; nothing measured", file=sys.stderr)
         return 2
-    rows = bench_attention(args.B, args.L, args.H, args.Dh, args.windows, args.dtype)
+    rows = bench_attention(args.B, args.L, args.H, args.Dh, args.windows, args.dtype, args.tiles)
     print(markdown(rows))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

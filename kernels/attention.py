@@ -104,13 +104,19 @@ def _visible(i, j, n, window: int):
 def _key_tile_range(q0, n, block_M: int, block_N: int, window: int):
     """``[begin, end)`` of the key tiles that some valid query row of tile ``q0`` sees.
 
-    Empty for query tiles that lie entirely in the padding (``q0 >= n``); with a window,
-    only the tiles within ``window`` of the tile's valid rows.
+    With a window, only the tiles within ``window`` of the tile's valid rows.  The range
+    is never empty: a query tile that lies entirely in the padding (``q0 >= n``) still runs
+    one fully masked tile (its rows see no key and are written as 0).  On sm_90 TileLang
+    issues the Q tile's TMA load before the pipelined loop but waits for it inside the
+    loop's first iteration, and lets the output tile reuse Q's shared memory; an empty loop
+    would leave that load in flight while the output is staged (seen on an H200 with
+    TileLang 0.1.15: stale Q values in padded rows).
     """
     lo = T.max(q0 - window, 0) if window > 0 else 0
     hi = T.min(T.min(q0 + block_M, n) + window, n) if window > 0 else n
     begin = lo // block_N
-    end = T.if_then_else(q0 < n, T.max(T.ceildiv(hi, block_N), begin), begin)
+    # For q0 < n, hi > lo >= begin * block_N, so ceildiv(hi, block_N) > begin.
+    end = T.if_then_else(q0 < n, T.ceildiv(hi, block_N), begin + 1)
     return begin, end
 
 
@@ -159,9 +165,9 @@ def attn_kernel(
             V_t = alloc([block_N, Dh], dtype, cpu, "shared")
             O_t = alloc([block_M, Dh], dtype, cpu, "shared")
             S = alloc([block_M, block_N], accum, cpu)  # scores, then probabilities
-            # Probabilities for the PV product: the storage dtype on the GPU (tensor cores),
-            # the fp32 scores buffer itself on the CPU.
-            P = S if cpu else alloc([block_M, block_N], dtype, cpu)
+            # Probabilities for the PV product in the storage dtype (GPU tensor cores); the CPU
+            # keeps them in fp32, in S itself.
+            P = None if cpu else alloc([block_M, block_N], dtype, cpu)
             acc_o = alloc([block_M, Dh], accum, cpu)  # unnormalised output
             m = alloc([block_M], accum, cpu)  # running row maximum of the raw scores
             m_prev = alloc([block_M], accum, cpu)
@@ -206,7 +212,7 @@ def attn_kernel(
                     acc_o[i, d] *= alpha[i]
                 if not cpu:
                     T.copy(S, P)
-                T.gemm(P, V_t, acc_o, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(S if cpu else P, V_t, acc_o, policy=T.GemmWarpPolicy.FullRow)
 
             # Guarded normalisation: a row that saw no key (l == 0) is written as 0.
             for i, d in loop(block_M, Dh, cpu=cpu):

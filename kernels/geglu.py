@@ -24,7 +24,7 @@ def gemm_geglu_kernel(
     F: int,
     K: int,
     block_M: int = 128,
-    block_N: int = 64,
+    block_N: int = 128,
     block_K: int = 64,
     num_stages: int = 3,
     threads: int = 256,
@@ -32,7 +32,11 @@ def gemm_geglu_kernel(
     *,
     cpu: bool = False,
 ):
-    """Build the fused GEGLU PrimFunc ``geglu(A, W, C)`` (see the module docstring)."""
+    """Build the fused GEGLU PrimFunc ``geglu(A, W, C)`` (see the module docstring).
+
+    Default tiles: the best of a small sweep on an H200 at M=8192, F=2624, K=1024
+    (two 128x128 fp32 accumulators per block).
+    """
     check_dtype(dtype, cpu)
     check_positive(F=F, K=K, block_M=block_M, block_N=block_N, block_K=block_K, threads=threads)
     M = T.dynamic("M")

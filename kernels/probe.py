@@ -6,7 +6,8 @@
 observed diagnostics are pinned per TileLang version in ``probe_pins.json`` and compared by
 the pipeline's ``probe_c`` stage (one fresh process per probe: TileLang keeps global state).
 
-Run ``python -m kernels.probe`` to print every case's outcome as JSON (for re-pinning).
+Run ``python -m kernels.probe`` to print every case's outcome as JSON; ``--write`` pins them
+for the installed TileLang version (check the new messages first).
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ __all__ = [
     "PROBE_CASES",
     "PINS_PATH",
     "probe",
+    "probe_case",
+    "observe",
+    "as_pin",
     "normalise_message",
     "load_pins",
     "pinned",

@@ -31,10 +31,10 @@ class StageFailed(RuntimeError):
     """A stage failed in its own process; the message is the child's error."""
 
 
-def child_env(extra_path: list[str] | None = None, env: dict | None = None) -> dict:
-    """Environment of a stage process: offline, project (and optional baseline kernels) importable."""
+def child_env(env: dict | None = None) -> dict:
+    """Environment of a stage process: offline, the project importable."""
     out = dict(os.environ)
-    paths = [*(extra_path or []), str(PROJECT_ROOT)]
+    paths = [str(PROJECT_ROOT)]
     if out.get("PYTHONPATH"):
         paths.append(out["PYTHONPATH"])
     out["PYTHONPATH"] = os.pathsep.join(paths)
@@ -49,11 +49,11 @@ def run(module: str, function: str, spec: dict, *, record: str | os.PathLike | N
         timeout: float | None = None) -> None:
     """Run ``module.function(spec)`` in a new interpreter; raise :class:`StageFailed` on failure."""
     payload = json.dumps({"module": module, "function": function, "spec": spec,
-                          "record": str(record) if record else None})
+                          "record": str(record) if record else None, "sys_path": list(extra_path or [])})
     proc = subprocess.run(
         [sys.executable, "-m", "laya_build.isolate"],
         input=payload, text=True, capture_output=True, cwd=PROJECT_ROOT,
-        env=child_env(extra_path, env), timeout=timeout,
+        env=child_env(env), timeout=timeout,
     )
     if proc.returncode == 0:
         return
@@ -71,6 +71,9 @@ def run(module: str, function: str, spec: dict, *, record: str | os.PathLike | N
 
 def _main() -> int:
     request = json.loads(sys.stdin.read())
+    # ``python -m`` puts the working directory first on sys.path; paths the parent asked for
+    # (a baseline revision's kernels/) must win over the project's own.
+    sys.path[:0] = request.get("sys_path", [])
     try:
         func = getattr(importlib.import_module(request["module"]), request["function"])
         record = func(request["spec"])

@@ -8,14 +8,14 @@ no torch, tilelang or transformers.
 """
 from __future__ import annotations
 
-import os
+import shutil
 from pathlib import Path
 
 from doit import get_var
 from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
-from . import PROJECT_ROOT, config as config_mod, gitrev, isolate
+from . import PROJECT_ROOT, config as config_mod, gitrev, isolate, release
 
 GPU_DTYPES_ORDER = ("bfloat16", "float16")
 KERNEL_COMMON_DEPS = ("kernels/__init__.py", "kernels/_common.py")
@@ -55,14 +55,18 @@ def _stage_deps(p: config_mod.Pipeline, stage: str, *extra: str) -> list[str]:
                  f"schemas/{stage}.schema.json", *extra)
 
 
-def _isolated(module: str, function: str, spec: dict, record: Path, extra_path=None, label=None, env=None):
+def _isolated(p: config_mod.Pipeline, module: str, function: str, spec: dict, record: Path, extra_path=None,
+              label=None):
     """A doit python-action: run a stage in its own process; a failure is a TaskFailed with
-    the stage's own message (no traceback of the runner)."""
+    the stage's own message (no traceback of the runner).  Refuses to write into a released
+    version."""
+    env = _stage_env(p)
 
     def action():
         try:
+            release.refuse_if_released(p.version_dir, label or module)
             isolate.run(module, function, spec, record=record, extra_path=extra_path, label=label, env=env)
-        except isolate.StageFailed as exc:
+        except (isolate.StageFailed, release.ReleasedVersionError) as exc:
             return TaskFailed(str(exc))
         return None
 
@@ -102,11 +106,11 @@ def tir_tasks(p: config_mod.Pipeline):
             yield {
                 "name": f"{variant}.{flavour}",
                 "doc": f"TIR of {variant} ({flavour})",
-                "actions": [_isolated("laya_build.stages.tir", "run_tir", spec, record, env=_stage_env(p))],
+                "actions": [_isolated(p, "laya_build.stages.tir", "run_tir", spec, record)],
                 "file_dep": _stage_deps(p, "tir", *kdeps),
                 "targets": [str(script), str(record)],
                 "uptodate": [config_changed({"variant": vspec, "dtype": dtype, "cpu": cpu, "target": target})],
-                "clean": True,
+                "clean": _clean(p),
             }
 
 
@@ -123,11 +127,11 @@ def probe_c_tasks(p: config_mod.Pipeline):
             yield {
                 "name": f"{variant}.{flavour}",
                 "doc": f"probe {variant} for target c ({flavour})",
-                "actions": [_isolated("laya_build.stages.probe_c", "run_probe_c", spec, record, env=_stage_env(p))],
+                "actions": [_isolated(p, "laya_build.stages.probe_c", "run_probe_c", spec, record)],
                 "file_dep": _stage_deps(p, "probe_c", *kdeps),
                 "targets": [str(record)],
                 "uptodate": [config_changed({"variant": vspec, "dtype": dtype, "cpu": cpu})],
-                "clean": True,
+                "clean": _clean(p),
             }
 
 
@@ -144,11 +148,11 @@ def lower_c_tasks(p: config_mod.Pipeline):
         yield {
             "name": variant,
             "doc": f"C lowering + numerical check of {variant}",
-            "actions": [_isolated("laya_build.stages.lower_c", "run_lower_c", spec, record, env=_stage_env(p))],
+            "actions": [_isolated(p, "laya_build.stages.lower_c", "run_lower_c", spec, record)],
             "file_dep": _stage_deps(p, "lower_c", *kdeps),
             "targets": [str(source), str(record)],
             "uptodate": [config_changed({"variant": vspec, **check})],
-            "clean": True,
+            "clean": _clean(p),
         }
 
 
@@ -173,12 +177,12 @@ def cuda_source_tasks(p: config_mod.Pipeline):
         yield {
             "name": name.removesuffix(".cu").replace("/", "."),
             "doc": f"CUDA source of {variant} ({dtype}, {target['arch']})",
-            "actions": [_isolated("laya_build.stages.cuda_source", "run_cuda_source",
-                                  _cuda_spec(p, variant, vspec, dtype, target, source), record, env=_stage_env(p))],
+            "actions": [_isolated(p, "laya_build.stages.cuda_source", "run_cuda_source",
+                                  _cuda_spec(p, variant, vspec, dtype, target, source), record)],
             "file_dep": _stage_deps(p, "cuda_source", _factory_module(p, vspec["factory"]), *KERNEL_COMMON_DEPS),
             "targets": [str(source), str(record)],
             "uptodate": [config_changed({"variant": vspec, "dtype": dtype, "target": target})],
-            "clean": True,
+            "clean": _clean(p),
         }
 
 
@@ -211,17 +215,18 @@ def cuda_diff_tasks(p: config_mod.Pipeline):
             task_name = "baseline." + name.removesuffix(".cu").replace("/", ".")
             baseline_tasks.append(f"cuda_diff:{task_name}")
             files.append({"name": name, "current": str(p.version_dir / "cuda" / name), "baseline": str(base)})
-            spec = _cuda_spec(p, variant, vspec, dtype, target, base)
+            spec = {**_cuda_spec(p, variant, vspec, dtype, target, base),
+                    "kernels_root": str(kernels_root), "kernels_commit": sha}
             yield {
                 "name": task_name,
                 "doc": f"CUDA source of {variant} ({dtype}, {target['arch']}) from kernels at {sha[:12]}",
-                "actions": [_isolated("laya_build.stages.cuda_source", "run_cuda_source", spec, base_record,
-                                      extra_path=[str(kernels_root)], label=f"baseline {name}", env=_stage_env(p))],
+                "actions": [_isolated(p, "laya_build.stages.cuda_source", "run_cuda_source", spec, base_record,
+                                      extra_path=[str(kernels_root)], label=f"baseline {name}")],
                 "file_dep": _stage_deps(p, "cuda_source"),
                 "task_dep": ["cuda_diff:baseline_kernels"],
                 "targets": [str(base), str(base_record)],
                 "uptodate": [config_changed({"variant": vspec, "dtype": dtype, "target": target, "commit": sha})],
-                "clean": True,
+                "clean": _clean(p),
             }
     else:
         bdir = p.output_root / baseline["version"]
@@ -240,7 +245,7 @@ def cuda_diff_tasks(p: config_mod.Pipeline):
         "task_dep": baseline_tasks,
         "targets": [str(record)],
         "uptodate": [config_changed({"baseline": describe, "expect": spec["expect"], "files": [f["name"] for f in files]})],
-        "clean": [(_clean_dir, [out])],
+        "clean": _clean(p, out),
         "verbosity": 2,
     }
 
@@ -258,15 +263,71 @@ def _compare_action(spec: dict, record: Path):
     from .stages.cuda_diff import CudaSourceMismatch, run_cuda_diff
 
     try:
+        release.refuse_if_released(Path(record).parent.parent, "cuda_diff")
         rec = run_cuda_diff(spec)
-    except (CudaSourceMismatch, FileNotFoundError) as exc:
+    except (CudaSourceMismatch, FileNotFoundError, release.ReleasedVersionError) as exc:
         return TaskFailed(f"cuda_diff: {exc}")
     write_record(record, rec)
     print(f"cuda_diff: {rec['summary']} against {spec['baseline']['describe']}")
     return None
 
 
-def _clean_dir(path: Path):
-    import shutil
+def _clean(p: config_mod.Pipeline, directory: Path | None = None) -> list:
+    """``clean`` actions: remove a task's targets (or a whole output folder), never in a
+    released version."""
 
-    shutil.rmtree(path, ignore_errors=True)
+    def clean(task):
+        if release.is_released(p.version_dir):
+            print(f"laya-build: not cleaning {task.name}: version {p.version} is released and immutable")
+            return None
+        for target in task.targets:
+            Path(target).unlink(missing_ok=True)
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+        return None
+
+    return [clean]
+
+
+# ---------------------------------------------------------------------------------------------
+# releases
+
+KERNEL_TASK_GENERATORS = ("tir_tasks", "probe_c_tasks", "lower_c_tasks", "cuda_source_tasks", "cuda_diff_tasks")
+
+
+def _owners(p: config_mod.Pipeline, generators) -> dict[str, str]:
+    """Relative path of every declared target -> the task that produces it."""
+    owners = {}
+    for gen in generators:
+        basename = gen.__name__.removesuffix("_tasks")
+        for task in gen(p):
+            for target in task.get("targets", []):
+                path = Path(target)
+                if p.version_dir in path.parents:
+                    owners[path.relative_to(p.version_dir).as_posix()] = f"{basename}:{task['name']}"
+    return owners
+
+
+def release_tasks(p: config_mod.Pipeline, stage_generators, stage_names: list[str]):
+    """Build every stage for the version, then write REPORT.md and manifest.json (last)."""
+    manifest = release.manifest_path(p.version_dir)
+    spec = {"version": p.version, "version_dir": str(p.version_dir), "root": str(p.root), "config": p.data,
+            "owners": _owners(p, stage_generators)}
+
+    def act():
+        try:
+            release.refuse_if_released(p.version_dir, "release")
+            print(f"release {p.version}: writing REPORT.md and {release.MANIFEST} (environment snapshot)", flush=True)
+            isolate.run("laya_build.release", "build_manifest", spec, record=manifest, label="release")
+        except (isolate.StageFailed, release.ReleasedVersionError) as exc:
+            return TaskFailed(str(exc))
+        print(f"release {p.version}: {manifest}")
+        return None
+
+    return {
+        "actions": [act],
+        "task_dep": stage_names,
+        "uptodate": [False],  # always checked: a second release into this version is refused
+        "verbosity": 2,
+        "doc": f"build every stage, then REPORT.md + manifest.json: releases version {p.version}",
+    }

@@ -108,3 +108,26 @@ def list_tree(root) -> list[dict]:
             full = os.path.join(dirpath, name)
             found.append({"path": os.path.relpath(full, root), "bytes": os.path.getsize(full)})
     return sorted(found, key=lambda f: f["path"])
+
+
+def summarize(compares: list[dict]) -> dict:
+    """Per head over all batches: max deltas (None if any is not finite) and argmax agreement."""
+    def worst(values):
+        return None if any(v is None for v in values) else max(values, default=0.0)
+
+    out = {}
+    for head in HEADS:
+        rows = [c[head] for c in compares]
+        out[head] = {
+            "max_logit_delta": worst([v for r in rows for v in r["logit_delta"]]),
+            "max_prob_delta": worst([v for r in rows for v in r["prob_delta"]]),
+            "argmax_agree": sum(a == b for r in rows for a, b in zip(r["argmax_ref"], r["argmax_got"])),
+            "rows": sum(len(r["argmax_ref"]) for r in rows),
+        }
+    return out
+
+
+def run_batches(fn, batches: list[dict], arg_names, device: str) -> list[dict]:
+    """``fn`` on every batch (inference mode), outputs detached on the CPU."""
+    with torch.inference_mode():
+        return [outputs_dict(fn(*batch_args(b, arg_names, device))) for b in batches]

@@ -8,6 +8,7 @@ only on the kernel and its arguments, not on what else the process generated bef
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from ..atomic import write_text
 from ._kernel_common import call_args, load_factory, sha256_text, toolchain
@@ -27,9 +28,24 @@ def generate(factory_name: str, args: list, kwargs: dict, dtype: str, target: di
     return artifact.kernel_source
 
 
+def kernels_origin(spec: dict) -> str:
+    """Where ``kernels`` was imported from: ``worktree``, or ``git:<sha>`` for a baseline
+    (checked: generating a baseline from the working tree would make every diff vacuous)."""
+    import kernels
+
+    root = spec.get("kernels_root")
+    if root is None:
+        return "worktree"
+    if not Path(kernels.__file__).resolve().is_relative_to(Path(root).resolve()):
+        raise ImportError(f"kernels was imported from {kernels.__file__}, not from the baseline at {root}")
+    return f"git:{spec['kernels_commit']}"
+
+
 def run_cuda_source(spec: dict) -> dict:
-    """spec: variant, factory, args, kwargs, dtype, target (TileLang target dict), source (path)."""
+    """spec: variant, factory, args, kwargs, dtype, target (TileLang target dict), source (path);
+    for a baseline also kernels_root and kernels_commit."""
     start = time.perf_counter()
+    origin = kernels_origin(spec)
     args, kwargs = call_args(spec)
     source = generate(spec["factory"], args, kwargs, spec["dtype"], spec["target"])
     write_text(spec["source"], source)
@@ -41,6 +57,7 @@ def run_cuda_source(spec: dict) -> dict:
         "kwargs": kwargs,
         "dtype": spec["dtype"],
         "target": spec["target"],
+        "kernels": origin,
         "source": spec["source_rel"],
         "sha256": sha256_text(source),
         "bytes": len(source.encode("utf-8")),

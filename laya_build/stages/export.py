@@ -17,7 +17,7 @@ from pathlib import Path
 from ..atomic import atomic_path
 from ..errors import ConfigError, InputsMismatchError
 from ..records import file_entry, sha256_file
-from ._aoti_runtime import EAGER_FORMAT, batch_args, outputs_dict
+from ._aoti_runtime import EAGER_FORMAT, batch_args, run_batches
 from ._model_common import (check_target, finish, section, skip, torch_dtype,
                             unsupported_reason, versions)
 
@@ -78,12 +78,11 @@ def export_program(model, inputs: dict, program: Program, cfg: dict, device: str
         ep = torch.export.export(model, example,
                                  dynamic_shapes=dynamic_shapes(cfg["dims"], program.single_slot))
     export_s = time.perf_counter() - start
-    with atomic_path(out / program.exported) as tmp:
-        torch.export.save(ep, tmp)
+    with atomic_path(out / program.exported) as tmp, open(tmp, "wb") as fh:
+        torch.export.save(ep, fh)  # a file object: the temp name does not end in .pt2
 
     start = time.perf_counter()
-    with torch.inference_mode():
-        outputs = [outputs_dict(model(*batch_args(b, inputs["arg_names"], device))) for b in batches]
+    outputs = run_batches(model, batches, inputs["arg_names"], device)
     eager_s = time.perf_counter() - start
     with atomic_path(out / program.eager) as tmp:
         torch.save({"format": EAGER_FORMAT, "program": program.name,

@@ -1,6 +1,5 @@
 """Shared fixtures of the kernel tests (helpers and tolerances: :mod:`kernels.testing`).
 
-* the project root is put on ``sys.path`` (``kernels`` is a top-level package);
 * every test starts from ``torch.manual_seed(1234)``;
 * ``cpu_kernel(factory, *args, **kwargs)`` compiles through ``compile_cpu`` once per session
   and argument set (CI has 2 cores: compiles are the expensive part of these tests);
@@ -8,18 +7,11 @@
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from kernels import compile_cpu  # noqa: E402
-from kernels.testing import SEED  # noqa: E402
+from kernels import compile_cpu
+from kernels.testing import SEED
 
 
 @pytest.fixture(autouse=True)

@@ -234,7 +234,9 @@ def test_lowers_to_cuda_dynamic_window():
     assert "attention_kernel" in src and "wgmma" in src
 
 
-GPU_SHAPES = [(2, 128, [128, 77]), (3, 200, [200, 0, 150])]
+# The last shape is mostly padding: many query tiles with no valid row (a TMA/shared-memory
+# hazard of empty key loops on sm_90, see attention._key_tile_range).
+GPU_SHAPES = [(2, 128, [128, 77]), (3, 200, [200, 0, 150]), (16, 640, [640] + [3, 0, 70] * 5)]
 
 
 @needs_cuda

@@ -1,0 +1,173 @@
+"""Releases: the manifest of a version, its immutability, and checking files against it.
+
+A version is *released* once ``artifacts/<version>/manifest.json`` exists.  From then on no
+task writes into it (:func:`refuse_if_released`), and :func:`check_files` can tell, by
+name, which files are missing, extra or altered, on any machine that has only the folder.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .atomic import dump_json, write_text
+from .records import file_entry, read_record, sha256_file
+
+MANIFEST = "manifest.json"
+REPORT = "REPORT.md"
+EFFECTIVE_CONFIG = "pipeline.effective.json"
+
+
+class ReleasedVersionError(RuntimeError):
+    """A task would write into a released (immutable) version."""
+
+
+class ManifestMismatch(RuntimeError):
+    """Release files do not match the manifest; the message names every offending file."""
+
+    def __init__(self, version_dir: Path, problems: list[str]):
+        self.problems = problems
+        super().__init__(f"{version_dir}: {len(problems)} file(s) do not match {MANIFEST}: " + "; ".join(problems))
+
+
+def manifest_path(version_dir: Path) -> Path:
+    return Path(version_dir) / MANIFEST
+
+
+def is_released(version_dir: Path) -> bool:
+    return manifest_path(version_dir).is_file()
+
+
+def refuse_if_released(version_dir: Path, what: str) -> None:
+    if is_released(version_dir):
+        raise ReleasedVersionError(
+            f"{what}: version {Path(version_dir).name} is released ({manifest_path(version_dir)} exists) and is never "
+            f"modified; build a new version instead, e.g. `doit version=<new> ...`"
+        )
+
+
+def config_digest(data: dict) -> str:
+    """sha256 of the effective (validated, overridden) configuration as canonical JSON."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def git_state(root: Path) -> dict:
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+
+    head = git("rev-parse", "HEAD")
+    if head.returncode != 0:
+        return {"commit": None, "dirty": None}
+    status = git("status", "--porcelain", "--untracked-files=normal")
+    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
+
+
+def _first_line(cmd: list[str], last: bool = False) -> str | None:
+    if shutil.which(cmd[0]) is None:
+        return None
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    return (lines[-1] if last else lines[0]) if lines else None
+
+
+def environment() -> dict:
+    """The build environment: torch's own ``collect_env`` plus TileLang/TVM, compilers, GPU."""
+    import importlib.metadata
+
+    from torch.utils import collect_env
+
+    env = {k: v for k, v in collect_env.get_env_info()._asdict().items()}
+    try:
+        import tilelang  # noqa: F401
+        import tvm
+
+        tvm_version = getattr(tvm, "__version__", None)
+    except ImportError:
+        tvm_version = None
+
+    def version_of(dist):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    smi = None
+    if shutil.which("nvidia-smi"):
+        proc = subprocess.run(["nvidia-smi", "-q"], capture_output=True, text=True)
+        smi = proc.stdout if proc.returncode == 0 else None
+    return {
+        "collect_env": env,
+        "python": platform.python_version(),
+        "packages": {d: version_of(d) for d in ("torch", "tilelang", "transformers", "tokenizers", "doit", "jsonschema")},
+        "tvm": tvm_version,
+        "cc": _first_line(["cc", "--version"]),
+        "cxx": _first_line(["c++", "--version"]),
+        "nvcc": _first_line(["nvcc", "--version"], last=True),
+        "nvidia_smi": smi,
+    }
+
+
+def release_files(version_dir: Path) -> list[Path]:
+    """Every file of the version folder except the manifest itself and temp files."""
+    return sorted(p for p in Path(version_dir).rglob("*")
+                  if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp"))
+
+
+def build_manifest(spec: dict) -> dict:
+    """spec: version, version_dir, root, config (effective), owners {relpath: task}, created.
+
+    Writes the effective config and REPORT.md first, so that both are covered by the
+    manifest; the manifest itself is written last (by the caller, atomically), which is
+    what marks the version released.
+    """
+    from .report import render_report
+
+    vdir = Path(spec["version_dir"])
+    write_text(vdir / EFFECTIVE_CONFIG, dump_json(spec["config"]))
+    env = environment()
+    git = git_state(Path(spec["root"]))
+    write_text(vdir / REPORT, render_report(vdir, spec["config"], env, git))
+    owners = spec["owners"]
+    files = []
+    for path in release_files(vdir):
+        entry = file_entry(path, vdir)
+        top = entry["path"].split("/", 1)[0]
+        entry["task"] = owners.get(entry["path"]) or ("release" if entry["path"] in (REPORT, EFFECTIVE_CONFIG) else top)
+        files.append(entry)
+    return {
+        "stage": "manifest",
+        "version": spec["version"],
+        "created": spec.get("created") or datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "pipeline": {"sha256": config_digest(spec["config"]), "effective": EFFECTIVE_CONFIG},
+        "git": git,
+        "environment": env,
+        "files": files,
+        "totals": {"files": len(files), "bytes": sum(f["bytes"] for f in files)},
+    }
+
+
+def check_files(version_dir: Path) -> dict:
+    """Compare the version folder with its manifest; raise :class:`ManifestMismatch` naming
+    every missing, extra or altered file.  Returns the (validated) manifest."""
+    vdir = Path(version_dir)
+    manifest = read_record(manifest_path(vdir))
+    problems = []
+    listed = {f["path"]: f for f in manifest["files"]}
+    for rel, entry in listed.items():
+        path = vdir / rel
+        if not path.is_file():
+            problems.append(f"missing: {rel}")
+        elif path.stat().st_size != entry["bytes"] or sha256_file(path) != entry["sha256"]:
+            problems.append(f"altered: {rel} (sha256 {sha256_file(path)} != manifest {entry['sha256']})")
+    for path in release_files(vdir):
+        rel = path.relative_to(vdir).as_posix()
+        if rel not in listed:
+            problems.append(f"extra: {rel}")
+    if problems:
+        raise ManifestMismatch(vdir, problems)
+    return manifest

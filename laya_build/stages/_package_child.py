@@ -1,0 +1,92 @@
+"""Child process of the aoti_package stage: compile each exported program into a ``.pt2``.
+
+Run as ``python -m laya_build.stages._package_child JOB.json`` with a fresh, empty
+``TORCHINDUCTOR_CACHE_DIR``.  For every program it loads ``exported.pt2``, calls
+``torch._inductor.aoti_compile_and_package`` and loads the package back, reporting compile
+and load times (parity is the fresh-process verify stage's job).  Writes the JSON result
+named by the job; a Python failure exits non-zero with the traceback in the log.
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+import time
+
+import torch
+import torch._inductor
+
+from . import _aoti_runtime as rt
+
+
+def env_info() -> str | None:
+    try:
+        from torch.utils import collect_env
+
+        return collect_env.get_pretty_env_info()
+    except Exception as exc:  # informational only
+        return f"collect_env failed: {type(exc).__name__}: {exc}"
+
+
+def restore_symbol_hints(ep) -> list[str]:
+    """Give back the example-value hints that ``torch.export.load`` drops for derived dims.
+
+    torch 2.13's deserialiser stores a dim's hint under the whole expression
+    (``16*s46: 64``) but never under its root symbol (``s46``), so Inductor later fails with
+    ``RuntimeError: ('unexpected None!', 512*s46**2)`` when it sizes a buffer of the
+    ``16 * Dim("tokens16")`` axis.  Each missing root hint is solved from an expression of
+    that symbol alone (``16*s46 == 64`` -> ``s46 = 4``).  A no-op where nothing is missing.
+    """
+    import sympy
+
+    shape_env = next((d.node.shape_env for n in ep.graph.nodes if n.op == "placeholder"
+                      for d in getattr(n.meta.get("val"), "shape", ()) if isinstance(d, torch.SymInt)),
+                     None)
+    if shape_env is None:
+        return []
+    hints = getattr(shape_env, "backed_var_to_val", shape_env.var_to_val)
+    add = getattr(shape_env, "add_backed_var_to_val", None) or shape_env.add_var_to_val
+    restored = []
+    for expr, value in list(hints.items()):
+        if expr.is_Symbol or len(expr.free_symbols) != 1:
+            continue
+        sym = next(iter(expr.free_symbols))
+        if sym in hints:
+            continue
+        roots = [r for r in sympy.solve(sympy.Eq(expr, value), sym) if r.is_integer and r > 0]
+        if len(roots) == 1:
+            add(sym, int(roots[0]))
+            restored.append(f"{sym} = {roots[0]} (from {expr} = {value})")
+    return restored
+
+
+def compile_program(program: dict, job: dict) -> dict:
+    ep = torch.export.load(program["exported"])
+    restored = restore_symbol_hints(ep)
+    start = time.perf_counter()
+    path = torch._inductor.aoti_compile_and_package(
+        ep, package_path=program["package_tmp"], inductor_configs=job["inductor_configs"] or None)
+    package_s = time.perf_counter() - start
+    start = time.perf_counter()
+    torch._inductor.aoti_load_package(path)
+    load_s = time.perf_counter() - start
+    return {"name": program["name"], "package_s": package_s, "load_s": load_s,
+            "restored_hints": restored}
+
+
+def main(job_path: str) -> int:
+    faulthandler.enable()
+    with open(job_path, encoding="utf-8") as fh:
+        job = json.load(fh)
+    programs = [compile_program(p, job) for p in job["programs"]]
+    cache = rt.list_tree(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    rt.write_json_atomic(job["result"], {
+        "programs": programs, "env_info": env_info(),
+        "cache": {"files": len(cache), "bytes": sum(f["bytes"] for f in cache)},
+    })
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

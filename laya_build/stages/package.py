@@ -1,0 +1,88 @@
+"""Stage ``aoti_package``: AOTInductor packages (``decision.pt2``) of an export stage's programs.
+
+Compilation runs in a fresh subprocess (``_package_child``): CUDA cannot be re-initialised
+in a forked worker, a crashing native compiler must not take the build down, and memory
+stays bounded.  The child gets its own initially empty ``TORCHINDUCTOR_CACHE_DIR`` in a temp
+directory outside the artifacts, removed afterwards (compiler caches are never artifacts).
+
+Missing CUDA (target cuda), missing AOTInductor APIs, no C++ compiler or a skipped export
+give an explicit skip record; on a supported install a compile failure raises.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ..atomic import write_json
+from ..errors import ConfigError, StageError
+from ..records import file_entry
+from ._model_common import (check_target, child_env, device_snapshot, finish, log_tail,
+                            record_path, run_child, section, skip, temp_inductor_cache,
+                            unsupported_reason, upstream, versions)
+
+CHILD_MODULE = "laya_build.stages._package_child"
+
+
+def package_name(program: str) -> str:
+    return f"{program}.pt2"
+
+
+def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
+    start = time.perf_counter()
+    cfg = section("package", package_cfg)
+    check_target(target)
+    if target not in cfg["targets"]:
+        raise ConfigError(f"package.targets does not list {target}")
+    export_dir, out = Path(export_dir), Path(out_dir)
+    exp = upstream(record_path(export_dir, "export"), "export")
+    if exp["target"] != target:
+        raise ConfigError(f"{export_dir}: export record is for target {exp['target']}, not {target}")
+    if exp["status"] == "skipped":
+        return skip("aoti_package", out, f"export skipped: {exp['reason']}", target=target,
+                    **({"dtype": exp["dtype"]} if "dtype" in exp else {}))
+    if reason := unsupported_reason(target, aoti=True):
+        return skip("aoti_package", out, reason, target=target, dtype=exp["dtype"])
+
+    out.mkdir(parents=True, exist_ok=True)
+    programs = exp["programs"]
+    job = {
+        "inductor_configs": cfg["inductor_configs"],
+        "result": str(out / "package_child.json"),
+        "programs": [{"name": p["name"], "exported": str(export_dir / p["exported"]["path"]),
+                      "package_tmp": str(out / f".{p['name']}.partial.pt2")} for p in programs],
+    }
+    job_path = write_json(out / "package_job.json", job)
+    Path(job["result"]).unlink(missing_ok=True)
+    log = out / "package_child.log"
+    with temp_inductor_cache("package") as cache:
+        rc = run_child(["-m", CHILD_MODULE, str(job_path)], timeout=cfg["timeout_s"], log_path=log,
+                       env=child_env(TORCHINDUCTOR_CACHE_DIR=str(cache)), what="AOTInductor compile")
+    if rc != 0 or not Path(job["result"]).is_file():
+        raise StageError(f"AOTInductor packaging of {export_dir} for {target}/{exp['dtype']} "
+                         f"failed (exit status {rc}); log {log}:\n{log_tail(log)}")
+    result = json.loads(Path(job["result"]).read_text())
+    for path in (job_path, Path(job["result"])):
+        path.unlink()
+
+    entries = []
+    for p, spec, res in zip(programs, job["programs"], result["programs"]):
+        final = out / package_name(p["name"])
+        Path(spec["package_tmp"]).replace(final)
+        entries.append({
+            "name": p["name"], "single_slot": p["single_slot"], "batches_key": p["batches_key"],
+            "package": file_entry(final, out),
+            "exported": {"sha256": p["exported"]["sha256"], "bytes": p["exported"]["bytes"]},
+            "eager": {"path": p["eager"]["path"], "sha256": p["eager"]["sha256"]},
+            "export_s": p["export_s"], "package_s": round(res["package_s"], 4),
+            "load_s": round(res["load_s"], 4), "restored_hints": res["restored_hints"],
+        })
+    return finish(out, {
+        "stage": "aoti_package", "status": "ok", "target": target, "dtype": exp["dtype"],
+        "dims": exp["dims"], "inputs": exp["inputs"], "programs": entries,
+        "inductor_configs": cfg["inductor_configs"],
+        "compile_cache": {**result["cache"], "removed": True},
+        "device": device_snapshot(target), "versions": versions(), "env_info": result["env_info"],
+        "elapsed_s": round(time.perf_counter() - start, 4),
+    })
+

@@ -1,0 +1,137 @@
+"""Stage ``verify``: the package, alone in a fresh Python process, reproduces ``eager.pt``.
+
+The parent writes a job file and launches ``_verify_child.py`` as a standalone script with
+``sys.executable`` (see that module for what the child does and does not import), with
+``AOTI_RUNTIME_CHECK_INPUTS=1`` and a new, empty ``TORCHINDUCTOR_CACHE_DIR`` that is removed
+afterwards.  The child writes its measurements; the parent applies the thresholds of
+``verify.thresholds.<target>.<dtype>`` and raises one exception class per failure kind
+(:mod:`laya_build.errors`): :class:`PackageIntegrityError` (sha256 mismatch, found before
+loading), :class:`InputsMismatchError` (eager outputs or inputs that do not belong to the
+package), :class:`LogitParityError` / :class:`ProbabilityParityError` /
+:class:`ArgmaxMismatchError` (naming program, batch, row, head and the numbers),
+:class:`VerifyChildCrashError` (the child died by a signal: a failure naming the signal,
+never a pass) and :class:`VerificationError` otherwise.
+
+Known on the GPU image: a fresh-process ``aoti_load_package`` of a CUDA package segfaulted
+unless ``import tilelang`` ran first.  The child therefore imports the modules listed in
+``verify.preload.<target>`` (default ``[tilelang]`` for cuda) before loading, when they are
+installed; if it still crashes, the signal is reported as a failure.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ..atomic import write_json
+from ..errors import (ArgmaxMismatchError, ConfigError, InputsMismatchError, LogitParityError,
+                      PackageIntegrityError, ProbabilityParityError, VerificationError,
+                      VerifyChildCrashError)
+from ..records import sha256_file
+from ._aoti_runtime import HEADS, summarize
+from ._model_common import (child_env, finish, log_tail, run_child, section, skip,
+                            temp_inductor_cache, unsupported_reason, upstream)
+
+CHILD_SCRIPT = Path(__file__).with_name("_verify_child.py")
+FAILURE_KINDS = {"integrity": PackageIntegrityError, "inputs": InputsMismatchError,
+                 "runtime": VerificationError}
+MEASURES = (("logit", "logits", LogitParityError), ("prob", "probabilities", ProbabilityParityError))
+
+
+def _fmt(value) -> str:
+    return "a non-finite amount" if value is None else f"{value:.3g}"
+
+
+def parity_violations(program: dict, thresholds: dict) -> list[tuple[type, str]]:
+    """Every threshold a program's result exceeds, as ``(exception class, message)``."""
+    where = "" if program["name"] == "decision" else f"{program['name']}: "
+    found = []
+    for batch in program["batches"]:
+        for head in HEADS:
+            limits, rows = thresholds[head], batch["compare"][head]
+            for r in range(len(rows["argmax_ref"])):
+                for key, label, cls in MEASURES:
+                    delta, atol = rows[f"{key}_delta"][r], limits[f"{key}_atol"]
+                    if delta is None or delta > atol:
+                        found.append((cls, f"{where}{head} {label} of batch {batch['batch']} row {r} "
+                                           f"differ by {_fmt(delta)} > atol {atol:g}"))
+                ref, got = rows["argmax_ref"][r], rows["argmax_got"][r]
+                if limits.get("argmax", True) and ref != got:
+                    found.append((ArgmaxMismatchError, f"{where}{head} argmax of batch "
+                                  f"{batch['batch']} row {r} differs: package {got}, eager {ref}"))
+    return found
+
+
+def check_parity(result: dict, thresholds: dict, files: str) -> None:
+    found = [v for p in result["programs"] for v in parity_violations(p, thresholds)]
+    if found:
+        cls, message = found[0]
+        more = f"; {len(found) - 1} more: " + "; ".join(m for _, m in found[1:4]) if len(found) > 1 else ""
+        raise cls(f"{message} ({files}){more}")
+
+
+def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, out_dir) -> dict:
+    start = time.perf_counter()
+    cfg = section("verify", verify_cfg)
+    package_record_path, eager_path, out = Path(package_record_path), Path(eager_path), Path(out_dir)
+    pkg = upstream(package_record_path, "aoti_package")
+    target = pkg["target"]
+    dtype_field = {"dtype": pkg["dtype"]} if "dtype" in pkg else {}
+    if pkg["status"] == "skipped":
+        return skip("verify", out, f"aoti_package skipped: {pkg['reason']}", target=target, **dtype_field)
+    if reason := unsupported_reason(target):
+        return skip("verify", out, reason, target=target, **dtype_field)
+    thresholds = cfg["thresholds"].get(target, {}).get(pkg["dtype"])
+    if thresholds is None:
+        raise ConfigError(f"verify.thresholds.{target}.{pkg['dtype']} is not configured")
+
+    package_dir = package_record_path.parent
+    programs = [{"name": p["name"], "batches_key": p["batches_key"],
+                 "package": str(package_dir / p["package"]["path"]), "sha256": p["package"]["sha256"],
+                 "eager": str(eager_path if p["name"] == "decision"
+                              else eager_path.with_name(p["eager"]["path"]))}
+                for p in pkg["programs"]]
+    out.mkdir(parents=True, exist_ok=True)
+    result_path, log = out / "verify_child.json", out / "verify_child.log"
+    job = {"programs": programs, "inputs": str(Path(inputs_path)),
+           "inputs_sha256": pkg["inputs"]["sha256"], "target": target, "dtype": pkg["dtype"],
+           "device": target, "preload": cfg["preload"].get(target, []), "timing": cfg["timing"],
+           "result": str(result_path)}
+    job_path = write_json(out / "verify_job.json", job)
+    result_path.unlink(missing_ok=True)
+    with temp_inductor_cache("verify") as cache:
+        rc = run_child([str(CHILD_SCRIPT), str(job_path)], timeout=cfg["timeout_s"], log_path=log,
+                       env=child_env(TORCHINDUCTOR_CACHE_DIR=str(cache), AOTI_RUNTIME_CHECK_INPUTS="1"),
+                       what=f"verification process for {programs[0]['package']}",
+                       crash_error=VerifyChildCrashError)
+    if not result_path.is_file():
+        raise VerificationError(f"verification process exited with status {rc} without a result; "
+                                f"log {log}:\n{log_tail(log)}")
+    result = json.loads(result_path.read_text())
+    if result["status"] == "error":
+        raise FAILURE_KINDS[result["kind"]](result["message"])
+    if rc != 0:
+        raise VerificationError(f"verification process exited with status {rc}; log {log}")
+    check_parity(result, thresholds, f"package {programs[0]['package']} vs {eager_path}")
+    if result["child"]["forbidden_modules_loaded"]:
+        raise VerificationError(f"the verification process imported "
+                                f"{result['child']['forbidden_modules_loaded']}; it must load only the package")
+
+    record = finish(out, {
+        "stage": "verify", "status": "ok", "target": target, "dtype": pkg["dtype"],
+        "package_record": {"sha256": sha256_file(package_record_path)},
+        "inputs": {"sha256": pkg["inputs"]["sha256"]},
+        "thresholds": thresholds, "timing": cfg["timing"],
+        "programs": [{**p, "package": {"sha256": spec["sha256"]},
+                      "eager": {"sha256": sha256_file(spec["eager"])},
+                      "summary": summarize([b["compare"] for b in p["batches"]]),
+                      "load_s": round(p["load_s"], 4)}
+                     for p, spec in zip(result["programs"], programs)],
+        "inductor_cache": {"initial": result["cache_initial"], "after_run": result["cache_after_run"],
+                           "removed": True},
+        "child": result["child"],
+        "elapsed_s": round(time.perf_counter() - start, 4),
+    })
+    for path in (job_path, result_path):
+        path.unlink(missing_ok=True)
+    return record
