@@ -39,3 +39,38 @@ def task_cuda_source():
 def task_cuda_diff():
     """Byte-level diff of CUDA sources against the configured baseline."""
     yield from tasks.cuda_diff_tasks(PIPELINE)
+
+
+def task_model():
+    """Decision-model checkpoint (generated from a seed or local) and the saved inputs."""
+    yield from tasks.model_tasks(PIPELINE)
+
+
+def task_export():
+    """torch.export with symbolic rows / 16*tokens16 / slots, per target and dtype."""
+    yield from tasks.export_tasks(PIPELINE)
+
+
+def task_aoti_package():
+    """AOTInductor .pt2 package per target and dtype."""
+    yield from tasks.aoti_package_tasks(PIPELINE)
+
+
+def task_verify():
+    """Fresh-process verification of every package (of a release: files vs manifest first)."""
+    yield from tasks.verify_tasks(PIPELINE)
+
+
+def task_latency():
+    """Latency table: eager AMP, eager bf16, torch.compile bf16, the package."""
+    yield from tasks.latency_tasks(PIPELINE)
+
+
+def task_release():
+    """Build every stage, then REPORT.md and manifest.json: the version becomes immutable."""
+    return tasks.release_task(PIPELINE)
+
+
+def task_release_diff():
+    """Markdown + JSON report of what changed between releases: doit release_diff old=A new=B."""
+    return tasks.release_diff_task(PIPELINE)

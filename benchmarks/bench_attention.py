@@ -9,11 +9,12 @@ re-packed (in SDPA's favour); the TileLang kernel writes ``O[B, L, H*Dh]`` direc
 TFLOP/s count the useful work only: ``4 * Dh`` FLOPs per visible (query, key) pair and
 head (QK^T and PV), the same count for both sides, so a masked SDPA that computes every
 pair is not credited for the masked ones.  A time is the median over repeats of the mean
-of a burst of back-to-back calls between two CUDA events, after a warm-up; the host's
-per-call launch cost therefore counts only where it exceeds the kernel's own time.
+of a burst of back-to-back calls between two CUDA events, after a warm-up: with plain
+launches the host's per-call cost counts where it exceeds the kernel's own time; with
+``--graph`` the burst is a CUDA graph's replay and only device time counts.
 
     python benchmarks/bench_attention.py [--out results.json] [--windows 0 64] [--dtype bfloat16]
-                                         [--tiles 64,64,1,128 128,128,2,256 ...]
+                                         [--tiles 64,64,1,128 128,128,2,256 ...] [--graph]
 
 :func:`bench_attention` returns the rows, for a benchmark driver that collects several.
 """
@@ -45,18 +46,32 @@ def visible_pairs(L: int, window: int) -> int:
     return int(((i[:, None] - i[None, :]).abs() <= window).sum())
 
 
-def time_ms(fn, warmup: int = 25, burst: int = 50, repeats: int = 15) -> float:
+def time_ms(fn, graph: bool = False, warmup: int = 25, burst: int = 50, repeats: int = 15) -> float:
     """Time of one ``fn()`` in milliseconds: the median over ``repeats`` of the mean of
-    ``burst`` back-to-back calls between two CUDA events."""
+    ``burst`` back-to-back calls between two CUDA events.  ``graph=True`` captures the
+    burst in a CUDA graph and times its replays, which takes the host's launch cost out."""
     for _ in range(warmup):
         fn()
+    torch.cuda.synchronize()
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(burst):
+                fn()
+        run = g.replay
+    else:
+
+        def run():
+            for _ in range(burst):
+                fn()
+
+    run()
     torch.cuda.synchronize()
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(burst):
-            fn()
+        run()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / burst)
@@ -64,7 +79,7 @@ def time_ms(fn, warmup: int = 25, burst: int = 50, repeats: int = 15) -> float:
 
 
 def bench_attention(B: int, L: int, H: int, Dh: int, windows=(0, 64), dtype: str = "bfloat16",
-                    tiles=(TILE_DEFAULTS,), seed: int = 1234) -> list[dict]:
+                    tiles=(TILE_DEFAULTS,), graph: bool = False, seed: int = 1234) -> list[dict]:
     """One row per (window, implementation and tile configuration): ms, useful TFLOP/s
     and max |TileLang - SDPA|."""
     tdtype = getattr(torch, dtype)
@@ -79,13 +94,14 @@ def bench_attention(B: int, L: int, H: int, Dh: int, windows=(0, 64), dtype: str
     for window in windows:
         mask = (idx[:, None] - idx[None, :]).abs() <= window if window > 0 else None
         flops = 4.0 * B * H * Dh * visible_pairs(L, window)
-        shape = dict(kernel="attention", B=B, L=L, H=H, Dh=Dh, window=window, dtype=dtype)
+        shape = dict(kernel="attention", B=B, L=L, H=H, Dh=Dh, window=window, dtype=dtype,
+                     timing="cuda-graph" if graph else "launch")
 
         def sdpa_call():
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
         ref = sdpa_call().transpose(1, 2).reshape(B, L, H * Dh).float()
-        ms = time_ms(sdpa_call)
+        ms = time_ms(sdpa_call, graph)
         rows.append(dict(shape, impl="sdpa", tiles=None, ms=ms, tflops=flops / (ms * 1e-3) / 1e12, max_abs_diff_vs_sdpa=0.0))
         for tile in tiles:
             kernel = attn_kernel(B, L, H, Dh, window=window, dtype=dtype, **tile)
@@ -96,7 +112,7 @@ def bench_attention(B: int, L: int, H: int, Dh: int, windows=(0, 64), dtype: str
             out.fill_(float("nan"))
             tilelang_call()
             max_diff = float((out.float() - ref).abs().max())  # NaN if a row was not written
-            ms = time_ms(tilelang_call)
+            ms = time_ms(tilelang_call, graph)
             rows.append(dict(shape, impl="tilelang", tiles=dict(tile), ms=ms, tflops=flops / (ms * 1e-3) / 1e12,
                              max_abs_diff_vs_sdpa=max_diff))
     return rows
@@ -111,11 +127,11 @@ def parse_tiles(text: str) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| window | impl | tiles (M,N,stages,threads) | B×L×H×Dh | ms | TFLOP/s | max abs diff vs SDPA |\n"
-            "|---|---|---|---|---:|---:|---:|")
+    head = ("| window | impl | tiles (M,N,stages,threads) | B×L×H×Dh | timing | ms | TFLOP/s | max abs diff vs SDPA |\n"
+            "|---|---|---|---|---|---:|---:|---:|")
     body = [
         f"| {r['window'] or 'full'} | {r['impl']} | {','.join(str(r['tiles'][k]) for k in TILE_KEYS) if r['tiles'] else ''} | "
-        f"{r['B']}×{r['L']}×{r['H']}×{r['Dh']} | {r['ms']:.4f} | {r['tflops']:.1f} | {r['max_abs_diff_vs_sdpa']:.2e} |"
+        f"{r['B']}×{r['L']}×{r['H']}×{r['Dh']} | {r['timing']} | {r['ms']:.4f} | {r['tflops']:.1f} | {r['max_abs_diff_vs_sdpa']:.2e} |"
         for r in rows
     ]
     return "\n".join([head, *body])
@@ -136,12 +152,13 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     ap.add_argument("--tiles", nargs="+", type=parse_tiles, default=[dict(TILE_DEFAULTS)],
                     help="TileLang tile configurations block_M,block_N,num_stages,threads (default: the kernel's)")
+    ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no host launch cost)")
     ap.add_argument("--out", type=Path, help="write the rows and the environment as JSON")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_attention: no CUDA device; nothing measured", file=sys.stderr)
         return 2
-    rows = bench_attention(args.B, args.L, args.H, args.Dh, args.windows, args.dtype, args.tiles)
+    rows = bench_attention(args.B, args.L, args.H, args.Dh, args.windows, args.dtype, args.tiles, args.graph)
     print(markdown(rows))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

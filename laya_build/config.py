@@ -10,12 +10,13 @@ from __future__ import annotations
 import ast
 import copy
 import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from . import PROJECT_ROOT
+from . import PROJECT_ROOT, SCHEMA_DIR
 from .records import RecordError, validate
 
 ARTIFACTS_DIRNAME = "artifacts"
@@ -110,6 +111,16 @@ def load(path: str | Path | None = None, *, root: str | Path = PROJECT_ROOT, ove
         raise ConfigError(str(exc)) from None
     _check_semantics(data, path, root)
     return Pipeline(data=data, path=path, root=root)
+
+
+def check_version(value: str, what: str) -> str:
+    """A version given outside pipeline.yaml (a doit argument) must match the schema's pattern."""
+    import re
+
+    pattern = json.loads((SCHEMA_DIR / "pipeline.schema.json").read_text())["$defs"]["version"]["pattern"]
+    if not isinstance(value, str) or not re.fullmatch(pattern, value):
+        raise ConfigError(f"{what}: {value!r} is not a version (expected e.g. 1.2.0)")
+    return value
 
 
 def _fail(path: Path, key: str, message: str):

@@ -46,9 +46,11 @@ def child_env(env: dict | None = None) -> dict:
 
 def run(module: str, function: str, spec: dict, *, record: str | os.PathLike | None = None,
         extra_path: list[str] | None = None, env: dict | None = None, label: str | None = None,
-        timeout: float | None = None) -> None:
-    """Run ``module.function(spec)`` in a new interpreter; raise :class:`StageFailed` on failure."""
-    payload = json.dumps({"module": module, "function": function, "spec": spec,
+        timeout: float | None = None, kwargs: bool = False) -> None:
+    """Run ``module.function(spec)`` (``function(**spec)`` with ``kwargs=True``) in a new
+    interpreter; raise :class:`StageFailed` on failure."""
+    payload = json.dumps({"module": module, "function": function,
+                          "spec": {"kwargs": spec} if kwargs else spec, "call": "kwargs" if kwargs else "spec",
                           "record": str(record) if record else None, "sys_path": list(extra_path or [])})
     proc = subprocess.run(
         [sys.executable, "-m", "laya_build.isolate"],
@@ -76,7 +78,8 @@ def _main() -> int:
     sys.path[:0] = request.get("sys_path", [])
     try:
         func = getattr(importlib.import_module(request["module"]), request["function"])
-        record = func(request["spec"])
+        spec = request["spec"]
+        record = func(**spec["kwargs"]) if request.get("call") == "kwargs" else func(spec)
         if request.get("record"):
             from .records import write_record
 

@@ -8,6 +8,7 @@ no torch, tilelang or transformers.
 """
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
 from . import PROJECT_ROOT, config as config_mod, gitrev, isolate, release
+from .records import RecordError
 
 GPU_DTYPES_ORDER = ("bfloat16", "float16")
 KERNEL_COMMON_DEPS = ("kernels/__init__.py", "kernels/_common.py")
@@ -55,8 +57,8 @@ def _stage_deps(p: config_mod.Pipeline, stage: str, *extra: str) -> list[str]:
                  f"schemas/{stage}.schema.json", *extra)
 
 
-def _isolated(p: config_mod.Pipeline, module: str, function: str, spec: dict, record: Path, extra_path=None,
-              label=None):
+def _isolated(p: config_mod.Pipeline, module: str, function: str, spec: dict, record: Path | None,
+              extra_path=None, label=None, kwargs: bool = False):
     """A doit python-action: run a stage in its own process; a failure is a TaskFailed with
     the stage's own message (no traceback of the runner).  Refuses to write into a released
     version."""
@@ -65,7 +67,8 @@ def _isolated(p: config_mod.Pipeline, module: str, function: str, spec: dict, re
     def action():
         try:
             release.refuse_if_released(p.version_dir, label or module)
-            isolate.run(module, function, spec, record=record, extra_path=extra_path, label=label, env=env)
+            isolate.run(module, function, spec, record=record, extra_path=extra_path, label=label, env=env,
+                        kwargs=kwargs)
         except (isolate.StageFailed, release.ReleasedVersionError) as exc:
             return TaskFailed(str(exc))
         return None
@@ -290,15 +293,197 @@ def _clean(p: config_mod.Pipeline, directory: Path | None = None) -> list:
 
 
 # ---------------------------------------------------------------------------------------------
+# model stages: model -> export -> aoti_package -> verify, latency
+
+MODEL_CODE = ("laya_build/model/__init__.py", "laya_build/model/decision.py", "laya_build/model/checkpoint.py",
+              "laya_build/model/tokenizer.py", "laya_build/model/inputs.py", "laya_build/model/corpus.txt",
+              "laya_build/model/defaults.yaml", "laya_build/stages/_model_common.py")
+
+
+def _model_deps(p: config_mod.Pipeline, module: str, schema: str, *extra: str) -> list[str]:
+    return _deps(p, f"laya_build/stages/{module}.py", f"schemas/{schema}.schema.json", "schemas/model_common.schema.json",
+                 "schemas/model_sections.schema.json", *MODEL_CODE, *extra)
+
+
+def model_dirs(p: config_mod.Pipeline) -> dict[str, Path]:
+    v = p.version_dir
+    return {"model": v / "model", "checkpoint": v / "model" / "checkpoint", "inputs": v / "model" / "inputs.pt"}
+
+
+def model_builds(p: config_mod.Pipeline) -> list[tuple[str, str]]:
+    """(target, dtype) of every package the config asks for."""
+    export = p.data.get("export", {})
+    targets = export.get("targets", {"cpu": ["float32", "bfloat16"], "cuda": ["bfloat16"]})
+    packaged = p.data.get("package", {}).get("targets", ["cpu", "cuda"])
+    return [(t, d) for t in packaged for d in targets.get(t, [])]
+
+
+def _build_dir(p: config_mod.Pipeline, stage: str, target: str, dtype: str) -> Path:
+    return p.version_dir / stage / f"{target}-{dtype}"
+
+
+CHECKPOINT_FILES = ("rl_agent_config.json", "model.safetensors", "encoder/config.json")
+
+
+def model_tasks(p: config_mod.Pipeline):
+    """The decision-model checkpoint (generated from a seed, or a local one) and inputs.pt."""
+    d = model_dirs(p)
+    cfg = p.section("model", {})
+    local = cfg.get("path")
+    local_deps = [str((p.root / local / f).resolve()) for f in CHECKPOINT_FILES] if local else []
+    record = d["model"] / "model.json"
+    yield {
+        "name": None,
+        "doc": "decision-model checkpoint and the saved, tokenised inputs",
+    }
+    yield {
+        "name": "build",
+        "doc": "checkpoint (generated or local) + inputs.pt",
+        "actions": [_isolated(p, "laya_build.stages.model", "run_model",
+                              {"model_cfg": cfg, "out_dir": str(d["model"])}, None, label="model", kwargs=True)],
+        "file_dep": _model_deps(p, "model", "model") + local_deps,
+        "targets": [str(record), str(d["inputs"]), *(str(d["checkpoint"] / f) for f in CHECKPOINT_FILES)],
+        "uptodate": [config_changed({"model": cfg})],
+        "clean": _clean(p, d["model"]),
+    }
+
+
+def export_tasks(p: config_mod.Pipeline):
+    """torch.export of the decision model per target x dtype, and eager.pt."""
+    d = model_dirs(p)
+    cfg = p.section("export", {})
+    for target, dtype in model_builds(p):
+        out = _build_dir(p, "export", target, dtype)
+        spec = {"export_cfg": cfg, "checkpoint_dir": str(d["checkpoint"]), "inputs_path": str(d["inputs"]),
+                "out_dir": str(out), "target": target, "dtype": dtype}
+        yield {
+            "name": f"{target}-{dtype}",
+            "doc": f"torch.export of the decision model ({target}, {dtype})",
+            "actions": [_isolated(p, "laya_build.stages.export", "run_export", spec, None,
+                                  label=f"export {target}-{dtype}", kwargs=True)],
+            "file_dep": _model_deps(p, "export", "export", "laya_build/stages/_aoti_runtime.py")
+            + [str(d["model"] / "model.json"), str(d["inputs"])],
+            "targets": [str(out / "export.json")],
+            "uptodate": [config_changed({"export": cfg, "target": target, "dtype": dtype})],
+            "clean": _clean(p, out),
+        }
+
+
+def aoti_package_tasks(p: config_mod.Pipeline):
+    """AOTInductor .pt2 package per target x dtype (explicit skip record where unsupported)."""
+    cfg = p.section("package", {})
+    for target, dtype in model_builds(p):
+        out = _build_dir(p, "aoti_package", target, dtype)
+        spec = {"package_cfg": cfg, "export_dir": str(_build_dir(p, "export", target, dtype)),
+                "out_dir": str(out), "target": target}
+        yield {
+            "name": f"{target}-{dtype}",
+            "doc": f"AOTInductor package ({target}, {dtype})",
+            "actions": [_isolated(p, "laya_build.stages.package", "run_package", spec, None,
+                                  label=f"aoti_package {target}-{dtype}", kwargs=True)],
+            "file_dep": _model_deps(p, "package", "aoti_package", "laya_build/stages/_package_child.py")
+            + [str(_build_dir(p, "export", target, dtype) / "export.json")],
+            "targets": [str(out / "aoti_package.json")],
+            "uptodate": [config_changed({"package": cfg, "target": target, "dtype": dtype})],
+            "clean": _clean(p, out),
+            "verbosity": 2,
+        }
+
+
+def verify_tasks(p: config_mod.Pipeline):
+    """Each package, alone, in a fresh process: sha256 first, then parity with eager.pt.
+
+    For a released version: every file against the manifest first, then the same
+    verification of each package, with the release's own configuration; results go to
+    ``artifacts/verifications/<version>/`` (a release is never written to)."""
+    if release.is_released(p.version_dir):
+        yield _verify_release_task(p)
+        return
+    d = model_dirs(p)
+    cfg = p.section("verify", {})
+    for target, dtype in model_builds(p):
+        out = _build_dir(p, "verify", target, dtype)
+        pkg = _build_dir(p, "aoti_package", target, dtype) / "aoti_package.json"
+        eager = _build_dir(p, "export", target, dtype) / "eager.pt"
+        spec = {"verify_cfg": cfg, "package_record_path": str(pkg), "inputs_path": str(d["inputs"]),
+                "eager_path": str(eager), "out_dir": str(out)}
+        yield {
+            "name": f"{target}-{dtype}",
+            "doc": f"fresh-process verification of the package ({target}, {dtype})",
+            "actions": [_isolated(p, "laya_build.stages.verify", "run_verify", spec, None,
+                                  label=f"verify {target}-{dtype}", kwargs=True)],
+            "file_dep": _model_deps(p, "verify", "verify", "laya_build/stages/_verify_child.py") + [str(pkg), str(d["inputs"])],
+            "targets": [str(out / "verify.json")],
+            "uptodate": [config_changed({"verify": cfg, "target": target, "dtype": dtype})],
+            "clean": _clean(p, out),
+            "verbosity": 2,
+        }
+
+
+def _verify_release_task(p: config_mod.Pipeline) -> dict:
+    vdir, out_root = p.version_dir, p.output_root / "verifications" / p.version
+
+    def act():
+        try:
+            manifest = release.check_files(vdir)
+        except (release.ManifestMismatch, RecordError) as exc:
+            return TaskFailed(f"verify {p.version}: {exc}")
+        print(f"verify {p.version}: {manifest['totals']['files']} files match {release.MANIFEST}", flush=True)
+        config = json.loads((vdir / manifest["pipeline"]["effective"]).read_text())
+        packages = sorted(f["path"] for f in manifest["files"] if f["path"].endswith("/aoti_package.json"))
+        for rel in packages:
+            build = rel.split("/")[1]
+            spec = {"verify_cfg": config.get("verify", {}), "package_record_path": str(vdir / rel),
+                    "inputs_path": str(vdir / "model" / "inputs.pt"),
+                    "eager_path": str(vdir / "export" / build / "eager.pt"), "out_dir": str(out_root / build)}
+            try:
+                isolate.run("laya_build.stages.verify", "run_verify", spec, label=f"verify {p.version} {build}",
+                            env=_stage_env(p), kwargs=True)
+            except isolate.StageFailed as exc:
+                return TaskFailed(str(exc))
+            result = json.loads((out_root / build / "verify.json").read_text())
+            print(f"verify {p.version} {build}: {result['status']}"
+                  + (f" ({result['reason']})" if result["status"] == "skipped" else ""), flush=True)
+        return None
+
+    return {"name": "release", "doc": f"verify released version {p.version}: manifest, then every package",
+            "actions": [act], "uptodate": [False], "verbosity": 2}
+
+
+def latency_tasks(p: config_mod.Pipeline):
+    """Eager AMP / eager bf16 / torch.compile bf16 / package latency on the saved inputs."""
+    d = model_dirs(p)
+    cfg = p.section("latency", {})
+    for target, dtype in model_builds(p):
+        out = _build_dir(p, "latency", target, dtype)
+        pkg = _build_dir(p, "aoti_package", target, dtype) / "aoti_package.json"
+        spec = {"latency_cfg": cfg, "checkpoint_dir": str(d["checkpoint"]), "inputs_path": str(d["inputs"]),
+                "package_record_path": str(pkg), "out_dir": str(out), "target": target}
+        yield {
+            "name": f"{target}-{dtype}",
+            "doc": f"latency table ({target}, {dtype} package)",
+            "actions": [_isolated(p, "laya_build.stages.latency", "run_latency", spec, None,
+                                  label=f"latency {target}-{dtype}", kwargs=True)],
+            "file_dep": _model_deps(p, "latency", "latency", "laya_build/stages/_latency_child.py")
+            + [str(pkg), str(d["model"] / "model.json")],
+            "targets": [str(out / "latency.json")],
+            "uptodate": [config_changed({"latency": cfg, "target": target, "dtype": dtype})],
+            "clean": _clean(p, out),
+            "verbosity": 2,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
 # releases
 
-KERNEL_TASK_GENERATORS = ("tir_tasks", "probe_c_tasks", "lower_c_tasks", "cuda_source_tasks", "cuda_diff_tasks")
+STAGE_GENERATORS = (tir_tasks, probe_c_tasks, lower_c_tasks, cuda_source_tasks, cuda_diff_tasks,
+                    model_tasks, export_tasks, aoti_package_tasks, verify_tasks, latency_tasks)
 
 
-def _owners(p: config_mod.Pipeline, generators) -> dict[str, str]:
+def _owners(p: config_mod.Pipeline) -> dict[str, str]:
     """Relative path of every declared target -> the task that produces it."""
     owners = {}
-    for gen in generators:
+    for gen in STAGE_GENERATORS:
         basename = gen.__name__.removesuffix("_tasks")
         for task in gen(p):
             for target in task.get("targets", []):
@@ -308,15 +493,18 @@ def _owners(p: config_mod.Pipeline, generators) -> dict[str, str]:
     return owners
 
 
-def release_tasks(p: config_mod.Pipeline, stage_generators, stage_names: list[str]):
+def release_task(p: config_mod.Pipeline) -> dict:
     """Build every stage for the version, then write REPORT.md and manifest.json (last)."""
     manifest = release.manifest_path(p.version_dir)
-    spec = {"version": p.version, "version_dir": str(p.version_dir), "root": str(p.root), "config": p.data,
-            "owners": _owners(p, stage_generators)}
+    stage_names = [gen.__name__.removesuffix("_tasks") for gen in STAGE_GENERATORS]
+    if release.is_released(p.version_dir):
+        stage_names = []  # nothing may run against a released version; the action refuses
 
     def act():
         try:
             release.refuse_if_released(p.version_dir, "release")
+            spec = {"version": p.version, "version_dir": str(p.version_dir), "root": str(p.root),
+                    "config": p.data, "owners": _owners(p)}
             print(f"release {p.version}: writing REPORT.md and {release.MANIFEST} (environment snapshot)", flush=True)
             isolate.run("laya_build.release", "build_manifest", spec, record=manifest, label="release")
         except (isolate.StageFailed, release.ReleasedVersionError) as exc:
@@ -331,3 +519,33 @@ def release_tasks(p: config_mod.Pipeline, stage_generators, stage_names: list[st
         "verbosity": 2,
         "doc": f"build every stage, then REPORT.md + manifest.json: releases version {p.version}",
     }
+
+
+def release_diff_task(p: config_mod.Pipeline) -> dict:
+    """``doit release_diff old=A new=B``: both versions must be released."""
+    old, new = get_var("old", None), get_var("new", None)
+    doc = "what changed between two releases: doit release_diff old=<version> new=<version>"
+    if old is None or new is None:
+        return {"actions": [lambda: TaskFailed("release_diff needs two released versions: doit release_diff old=<v> new=<v>")],
+                "doc": doc, "uptodate": [False]}
+    try:
+        for name, value in (("old", old), ("new", new)):
+            config_mod.check_version(value, f"doit argument {name}")
+    except config_mod.ConfigError as exc:
+        message = str(exc)
+        return {"actions": [lambda: TaskFailed(message)], "doc": doc, "uptodate": [False]}
+    out = p.output_root / "release_diff" / f"{old}..{new}"
+    spec = {"artifacts": str(p.output_root), "old": old, "new": new, "out": str(out),
+            "out_rel": out.relative_to(p.output_root).as_posix()}
+
+    def act():
+        try:
+            isolate.run("laya_build.stages.release_diff", "run_release_diff", spec, record=out / "release_diff.json",
+                        label="release_diff")
+        except isolate.StageFailed as exc:
+            return TaskFailed(str(exc))
+        print((out / "release_diff.md").read_text())
+        return None
+
+    return {"actions": [act], "doc": doc, "uptodate": [False], "verbosity": 2,
+            "targets": [str(out / "release_diff.json"), str(out / "release_diff.md")]}

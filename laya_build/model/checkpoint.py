@@ -46,6 +46,7 @@ def encoder_config(spec: dict, tokenizer, attn_implementation: str = DEFAULT_ATT
         intermediate_size=spec["intermediate_size"],
         max_position_embeddings=spec.get("max_position_embeddings", 512),
         local_attention=spec.get("local_attention", 64),
+        initializer_range=spec.get("initializer_range", 0.02),
         pad_token_id=ids["pad_token_id"], cls_token_id=ids["cls_token_id"],
         sep_token_id=ids["sep_token_id"], mask_token_id=ids["mask_token_id"],
         bos_token_id=ids["cls_token_id"], eos_token_id=ids["sep_token_id"],
@@ -73,7 +74,9 @@ def generate_checkpoint(out_dir: str | os.PathLike, spec: dict) -> Path:
                               temperature=float(spec.get("temperature", 3.0)))
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     tmp = out / f".{WEIGHTS}.tmp"
-    save_file(state, str(tmp), metadata={"format": "pt", "seed": str(spec["seed"])})
+    # One metadata key only: safetensors writes the metadata map in hash order, so two
+    # keys would make the header (and the file's sha256) differ from run to run.
+    save_file(state, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, out / WEIGHTS)
     write_text(out / ENCODER_CONFIG, config.to_json_string())
     write_json(out / AGENT_CONFIG, {

@@ -156,10 +156,9 @@ def build_inputs(tokenizer, spec: dict) -> dict:
 
 
 def save_inputs(inputs: dict, path: str | os.PathLike) -> None:
-    from ..atomic import atomic_path
+    from ..stages._model_common import torch_save
 
-    with atomic_path(path) as tmp:
-        torch.save(inputs, tmp)
+    torch_save(inputs, path)
 
 
 def load_inputs(path: str | os.PathLike) -> dict:

@@ -57,7 +57,8 @@ def finite_or_none(x: float):
 
 
 def compare_heads(ref: dict, got: dict) -> dict:
-    """Per head and row: max |logit delta|, max |probability delta| and both argmaxes.
+    """Per head and row: max |logit delta|, max |probability delta|, both argmaxes and the
+    reference's margin between its own choice and the candidate's (0 when they agree).
 
     Compared in fp32; probabilities are the raw softmax of each side's logits.  A non-finite
     delta is reported as ``None`` (and fails every threshold).
@@ -69,11 +70,14 @@ def compare_heads(ref: dict, got: dict) -> dict:
             raise ValueError(f"{head} logits: shape {tuple(g.shape)} != reference {tuple(r.shape)}")
         logit = (r - g).abs().amax(-1)
         prob = (torch.softmax(r, -1) - torch.softmax(g, -1)).abs().amax(-1)
+        ref_arg, got_arg = r.argmax(-1), g.argmax(-1)
+        margin = r.gather(-1, ref_arg[:, None]) - r.gather(-1, got_arg[:, None])
         out[head] = {
             "logit_delta": [finite_or_none(float(v)) for v in logit],
             "prob_delta": [finite_or_none(float(v)) for v in prob],
-            "argmax_ref": [int(v) for v in r.argmax(-1)],
-            "argmax_got": [int(v) for v in g.argmax(-1)],
+            "argmax_ref": [int(v) for v in ref_arg],
+            "argmax_got": [int(v) for v in got_arg],
+            "ref_margin": [finite_or_none(float(v)) for v in margin[:, 0]],
         }
     return out
 

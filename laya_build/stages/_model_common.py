@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from .. import PROJECT_ROOT
+from ..atomic import atomic_path
 from ..errors import ChildCrashError, ConfigError, StageError
 from ..records import RecordError, read_record, validate, write_record
 
@@ -76,6 +77,16 @@ def check_target(target: str) -> str:
 
 
 # -------------------------------------------------------------------------------- records
+
+def torch_save(obj, path) -> Path:
+    """``torch.save`` atomically and reproducibly: through a file object, so the archive's
+    inner folder is not named after the (random) temporary file."""
+    import torch
+
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        torch.save(obj, fh)
+    return Path(path)
+
 
 def record_path(out_dir, stage: str) -> Path:
     return Path(out_dir) / STAGE_FILES[stage]

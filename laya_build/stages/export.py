@@ -18,7 +18,7 @@ from ..atomic import atomic_path
 from ..errors import ConfigError, InputsMismatchError
 from ..records import file_entry, sha256_file
 from ._aoti_runtime import EAGER_FORMAT, batch_args, run_batches
-from ._model_common import (check_target, finish, section, skip, torch_dtype,
+from ._model_common import (check_target, finish, section, skip, torch_dtype, torch_save,
                             unsupported_reason, versions)
 
 
@@ -84,9 +84,8 @@ def export_program(model, inputs: dict, program: Program, cfg: dict, device: str
     start = time.perf_counter()
     outputs = run_batches(model, batches, inputs["arg_names"], device)
     eager_s = time.perf_counter() - start
-    with atomic_path(out / program.eager) as tmp:
-        torch.save({"format": EAGER_FORMAT, "program": program.name,
-                    "batches_key": program.batches_key, **meta, "outputs": outputs}, tmp)
+    torch_save({"format": EAGER_FORMAT, "program": program.name,
+                "batches_key": program.batches_key, **meta, "outputs": outputs}, out / program.eager)
     return {
         "name": program.name, "single_slot": program.single_slot,
         "batches_key": program.batches_key, "example_batch": index,

@@ -42,32 +42,47 @@ def _fmt(value) -> str:
     return "a non-finite amount" if value is None else f"{value:.3g}"
 
 
-def parity_violations(program: dict, thresholds: dict) -> list[tuple[type, str]]:
-    """Every threshold a program's result exceeds, as ``(exception class, message)``."""
+def parity_violations(program: dict, thresholds: dict) -> tuple[list[tuple[type, str]], list[str]]:
+    """Every threshold a program's result exceeds, as ``(exception class, message)``, and the
+    argmax differences excused as ties.
+
+    An argmax difference fails unless the eager logits tie within ``logit_atol`` (the eager
+    logit of the package's choice is that close to eager's top logit): logits may differ
+    by that much, so such a choice is numerically indistinguishable from eager's.
+    """
     where = "" if program["name"] == "decision" else f"{program['name']}: "
-    found = []
+    found, ties = [], []
     for batch in program["batches"]:
+        b = batch["batch"]
         for head in HEADS:
             limits, rows = thresholds[head], batch["compare"][head]
             for r in range(len(rows["argmax_ref"])):
                 for key, label, cls in MEASURES:
                     delta, atol = rows[f"{key}_delta"][r], limits[f"{key}_atol"]
                     if delta is None or delta > atol:
-                        found.append((cls, f"{where}{head} {label} of batch {batch['batch']} row {r} "
+                        found.append((cls, f"{where}{head} {label} of batch {b} row {r} "
                                            f"differ by {_fmt(delta)} > atol {atol:g}"))
-                ref, got = rows["argmax_ref"][r], rows["argmax_got"][r]
-                if limits.get("argmax", True) and ref != got:
-                    found.append((ArgmaxMismatchError, f"{where}{head} argmax of batch "
-                                  f"{batch['batch']} row {r} differs: package {got}, eager {ref}"))
-    return found
+                ref, got, margin = rows["argmax_ref"][r], rows["argmax_got"][r], rows["ref_margin"][r]
+                if not limits.get("argmax", True) or ref == got:
+                    continue
+                text = (f"{where}{head} argmax of batch {b} row {r} differs: package {got}, eager "
+                        f"{ref}; eager prefers {ref} by {_fmt(margin)}")
+                if margin is not None and margin <= limits["logit_atol"]:
+                    ties.append(f"{text} <= logit_atol {limits['logit_atol']:g} (a tie)")
+                else:
+                    found.append((ArgmaxMismatchError, f"{text} > logit_atol {limits['logit_atol']:g}"))
+    return found, ties
 
 
-def check_parity(result: dict, thresholds: dict, files: str) -> None:
-    found = [v for p in result["programs"] for v in parity_violations(p, thresholds)]
+def check_parity(programs: list[dict], thresholds: dict, files: str) -> list[list[str]]:
+    """Raise for the first violation (mentioning how many more); return each program's ties."""
+    checked = [parity_violations(p, thresholds) for p in programs]
+    found = [v for violations, _ in checked for v in violations]
     if found:
         cls, message = found[0]
         more = f"; {len(found) - 1} more: " + "; ".join(m for _, m in found[1:4]) if len(found) > 1 else ""
         raise cls(f"{message} ({files}){more}")
+    return [ties for _, ties in checked]
 
 
 def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, out_dir) -> dict:
@@ -112,7 +127,8 @@ def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, o
         raise FAILURE_KINDS[result["kind"]](result["message"])
     if rc != 0:
         raise VerificationError(f"verification process exited with status {rc}; log {log}")
-    check_parity(result, thresholds, f"package {programs[0]['package']} vs {eager_path}")
+    ties = check_parity(result["programs"], thresholds,
+                        f"package {programs[0]['package']} vs {eager_path}")
     if result["child"]["forbidden_modules_loaded"]:
         raise VerificationError(f"the verification process imported "
                                 f"{result['child']['forbidden_modules_loaded']}; it must load only the package")
@@ -125,8 +141,8 @@ def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, o
         "programs": [{**p, "package": {"sha256": spec["sha256"]},
                       "eager": {"sha256": sha256_file(spec["eager"])},
                       "summary": summarize([b["compare"] for b in p["batches"]]),
-                      "load_s": round(p["load_s"], 4)}
-                     for p, spec in zip(result["programs"], programs)],
+                      "argmax_ties": program_ties, "load_s": round(p["load_s"], 4)}
+                     for p, spec, program_ties in zip(result["programs"], programs, ties)],
         "inductor_cache": {"initial": result["cache_initial"], "after_run": result["cache_after_run"],
                            "removed": True},
         "child": result["child"],

@@ -1,0 +1,137 @@
+"""The model half of REPORT.md and of release_diff: packages, parity and latency tables."""
+from __future__ import annotations
+
+from .report import table
+
+
+def _key(record: dict) -> str:
+    return f"{record.get('target')}-{record.get('dtype', '?')}"
+
+
+def _by_key(records) -> dict[str, dict]:
+    return {_key(r): r for _, r in records}
+
+
+def sections(recs: dict) -> list[str]:
+    out = []
+    packages = _by_key(recs.get("aoti_package", []))
+    if packages:
+        rows = []
+        for key, r in sorted(packages.items()):
+            if r["status"] == "skipped":
+                rows.append([key, "skipped", r["reason"], None, None, None, None])
+                continue
+            for p in r["programs"]:
+                rows.append([key, p["name"], p["package"]["path"], p["package"]["bytes"], p["package"]["sha256"][:16],
+                             p["export_s"], p["package_s"]])
+        out += ["## AOTInductor packages\n",
+                table(["target", "program", "file", "bytes", "sha256", "export (s)", "package (s)"], rows)]
+    verifies = _by_key(recs.get("verify", []))
+    if verifies:
+        rows = []
+        for key, r in sorted(verifies.items()):
+            if r["status"] == "skipped":
+                rows.append([key, "skipped: " + r["reason"]] + [None] * 7)
+                continue
+            for p in r["programs"]:
+                s = p["summary"]
+                rows.append([key, p["name"], p["load_s"], s["decision"]["max_logit_delta"], s["decision"]["max_prob_delta"],
+                             f"{s['decision']['argmax_agree']}/{s['decision']['rows']}", s["act"]["max_logit_delta"],
+                             s["act"]["max_prob_delta"], f"{s['act']['argmax_agree']}/{s['act']['rows']}"])
+        out += ["## Fresh-process verification (package vs eager.pt)\n",
+                table(["target", "program", "load (s)", "decision max |Δlogit|", "decision max |Δp|", "decision argmax",
+                       "act max |Δlogit|", "act max |Δp|", "act argmax"], rows)]
+        lat = []
+        for key, r in sorted(verifies.items()):
+            if r["status"] == "ok":
+                for p in r["programs"]:
+                    for b in p["batches"]:
+                        sh = b["shape"]
+                        lat.append([key, p["name"], b["batch"], f"{sh['rows']}×{sh['tokens']}×{sh['slots']}",
+                                    b["latency"]["median_ms"]])
+        if lat:
+            out += ["Package latency in the verification process (median ms per forward):\n",
+                    table(["target", "program", "batch", "rows×tokens×slots", "median ms"], lat)]
+    for key, r in sorted(_by_key(recs.get("latency", [])).items()):
+        if r["status"] == "skipped":
+            out += [f"## Latency {key}\n", f"skipped: {r['reason']}\n"]
+            continue
+        names = [v["name"] for v in r["variants"]]
+        batches = r["variants"][0]["batches"]
+        rows = []
+        for i, b in enumerate(batches):
+            sh = b["shape"]
+            rows.append([b["batch"], f"{sh['rows']}×{sh['tokens']}×{sh['slots']}",
+                         *[v["batches"][i]["latency"]["median_ms"] for v in r["variants"]]])
+        t = r["timing"]
+        out += [f"## Latency {key} (median ms; {t['warmup']} warm-ups, median of {t['groups']} groups of "
+                f"{t['group_size']})\n", table(["batch", "rows×tokens×slots", *names], rows)]
+    return out
+
+
+def _ok_programs(record, field: str) -> dict:
+    if not record or record["status"] != "ok":
+        return {}
+    return {p["name"]: p[field] for p in record["programs"]}
+
+
+def _latencies(record) -> dict:
+    if not record or record["status"] != "ok":
+        return {}
+    return {(v["name"], b["batch"]): b["latency"]["median_ms"] for v in record["variants"] for b in v["batches"]}
+
+
+def diff(records_fn, old_dir, new_dir) -> dict:
+    """Packages, verification deltas and latencies of two releases, side by side."""
+    def both(stage):
+        return (_by_key(records_fn(d, stage).items()) for d in (old_dir, new_dir))
+
+    result = {"packages": [], "verify": [], "latency": []}
+    old_p, new_p = both("aoti_package")
+    for key in sorted(set(old_p) | set(new_p)):
+        po, pn = _ok_programs(old_p.get(key), "package"), _ok_programs(new_p.get(key), "package")
+        for name in sorted(set(po) | set(pn)):
+            o, n = po.get(name), pn.get(name)
+            result["packages"].append({
+                "build": key, "program": name, "old_bytes": o and o["bytes"], "new_bytes": n and n["bytes"],
+                "old_sha256": o and o["sha256"], "new_sha256": n and n["sha256"],
+                "identical": bool(o and n and o["sha256"] == n["sha256"])})
+    old_v, new_v = both("verify")
+    for key in sorted(set(old_v) | set(new_v)):
+        so, sn = _ok_programs(old_v.get(key), "summary"), _ok_programs(new_v.get(key), "summary")
+        for name in sorted(set(so) | set(sn)):
+            for head in ("decision", "act"):
+                o, n = (so.get(name) or {}).get(head), (sn.get(name) or {}).get(head)
+                result["verify"].append({
+                    "build": key, "program": name, "head": head,
+                    "old_max_logit_delta": o and o["max_logit_delta"], "new_max_logit_delta": n and n["max_logit_delta"],
+                    "old_max_prob_delta": o and o["max_prob_delta"], "new_max_prob_delta": n and n["max_prob_delta"],
+                    "old_argmax": o and f"{o['argmax_agree']}/{o['rows']}",
+                    "new_argmax": n and f"{n['argmax_agree']}/{n['rows']}"})
+    old_l, new_l = both("latency")
+    for key in sorted(set(old_l) | set(new_l)):
+        lo, ln = _latencies(old_l.get(key)), _latencies(new_l.get(key))
+        for variant, batch in sorted(set(lo) | set(ln)):
+            result["latency"].append({"build": key, "variant": variant, "batch": batch,
+                                      "old_ms": lo.get((variant, batch)), "new_ms": ln.get((variant, batch))})
+    return result
+
+
+def diff_sections(model: dict, old: str, new: str) -> list[str]:
+    out = []
+    if model["packages"]:
+        out += ["## Packages\n", table(["build", "program", f"{old} bytes", f"{new} bytes", "identical"],
+                                       [[r["build"], r["program"], r["old_bytes"], r["new_bytes"], r["identical"]]
+                                        for r in model["packages"]])]
+    if model["verify"]:
+        out += ["## Verification deltas (package vs eager)\n",
+                table(["build", "program", "head", f"{old} max |Δlogit|", f"{new} max |Δlogit|", f"{old} max |Δp|",
+                       f"{new} max |Δp|", f"{old} argmax", f"{new} argmax"],
+                      [[r["build"], r["program"], r["head"], r["old_max_logit_delta"], r["new_max_logit_delta"],
+                        r["old_max_prob_delta"], r["new_max_prob_delta"], r["old_argmax"], r["new_argmax"]]
+                       for r in model["verify"]])]
+    if model["latency"]:
+        out += ["## Latency (median ms)\n",
+                table(["build", "variant", "batch", old, new],
+                      [[r["build"], r["variant"], r["batch"], r["old_ms"], r["new_ms"]] for r in model["latency"]])]
+    return out

@@ -1,0 +1,111 @@
+"""Stage ``latency``: eager AMP, eager explicit bf16, ``torch.compile`` bf16 and the package.
+
+Measured in a fresh subprocess (``_latency_child``) with its own empty Inductor cache, on
+the saved inputs: per variant and batch, ``timing.warmup`` forwards, then the median of
+``timing.groups`` synchronised groups of ``timing.group_size`` forwards.  Outputs are
+compared with eager AMP (raw softmax, uncalibrated).  Writes ``latency.json`` (the record)
+and ``latency.md`` (a Markdown table).  Latencies exclude tokenisation, export and
+compilation (the first calls, which compile for ``compiled_bf16``, are recorded apart).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ..atomic import write_json, write_text
+from ..errors import PackageIntegrityError, StageError
+from ..records import sha256_file
+from ._model_common import (child_env, device_snapshot, finish, log_tail, run_child, section,
+                            skip, temp_inductor_cache, unsupported_reason, upstream, versions)
+
+CHILD_MODULE = "laya_build.stages._latency_child"
+DESCRIPTIONS = {
+    "eager_amp": "eager, fp32 weights, {amp} autocast",
+    "eager_bf16": "eager, explicit bf16 weights",
+    "compiled_bf16": "torch.compile(dynamic={dynamic}, mode={mode}), explicit bf16",
+    "package": "AOTInductor package ({dtype})",
+}
+
+
+def markdown(record: dict, shapes: list[dict]) -> str:
+    cols = [f"batch {i} ({s['rows']}x{s['tokens']}x{s['slots']})" for i, s in enumerate(shapes)]
+    t = record["timing"]
+    lines = [
+        f"# Latency: {record['target']}, package {record['dtype']}",
+        "",
+        f"Median ms per forward over {t['groups']} groups of {t['group_size']} synchronised "
+        f"forwards after {t['warmup']} warm-ups; batch shape rows x tokens x slots.  Deltas "
+        "and argmax agreement are against eager AMP (raw softmax, uncalibrated).",
+        "",
+        "| variant | what | " + " | ".join(cols) + " | decision argmax | act argmax | max decision prob delta |",
+        "|---|---|" + "---:|" * len(cols) + "---:|---:|---:|",
+    ]
+    for v in record["variants"]:
+        cells = [f"{b['latency']['median_ms']:.3f}" for b in v["batches"]]
+        p = v["parity_vs_eager_amp"]
+        if p is None:
+            agree = ["reference", "reference", "-"]
+        else:
+            agree = [f"{p[h]['argmax_agree']}/{p[h]['rows']}" for h in ("decision", "act")]
+            agree.append("n/a" if p["decision"]["max_prob_delta"] is None
+                         else f"{p['decision']['max_prob_delta']:.3g}")
+        lines.append(f"| {v['name']} | {v['description']} | " + " | ".join(cells + agree) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_path, out_dir,
+                target: str) -> dict:
+    from ..model.inputs import batch_shape, load_inputs
+
+    start = time.perf_counter()
+    cfg = section("latency", latency_cfg)
+    out, package_record_path = Path(out_dir), Path(package_record_path)
+    pkg = upstream(package_record_path, "aoti_package")
+    if pkg["target"] != target:
+        raise StageError(f"{package_record_path} is for target {pkg['target']}, not {target}")
+    dtype_field = {"dtype": pkg["dtype"]} if "dtype" in pkg else {}
+    if pkg["status"] == "skipped":
+        return skip("latency", out, f"aoti_package skipped: {pkg['reason']}", target=target, **dtype_field)
+    if reason := unsupported_reason(target, aoti=True):
+        return skip("latency", out, reason, target=target, **dtype_field)
+
+    main = next(p for p in pkg["programs"] if p["name"] == "decision")
+    package_path = package_record_path.parent / main["package"]["path"]
+    actual = sha256_file(package_path)
+    if actual != main["package"]["sha256"]:
+        raise PackageIntegrityError(f"{package_path}: sha256 {actual} does not match the package "
+                                    f"record's {main['package']['sha256']}; refusing to load it")
+    out.mkdir(parents=True, exist_ok=True)
+    result_path, log = out / "latency_child.json", out / "latency_child.log"
+    job_path = write_json(out / "latency_job.json", {
+        "checkpoint": str(checkpoint_dir), "inputs": str(inputs_path), "device": target,
+        "variants": cfg["variants"], "amp_dtype": cfg["amp_dtype"], "compile": cfg["compile"],
+        "timing": cfg["timing"], "package": {"path": str(package_path)}, "result": str(result_path),
+    })
+    result_path.unlink(missing_ok=True)
+    with temp_inductor_cache("latency") as cache:
+        rc = run_child(["-m", CHILD_MODULE, str(job_path)], timeout=cfg["timeout_s"], log_path=log,
+                       env=child_env(TORCHINDUCTOR_CACHE_DIR=str(cache)), what="latency measurement")
+    if rc != 0 or not result_path.is_file():
+        raise StageError(f"latency measurement failed (exit status {rc}); log {log}:\n{log_tail(log)}")
+    result = json.loads(result_path.read_text())
+    for path in (job_path, result_path):
+        path.unlink()
+
+    names = {"amp": cfg["amp_dtype"], "dtype": pkg["dtype"], **cfg["compile"]}
+    shapes = [batch_shape(b) for b in load_inputs(inputs_path)["batches"]]
+    variants = [{**v, "description": DESCRIPTIONS[v["name"]].format(**names),
+                 "setup_s": round(v["setup_s"], 4), "first_calls_s": round(v["first_calls_s"], 4),
+                 "batches": [{**b, "shape": shapes[b["batch"]]} for b in v["batches"]]}
+                for v in result["variants"]]
+    record = {
+        "stage": "latency", "status": "ok", "target": target, "dtype": pkg["dtype"],
+        "package": {"sha256": actual}, "inputs": {"sha256": sha256_file(inputs_path)},
+        "timing": cfg["timing"], "amp_dtype": cfg["amp_dtype"], "compile": cfg["compile"],
+        "variants": variants, "markdown": "latency.md",
+        "device": device_snapshot(target), "versions": versions(),
+        "elapsed_s": round(time.perf_counter() - start, 4),
+    }
+    write_text(out / "latency.md", markdown(record, shapes))
+    return finish(out, record)

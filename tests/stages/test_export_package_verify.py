@@ -1,0 +1,184 @@
+"""CPU end to end: export -> AOTInductor package -> fresh-process verification, and the ways
+verification must fail (tampered package, mismatched inputs, a crashing child)."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+import torch
+
+from laya_build.errors import (ConfigError, InputsMismatchError, LogitParityError,
+                               PackageIntegrityError, StageError, VerifyChildCrashError)
+from laya_build.records import read_record, sha256_file
+from laya_build.stages._model_common import record_path
+from laya_build.stages.export import run_export
+from laya_build.stages.latency import run_latency
+from laya_build.stages.package import run_package
+from laya_build.stages.verify import run_verify
+
+from conftest import DTYPES, FAST_TIMING
+
+
+def copy_package(build, dtype, dest):
+    """A private copy of a package folder (record + .pt2 files) to tamper with."""
+    return shutil.copytree(build.package_dir(dtype), dest)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fresh_process_verification_passes(build, dtype, tmp_path, verify_cfg):
+    record = run_verify(verify_cfg, build.package_record(dtype), build.inputs, build.eager(dtype), tmp_path)
+    assert record == read_record(tmp_path / "verify.json")
+    assert record["status"] == "ok" and record["dtype"] == dtype
+    names = [p["name"] for p in record["programs"]]
+    assert names == (["decision", "decision_single_slot"] if dtype == "float32" else ["decision"])
+    main = record["programs"][0]
+    assert [b["shape"] for b in main["batches"]] == [
+        {"rows": 1, "tokens": 32, "slots": 2}, {"rows": 2, "tokens": 64, "slots": 3},
+        {"rows": 4, "tokens": 128, "slots": 5}]
+    for head in ("decision", "act"):
+        assert main["summary"][head]["argmax_agree"] == main["summary"][head]["rows"] == 7
+        assert main["summary"][head]["max_logit_delta"] <= record["thresholds"][head]["logit_atol"]
+    child = record["child"]
+    assert child["forbidden_modules_loaded"] == [] and child["aoti_runtime_check_inputs"] == "1"
+    assert set(child["masked"]) == {"torch.compile", "torch.export.export",
+                                    "torch._inductor.aoti_compile_and_package", "torch._export.aot_compile"}
+    assert record["inductor_cache"]["initial"] == []
+    assert all(b["latency"]["median_ms"] > 0 for b in main["batches"])
+    assert not (tmp_path / "verify_job.json").exists()  # transient files are cleaned up
+
+
+def test_records_validate_and_describe_the_build(build):
+    model = read_record(build.root / "model" / "model.json")
+    assert model["inputs"]["rows"] == 7 and model["source"] == "generated"
+    for dtype in DTYPES:
+        exp = read_record(record_path(build.export_dir(dtype), "export"))
+        assert exp["dims"]["tokens"] == {"min": 32, "max": 128}
+        constraints = sorted(exp["programs"][0]["range_constraints"].values())
+        assert [1, 4] in constraints and [2, 5] in constraints and [32, 128] in constraints
+        pkg = read_record(build.package_record(dtype))
+        assert pkg["status"] == "ok" and pkg["compile_cache"]["removed"]
+        for program in pkg["programs"]:
+            package = build.package_dir(dtype) / program["package"]["path"]
+            assert program["package"]["sha256"] == sha256_file(package)
+            assert program["package_s"] > 0 and program["export_s"] > 0
+        assert pkg["versions"]["torch"] == torch.__version__
+        assert "PyTorch version" in pkg["env_info"]
+    assert not list(build.root.rglob("*.partial.pt2"))
+
+
+def test_exported_program_round_trips(build):
+    ep = torch.export.load(build.export_dir("float32") / "exported.pt2")
+    inputs = torch.load(build.inputs, weights_only=True)
+    eager = torch.load(build.eager("float32"), weights_only=True)
+    batch = inputs["batches"][0]  # 1 row: unlike the export example (2 rows)
+    decision, act = ep.module()(*(batch[k] for k in inputs["arg_names"]))
+    assert torch.allclose(decision, eager["outputs"][0]["decision"], atol=1e-5)
+    assert torch.allclose(act, eager["outputs"][0]["act"], atol=1e-5)
+
+
+def test_tampered_package_fails_before_loading(build, tmp_path, verify_cfg):
+    pkg_dir = copy_package(build, "bfloat16", tmp_path / "pkg")
+    package = pkg_dir / "decision.pt2"
+    expected = sha256_file(package)
+    data = bytearray(package.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    package.write_bytes(bytes(data))
+    actual = sha256_file(package)
+    with pytest.raises(PackageIntegrityError) as err:
+        run_verify(verify_cfg, pkg_dir / "aoti_package.json", build.inputs, build.eager("bfloat16"), tmp_path / "v")
+    message = str(err.value)
+    assert str(package) in message and expected in message and actual in message
+    result = json.loads((tmp_path / "v" / "verify_child.json").read_text())
+    assert result == {"status": "error", "kind": "integrity", "message": message}  # nothing loaded
+    assert not (tmp_path / "v" / "verify.json").exists()
+
+
+def test_eager_outputs_of_another_dtype_are_rejected(build, tmp_path, verify_cfg):
+    with pytest.raises(InputsMismatchError, match=r"eager\.pt: dtype is 'float32' but the package .*needs 'bfloat16'"):
+        run_verify(verify_cfg, build.package_record("bfloat16"), build.inputs, build.eager("float32"), tmp_path)
+
+
+def test_changed_eager_tensor_names_batch_row_and_head(build, tmp_path, verify_cfg):
+    eager = torch.load(build.eager("float32"), weights_only=True)
+    eager["outputs"][2]["decision"][1, 3] += 0.5
+    changed = tmp_path / "eager" / "eager.pt"
+    changed.parent.mkdir()
+    torch.save(eager, changed)
+    shutil.copy(build.export_dir("float32") / "eager_single_slot.pt", changed.parent)
+    with pytest.raises(LogitParityError) as err:
+        run_verify(verify_cfg, build.package_record("float32"), build.inputs, changed, tmp_path / "v")
+    message = str(err.value)
+    assert re.match(r"decision logits of batch 2 row 1 differ by 0\.5 > atol 0\.0001 \(package .*decision\.pt2 "
+                    r"vs .*eager\.pt\)", message), message
+    assert not (tmp_path / "v" / "verify.json").exists()
+
+
+def test_changed_inputs_are_rejected(build, tmp_path, verify_cfg):
+    inputs = torch.load(build.inputs, weights_only=True)
+    inputs["batches"][1]["input_ids"][0, 5] += 1
+    changed = tmp_path / "inputs.pt"
+    torch.save(inputs, changed)
+    with pytest.raises(InputsMismatchError, match=r"inputs\.pt: sha256 \w+ is not that of the inputs"):
+        run_verify(verify_cfg, build.package_record("bfloat16"), changed, build.eager("bfloat16"), tmp_path / "v")
+
+
+def test_child_crash_is_a_failure_naming_the_signal(build, tmp_path, verify_cfg, monkeypatch):
+    monkeypatch.setenv("LAYA_VERIFY_CHILD_CRASH", "SIGSEGV")
+    with pytest.raises(VerifyChildCrashError, match=r"died by signal SIGSEGV \(11\); this is a failure") as err:
+        run_verify(verify_cfg, build.package_record("bfloat16"), build.inputs, build.eager("bfloat16"), tmp_path)
+    assert err.value.signal == "SIGSEGV"
+    assert not (tmp_path / "verify.json").exists()
+
+
+def test_cuda_target_gives_skip_records(build, tmp_path, verify_cfg):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    exp = run_export({}, build.checkpoint, build.inputs, tmp_path / "e", "cuda", "bfloat16")
+    pkg = run_package({}, tmp_path / "e", tmp_path / "p", "cuda")
+    ver = run_verify(verify_cfg, tmp_path / "p" / "aoti_package.json", build.inputs, tmp_path / "e" / "eager.pt",
+                     tmp_path / "v")
+    lat = run_latency({}, build.checkpoint, build.inputs, tmp_path / "p" / "aoti_package.json", tmp_path / "l", "cuda")
+    for record, stage in ((exp, "export"), (pkg, "aoti_package"), (ver, "verify"), (lat, "latency")):
+        assert record["status"] == "skipped" and record["target"] == "cuda" and "CUDA" in record["reason"]
+        assert record == read_record(tmp_path / {"export": "e", "aoti_package": "p", "verify": "v",
+                                                 "latency": "l"}[stage] / f"{stage}.json")
+    assert not (tmp_path / "e" / "exported.pt2").exists()
+
+
+def test_missing_compiler_gives_a_skip_record(build, tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    record = run_package({}, build.export_dir("bfloat16"), tmp_path, "cpu")
+    assert record["status"] == "skipped" and "no C++ compiler" in record["reason"]
+    assert read_record(tmp_path / "aoti_package.json") == record
+
+
+def test_compile_failure_raises(build, tmp_path):
+    export_dir = shutil.copytree(build.export_dir("bfloat16"), tmp_path / "e")
+    (export_dir / "exported.pt2").write_bytes(b"not a program")
+    with pytest.raises(StageError, match=r"AOTInductor packaging of .* failed \(exit status 1\)"):
+        run_package({}, export_dir, tmp_path / "p", "cpu")
+    assert not (tmp_path / "p" / "aoti_package.json").exists()
+
+
+def test_export_checks_its_config(build, tmp_path):
+    with pytest.raises(ConfigError, match=r"export.targets.cuda does not list float32"):
+        run_export({}, build.checkpoint, build.inputs, tmp_path, "cuda", "float32")
+    with pytest.raises(InputsMismatchError, match=r"export range of rows 1\.\.8"):
+        run_export({"dims": {"rows": {"min": 1, "max": 8}}}, build.checkpoint, build.inputs, tmp_path, "cpu", "float32")
+    with pytest.raises(ConfigError, match=r"has one row"):
+        run_export({"example_batch": 0}, build.checkpoint, build.inputs, tmp_path, "cpu", "float32")
+
+
+def test_latency_stage(build, tmp_path):
+    cfg = {"timing": dict(FAST_TIMING)}
+    record = run_latency(cfg, build.checkpoint, build.inputs, build.package_record("bfloat16"), tmp_path, "cpu")
+    assert record == read_record(tmp_path / "latency.json")
+    assert [v["name"] for v in record["variants"]] == ["eager_amp", "eager_bf16", "compiled_bf16", "package"]
+    assert record["variants"][0]["parity_vs_eager_amp"] is None
+    for variant in record["variants"]:
+        assert len(variant["batches"]) == 3 and all(b["latency"]["median_ms"] > 0 for b in variant["batches"])
+    table = (tmp_path / "latency.md").read_text()
+    assert "| variant | what | batch 0 (1x32x2) | batch 1 (2x64x3) | batch 2 (4x128x5) |" in table
+    assert table.count("\n| ") == 5
