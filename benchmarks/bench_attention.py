@@ -1,4 +1,4 @@
-"""TileLang bf16 attention vs ``torch.nn.functional.scaled_dot_product_attention`` (GPU only).
+"""TileLang attention vs ``torch.nn.functional.scaled_dot_product_attention`` (GPU only).
 
 ModernBERT-large shapes by default (B=8, L=512, H=16, Dh=64, every sequence full), full
 bidirectional attention and a sliding window (SDPA gets the window as an explicit boolean
@@ -14,9 +14,12 @@ launches the host's per-call cost counts where it exceeds the kernel's own time;
 ``--graph`` the burst is a CUDA graph's replay and only device time counts.
 
     python benchmarks/bench_attention.py [--out results.json] [--windows 0 64] [--dtype bfloat16]
-                                         [--tiles 64,64,1,128 128,128,2,256 ...] [--graph]
+                                         [--tiles 128,64,1,256 128,128,1,256 ...] [--graph]
 
-:func:`bench_attention` returns the rows, for a benchmark driver that collects several.
+For ``benchmarks/bench_kernels.py``: :func:`attention_cases` ``(M, dtype)`` has the shape
+of its registered benchmarks (M tokens as ``M // 512`` sequences of 512) and returns
+objects with the fields of its ``Case``; register it there with
+``register(attention_cases)``.
 """
 from __future__ import annotations
 
@@ -24,7 +27,9 @@ import argparse
 import json
 import platform
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +40,23 @@ from kernels import attn_kernel  # noqa: E402
 from kernels.attention import TILE_DEFAULTS  # noqa: E402
 
 MODERNBERT_LARGE = dict(B=8, L=512, H=16, Dh=64)
+WINDOWS = (0, 64)  # full attention and ModernBERT's local layers (128-token window = +-64)
 TILE_KEYS = ("block_M", "block_N", "num_stages", "threads")
+
+
+@dataclass
+class AttnCase:
+    """One TileLang configuration against SDPA on the same inputs (the fields of
+    ``bench_kernels.Case`` plus the attention-specific ones)."""
+
+    kernel: str
+    shape: str
+    flops: float
+    tilelang: Callable[[], object]
+    torch: Callable[[], object]
+    window: int
+    tiles: dict
+    max_abs_diff_vs_sdpa: float
 
 
 def visible_pairs(L: int, window: int) -> int:
@@ -44,6 +65,48 @@ def visible_pairs(L: int, window: int) -> int:
         return L * L
     i = torch.arange(L)
     return int(((i[:, None] - i[None, :]).abs() <= window).sum())
+
+
+def make_cases(B: int, L: int, H: int, Dh: int, windows=WINDOWS, dtype: str = "bfloat16",
+               tiles=(TILE_DEFAULTS,), seed: int = 1234) -> list[AttnCase]:
+    """One case per (window, tile configuration), checked once against SDPA."""
+    tdtype = getattr(torch, dtype)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    qkv = torch.randn(B, L, 3, H, Dh, device="cuda", dtype=tdtype, generator=gen)
+    lens = torch.full((B,), L, device="cuda", dtype=torch.int32)
+    out = torch.empty(B, L, H * Dh, device="cuda", dtype=tdtype)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # [B, H, L, Dh] views
+    idx = torch.arange(L, device="cuda")
+
+    cases = []
+    for window in windows:
+        mask = (idx[:, None] - idx[None, :]).abs() <= window if window > 0 else None
+
+        def sdpa(mask=mask):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+        ref = sdpa().transpose(1, 2).reshape(B, L, H * Dh).float()
+        for tile in tiles:
+            kernel = attn_kernel(B, L, H, Dh, window=window, dtype=dtype, **tile)
+
+            def tilelang_call(kernel=kernel):
+                kernel(qkv, lens, out)
+
+            out.fill_(float("nan"))
+            tilelang_call()
+            cases.append(AttnCase(
+                kernel=f"attention/{f'window{window}' if window else 'full'}", shape=f"{B}x{L}x{H}x{Dh}",
+                flops=4.0 * B * H * Dh * visible_pairs(L, window), tilelang=tilelang_call, torch=sdpa,
+                window=window, tiles=dict(tile),
+                max_abs_diff_vs_sdpa=float((out.float() - ref).abs().max()),  # NaN: a row was not written
+            ))
+    return cases
+
+
+def attention_cases(M: int, dtype: str) -> list[AttnCase]:
+    """``bench_kernels`` hook: ``M`` tokens as ``M // 512`` ModernBERT-large sequences."""
+    shape = dict(MODERNBERT_LARGE, B=max(M // MODERNBERT_LARGE["L"], 1))
+    return make_cases(**shape, dtype=dtype)
 
 
 def time_ms(fn, graph: bool = False, warmup: int = 25, burst: int = 50, repeats: int = 15) -> float:
@@ -78,48 +141,26 @@ def time_ms(fn, graph: bool = False, warmup: int = 25, burst: int = 50, repeats:
     return float(torch.tensor(times).median())
 
 
-def bench_attention(B: int, L: int, H: int, Dh: int, windows=(0, 64), dtype: str = "bfloat16",
-                    tiles=(TILE_DEFAULTS,), graph: bool = False, seed: int = 1234) -> list[dict]:
-    """One row per (window, implementation and tile configuration): ms, useful TFLOP/s
-    and max |TileLang - SDPA|."""
-    tdtype = getattr(torch, dtype)
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    qkv = torch.randn(B, L, 3, H, Dh, device="cuda", dtype=tdtype, generator=gen)
-    lens = torch.full((B,), L, device="cuda", dtype=torch.int32)
-    out = torch.empty(B, L, H * Dh, device="cuda", dtype=tdtype)
-    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # [B, H, L, Dh] views
-    idx = torch.arange(L, device="cuda")
-
-    rows = []
-    for window in windows:
-        mask = (idx[:, None] - idx[None, :]).abs() <= window if window > 0 else None
-        flops = 4.0 * B * H * Dh * visible_pairs(L, window)
-        shape = dict(kernel="attention", B=B, L=L, H=H, Dh=Dh, window=window, dtype=dtype,
-                     timing="cuda-graph" if graph else "launch")
-
-        def sdpa_call():
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-        ref = sdpa_call().transpose(1, 2).reshape(B, L, H * Dh).float()
-        ms = time_ms(sdpa_call, graph)
-        rows.append(dict(shape, impl="sdpa", tiles=None, ms=ms, tflops=flops / (ms * 1e-3) / 1e12, max_abs_diff_vs_sdpa=0.0))
-        for tile in tiles:
-            kernel = attn_kernel(B, L, H, Dh, window=window, dtype=dtype, **tile)
-
-            def tilelang_call():
-                kernel(qkv, lens, out)
-
-            out.fill_(float("nan"))
-            tilelang_call()
-            max_diff = float((out.float() - ref).abs().max())  # NaN if a row was not written
-            ms = time_ms(tilelang_call, graph)
-            rows.append(dict(shape, impl="tilelang", tiles=dict(tile), ms=ms, tflops=flops / (ms * 1e-3) / 1e12,
-                             max_abs_diff_vs_sdpa=max_diff))
+def bench_attention(B: int, L: int, H: int, Dh: int, windows=WINDOWS, dtype: str = "bfloat16",
+                    tiles=(TILE_DEFAULTS,), graph: bool = False) -> list[dict]:
+    """Rows of ms and useful TFLOP/s: SDPA once per window, then each TileLang tile config."""
+    rows, sdpa_timed = [], set()
+    timing = "cuda-graph" if graph else "launch"
+    for case in make_cases(B, L, H, Dh, windows, dtype, tiles):
+        common = dict(kernel=case.kernel, B=B, L=L, H=H, Dh=Dh, window=case.window, dtype=dtype, timing=timing)
+        runs = [("tilelang", case.tiles, case.tilelang, case.max_abs_diff_vs_sdpa)]
+        if case.window not in sdpa_timed:
+            sdpa_timed.add(case.window)
+            runs.insert(0, ("sdpa", None, case.torch, 0.0))
+        for impl, tiles_, fn, diff in runs:
+            ms = time_ms(fn, graph)
+            rows.append(dict(common, impl=impl, tiles=tiles_, ms=ms, tflops=case.flops / (ms * 1e-3) / 1e12,
+                             max_abs_diff_vs_sdpa=diff))
     return rows
 
 
 def parse_tiles(text: str) -> dict:
-    """``"128,64,2,256"`` -> ``{"block_M": 128, "block_N": 64, "num_stages": 2, "threads": 256}``."""
+    """``"128,64,1,256"`` -> ``{"block_M": 128, "block_N": 64, "num_stages": 1, "threads": 256}``."""
     values = [int(v) for v in text.split(",")]
     if len(values) != len(TILE_KEYS):
         raise argparse.ArgumentTypeError(f"expected {','.join(TILE_KEYS)}, got {text!r}")
@@ -131,7 +172,8 @@ def markdown(rows: list[dict]) -> str:
             "|---|---|---|---|---|---:|---:|---:|")
     body = [
         f"| {r['window'] or 'full'} | {r['impl']} | {','.join(str(r['tiles'][k]) for k in TILE_KEYS) if r['tiles'] else ''} | "
-        f"{r['B']}×{r['L']}×{r['H']}×{r['Dh']} | {r['timing']} | {r['ms']:.4f} | {r['tflops']:.1f} | {r['max_abs_diff_vs_sdpa']:.2e} |"
+        f"{r['B']}×{r['L']}×{r['H']}×{r['Dh']} | {r['timing']} | {r['ms']:.4f} | {r['tflops']:.1f} | "
+        f"{r['max_abs_diff_vs_sdpa']:.2e} |"
         for r in rows
     ]
     return "\n".join([head, *body])
@@ -148,7 +190,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for key, value in MODERNBERT_LARGE.items():
         ap.add_argument(f"--{key}", type=int, default=value)
-    ap.add_argument("--windows", type=int, nargs="+", default=[0, 64], help="0 = full attention")
+    ap.add_argument("--windows", type=int, nargs="+", default=list(WINDOWS), help="0 = full attention")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     ap.add_argument("--tiles", nargs="+", type=parse_tiles, default=[dict(TILE_DEFAULTS)],
                     help="TileLang tile configurations block_M,block_N,num_stages,threads (default: the kernel's)")

@@ -44,7 +44,8 @@ def _kernel_sections(recs) -> list[str]:
         out += ["## Target-c probe of the GPU specialisations\n",
                 table(["variant", "spec.", "dtype", "outcome", "exception", "message", "pin"], rows)]
     if recs.get("cuda_source"):
-        rows = [[r["source"], r["target"]["arch"], r["bytes"], r["sha256"][:16]] for _, r in recs["cuda_source"]]
+        rows = [[r["source"], r["target"]["arch"], r["bytes"], r["sha256"][:16]]
+                for _, r in recs["cuda_source"] if r.get("kernels", "worktree") == "worktree"]
         out += ["## CUDA sources\n", table(["file", "arch", "bytes", "sha256"], rows)]
     for _, r in recs.get("cuda_diff", []):
         out += [f"CUDA sources against {r['baseline']['describe']}: **{r['summary']}** (expect: {r['expect']}).\n"]

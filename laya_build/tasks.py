@@ -201,7 +201,13 @@ def cuda_diff_tasks(p: config_mod.Pipeline):
     files = []
     baseline_tasks = []
     if "git_ref" in baseline:
-        sha = gitrev.resolve(p.root, baseline["git_ref"])
+        try:
+            sha = gitrev.resolve(p.root, baseline["git_ref"])
+        except gitrev.GitRefError as exc:  # fail this task when it runs, not the whole graph
+            message = str(exc)
+            yield {"name": "compare", "doc": "byte-level diff of CUDA sources (baseline unresolvable)",
+                   "actions": [lambda: TaskFailed(message)], "uptodate": [False]}
+            return
         describe = {"kind": "git_ref", "ref": baseline["git_ref"], "commit": sha,
                     "describe": f"kernels at git {baseline['git_ref']} ({sha[:12]})"}
         kernels_root = p.output_root / ".cache" / "baseline-kernels" / sha

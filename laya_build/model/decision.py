@@ -10,8 +10,6 @@ needs its own export.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 from transformers import ModernBertConfig, ModernBertModel

@@ -7,6 +7,8 @@ verification process (``_verify_child.py``) runs it as a plain sibling module, w
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.util
 import json
 import math
 import os
@@ -40,6 +42,24 @@ def load_weights_only(path, what: str, fmt: int) -> dict:
     if not isinstance(obj, dict) or obj.get("format") != fmt:
         raise ValueError(f"{path}: not a laya {what} file (format {fmt})")
     return obj
+
+
+def preload_modules(names) -> dict:
+    """Import each named module that is installed, before a package is loaded.
+
+    On the GPU image, ``aoti_load_package`` of a CUDA package segfaulted (in a fresh process,
+    and also in the process that had just compiled it) unless ``import tilelang`` ran first;
+    the cause is unknown.  Every process that loads a package calls this with its stage's
+    ``preload.<target>`` list (default ``[tilelang]`` for cuda).
+    """
+    done, missing = [], []
+    for name in names:
+        if importlib.util.find_spec(name) is None:
+            missing.append(name)
+        else:
+            importlib.import_module(name)
+            done.append(name)
+    return {"imported": done, "missing": missing}
 
 
 def batch_args(batch: dict, arg_names, device) -> tuple:

@@ -44,6 +44,7 @@ def make_variant(name: str, job: dict, model):
                              dynamic=job["compile"].get("dynamic", True),
                              mode=None if mode == "default" else mode)
     if name == "package":
+        rt.preload_modules(job["preload"])
         return torch._inductor.aoti_load_package(job["package"]["path"])
     raise ValueError(f"unknown latency variant {name!r}")
 

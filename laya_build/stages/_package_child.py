@@ -2,8 +2,9 @@
 
 Run as ``python -m laya_build.stages._package_child JOB.json`` with a fresh, empty
 ``TORCHINDUCTOR_CACHE_DIR``.  For every program it loads ``exported.pt2``, calls
-``torch._inductor.aoti_compile_and_package`` and loads the package back, reporting compile
-and load times (parity is the fresh-process verify stage's job).  Writes the JSON result
+``torch._inductor.aoti_compile_and_package`` and loads the package back (after importing
+the ``preload`` modules, see :func:`_aoti_runtime.preload_modules`), reporting compile and
+load times (parity is the fresh-process verify stage's job).  Writes the JSON result
 named by the job; a Python failure exits non-zero with the traceback in the log.
 """
 from __future__ import annotations
@@ -45,8 +46,9 @@ def restore_symbol_hints(ep) -> list[str]:
                      None)
     if shape_env is None:
         return []
-    hints = getattr(shape_env, "backed_var_to_val", shape_env.var_to_val)
-    add = getattr(shape_env, "add_backed_var_to_val", None) or shape_env.add_var_to_val
+    backed = hasattr(shape_env, "backed_var_to_val")  # torch >= 2.11 deprecates var_to_val
+    hints = shape_env.backed_var_to_val if backed else shape_env.var_to_val
+    add = shape_env.add_backed_var_to_val if backed else shape_env.add_var_to_val
     restored = []
     for expr, value in list(hints.items()):
         if expr.is_Symbol or len(expr.free_symbols) != 1:
@@ -68,6 +70,7 @@ def compile_program(program: dict, job: dict) -> dict:
     path = torch._inductor.aoti_compile_and_package(
         ep, package_path=program["package_tmp"], inductor_configs=job["inductor_configs"] or None)
     package_s = time.perf_counter() - start
+    print(f"compiled {path} in {package_s:.1f} s; loading it", flush=True)
     start = time.perf_counter()
     torch._inductor.aoti_load_package(path)
     load_s = time.perf_counter() - start
@@ -79,10 +82,11 @@ def main(job_path: str) -> int:
     faulthandler.enable()
     with open(job_path, encoding="utf-8") as fh:
         job = json.load(fh)
+    preloaded = rt.preload_modules(job["preload"])
     programs = [compile_program(p, job) for p in job["programs"]]
     cache = rt.list_tree(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     rt.write_json_atomic(job["result"], {
-        "programs": programs, "env_info": env_info(),
+        "programs": programs, "env_info": env_info(), "preload": preloaded,
         "cache": {"files": len(cache), "bytes": sum(f["bytes"] for f in cache)},
     })
     return 0

@@ -34,8 +34,6 @@ import os
 os.environ["AOTI_RUNTIME_CHECK_INPUTS"] = "1"
 
 import faulthandler  # noqa: E402
-import importlib  # noqa: E402
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
@@ -92,17 +90,6 @@ def check_inputs(job: dict, inputs: dict, eagers: list[dict]) -> None:
                     f"act {tuple(out['act'].shape)} for a batch of {rows} rows x {slots} slots"))
 
 
-def preload(names: list[str]) -> dict:
-    done, missing = [], []
-    for name in names:
-        if importlib.util.find_spec(name) is None:
-            missing.append(name)
-        else:
-            importlib.import_module(name)
-            done.append(name)
-    return {"imported": done, "missing": missing}
-
-
 def mask_compilers() -> list[str]:
     import torch._export
     import torch._inductor
@@ -136,7 +123,7 @@ def verify(job: dict) -> dict:
     eagers = [rt.load_weights_only(p["eager"], "eager outputs", rt.EAGER_FORMAT) for p in programs]
     check_inputs(job, inputs, eagers)
 
-    preloaded = preload(job["preload"])
+    preloaded = rt.preload_modules(job["preload"])
     masked = mask_compilers()
     simulate_crash()
     cache_dir = os.environ["TORCHINDUCTOR_CACHE_DIR"]

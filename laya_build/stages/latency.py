@@ -82,6 +82,7 @@ def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_p
         "checkpoint": str(checkpoint_dir), "inputs": str(inputs_path), "device": target,
         "variants": cfg["variants"], "amp_dtype": cfg["amp_dtype"], "compile": cfg["compile"],
         "timing": cfg["timing"], "package": {"path": str(package_path)}, "result": str(result_path),
+        "preload": cfg["preload"].get(target, []),
     })
     result_path.unlink(missing_ok=True)
     with temp_inductor_cache("latency") as cache:

@@ -5,6 +5,10 @@ in a forked worker, a crashing native compiler must not take the build down, and
 stays bounded.  The child gets its own initially empty ``TORCHINDUCTOR_CACHE_DIR`` in a temp
 directory outside the artifacts, removed afterwards (compiler caches are never artifacts).
 
+The child loads each package back once (load time; a package that cannot load fails here
+already), after importing ``package.preload.<target>`` (default ``[tilelang]`` for cuda: on
+the GPU image loading a CUDA package segfaulted without it, even in the compiling process).
+
 Missing CUDA (target cuda), missing AOTInductor APIs, no C++ compiler or a skipped export
 give an explicit skip record; on a supported install a compile failure raises.
 """
@@ -15,8 +19,8 @@ import time
 from pathlib import Path
 
 from ..atomic import write_json
-from ..errors import ConfigError, StageError
-from ..records import file_entry
+from ..errors import ConfigError, PackageIntegrityError, StageError
+from ..records import file_entry, sha256_file
 from ._model_common import (check_target, child_env, device_snapshot, finish, log_tail,
                             record_path, run_child, section, skip, temp_inductor_cache,
                             unsupported_reason, upstream, versions)
@@ -44,10 +48,15 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
     if reason := unsupported_reason(target, aoti=True):
         return skip("aoti_package", out, reason, target=target, dtype=exp["dtype"])
 
-    out.mkdir(parents=True, exist_ok=True)
     programs = exp["programs"]
+    for p in programs:  # what gets compiled must be what the export stage recorded
+        exported = export_dir / p["exported"]["path"]
+        if (actual := sha256_file(exported)) != p["exported"]["sha256"]:
+            raise PackageIntegrityError(f"{exported}: sha256 {actual} does not match the export "
+                                        f"record's {p['exported']['sha256']}")
+    out.mkdir(parents=True, exist_ok=True)
     job = {
-        "inductor_configs": cfg["inductor_configs"],
+        "inductor_configs": cfg["inductor_configs"], "preload": cfg["preload"].get(target, []),
         "result": str(out / "package_child.json"),
         "programs": [{"name": p["name"], "exported": str(export_dir / p["exported"]["path"]),
                       "package_tmp": str(out / f".{p['name']}.partial.pt2")} for p in programs],
@@ -81,7 +90,7 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
         "stage": "aoti_package", "status": "ok", "target": target, "dtype": exp["dtype"],
         "dims": exp["dims"], "inputs": exp["inputs"], "programs": entries,
         "inductor_configs": cfg["inductor_configs"],
-        "compile_cache": {**result["cache"], "removed": True},
+        "compile_cache": {**result["cache"], "removed": True}, "preload": result["preload"],
         "device": device_snapshot(target), "versions": versions(), "env_info": result["env_info"],
         "elapsed_s": round(time.perf_counter() - start, 4),
     })

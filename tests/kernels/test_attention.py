@@ -1,41 +1,34 @@
 """Tests of ``kernels.attention.attn_kernel``.
 
-CPU cases compile the scalar fp32 specialisation (``compile_cpu``) and compare valid query
-rows with the float64 ``attn_reference`` (seed 1234, atol 2e-5, rtol 0); padded query rows
-are checked separately (finite, and exactly 0).  Every output starts as NaN so a row the
-kernel forgets to write fails.  Compiled kernels are cached per module (CI has 2 cores):
-one dynamic ``B=None, L=None`` kernel serves every shape of a window size.
+CPU cases compile the scalar fp32 specialisation (``compile_cpu``, cached per session by the
+``cpu_kernel`` fixture: one dynamic ``B=None, L=None`` kernel serves every shape of a window
+size) and compare valid query rows with the float64 ``attn_reference`` (atol 2e-5, rtol 0);
+padded query rows are checked separately (finite, and exactly 0).  Every output starts as
+NaN so a row the kernel forgets to write fails.
 
-GPU-only cases (bf16/fp16 output against the CPU kernel on the same 16-bit-rounded inputs)
-skip without CUDA; the CUDA lowering cases need no GPU.
+GPU cases (bf16/fp16 output against the CPU kernel on the same 16-bit-rounded inputs) skip
+without CUDA; the CUDA lowering cases need no GPU.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels import attn_kernel, compile_cpu
+from kernels import attn_kernel
 from kernels.attention import PROBE_ARGS
 from kernels.probe import cuda_source
 from kernels.reference import attn_reference
+from kernels.testing import CPU_ATOL, GPU_TOL, as_16bit, nan_like, randn
 
-SEED = 1234
-ATOL = 2e-5
 H, DH = 2, 16  # small heads keep the scalar CPU kernels fast
 TILES = dict(block_M=32, block_N=16)  # unequal tiles: query and key tiles go partial separately
-# 16-bit GPU output vs the fp32 CPU kernel: probabilities are rounded to the storage dtype
-# for the PV tensor-core product, and the output is rounded once more.
-GPU_ATOL = {"bfloat16": 3e-2, "float16": 4e-3}
-
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 # --------------------------------------------------------------------------------------
-# Helpers and fixtures
+# Helpers
 # --------------------------------------------------------------------------------------
 def make_qkv(B: int, L: int, heads: int = H, dh: int = DH) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(SEED)
-    return torch.randn(B, L, 3, heads, dh, generator=gen)
+    return randn(B, L, 3, heads, dh)
 
 
 def lengths(lens) -> torch.Tensor:
@@ -49,7 +42,7 @@ def valid_rows(lens: torch.Tensor, L: int) -> torch.Tensor:
 
 def run(kernel, qkv: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
     B, L, _, heads, dh = qkv.shape
-    out = torch.full((B, L, heads * dh), float("nan"), dtype=qkv.dtype, device=qkv.device)
+    out = nan_like((B, L, heads * dh), dtype=qkv.dtype, device=qkv.device)
     kernel(qkv, lens.to(qkv.device), out)
     return out
 
@@ -58,22 +51,8 @@ def check(out: torch.Tensor, qkv: torch.Tensor, lens: torch.Tensor, window: int 
     """Valid query rows match the reference; padded query rows are finite."""
     valid = valid_rows(lens, qkv.shape[1])
     expected = attn_reference(qkv, lens, window=window)
-    torch.testing.assert_close(out.double()[valid], expected[valid], atol=ATOL, rtol=0)
+    torch.testing.assert_close(out.double()[valid], expected[valid], atol=CPU_ATOL, rtol=0)
     assert torch.isfinite(out[~valid]).all(), "padded query rows must stay finite"
-
-
-@pytest.fixture(scope="module")
-def cpu_kernel():
-    """``cpu_kernel(B, L, heads=H, dh=DH, **options)``: a cached ``compile_cpu`` build."""
-    cache = {}
-
-    def build(B, L, heads=H, dh=DH, **options):
-        key = (B, L, heads, dh, tuple(sorted(options.items())))
-        if key not in cache:
-            cache[key] = compile_cpu(attn_kernel, B, L, heads, dh, **options)
-        return cache[key]
-
-    return build
 
 
 # --------------------------------------------------------------------------------------
@@ -86,15 +65,15 @@ def cpu_kernel():
 )
 def test_static_shape(cpu_kernel, lens):
     """B=3, L=80 fixed at compile time; 80 is not a multiple of the 32-row query tile."""
-    kernel = cpu_kernel(3, 80, **TILES)
+    kernel = cpu_kernel(attn_kernel, 3, 80, H, DH, **TILES)
     qkv, lens = make_qkv(3, 80), lengths(lens)
     check(run(kernel, qkv, lens), qkv, lens)
 
 
 def test_probe_shape_default_tiles(cpu_kernel):
-    """The canonical probe shape with the default 64x64 tiles."""
+    """The canonical probe shape (kernels.probe) with the default tiles."""
     B, L = PROBE_ARGS["B"], PROBE_ARGS["L"]
-    kernel = cpu_kernel(B, L, PROBE_ARGS["H"], PROBE_ARGS["Dh"])
+    kernel = cpu_kernel(attn_kernel, **PROBE_ARGS)
     qkv, lens = make_qkv(B, L, PROBE_ARGS["H"], PROBE_ARGS["Dh"]), lengths([L, 77])
     check(run(kernel, qkv, lens), qkv, lens)
 
@@ -115,14 +94,14 @@ DYNAMIC_SHAPES = [
 
 @pytest.mark.parametrize("B,L,lens", DYNAMIC_SHAPES, ids=[f"B{b}-L{l}" for b, l, _ in DYNAMIC_SHAPES])
 def test_dynamic_shape(cpu_kernel, B, L, lens):
-    kernel = cpu_kernel(None, None, **TILES)
+    kernel = cpu_kernel(attn_kernel, None, None, H, DH, **TILES)
     qkv, lens = make_qkv(B, L), lengths(lens)
     check(run(kernel, qkv, lens), qkv, lens)
 
 
 def test_dynamic_kernel_reused_across_shapes(cpu_kernel):
     """One kernel object, called with shrinking and growing shapes in turn."""
-    kernel = cpu_kernel(None, None, **TILES)
+    kernel = cpu_kernel(attn_kernel, None, None, H, DH, **TILES)
     for B, L, lens in [(4, 67, [67, 1, 30, 66]), (1, 5, [5]), (3, 32, [32, 0, 17]), (2, 45, [45, 44])]:
         qkv, lens = make_qkv(B, L), lengths(lens)
         check(run(kernel, qkv, lens), qkv, lens)
@@ -130,14 +109,14 @@ def test_dynamic_kernel_reused_across_shapes(cpu_kernel):
 
 @pytest.mark.parametrize("B,lens", [(1, [48]), (3, [48, 20, 0])], ids=["B1", "B3"])
 def test_dynamic_batch_only(cpu_kernel, B, lens):
-    kernel = cpu_kernel(None, 48, **TILES)
+    kernel = cpu_kernel(attn_kernel, None, 48, H, DH, **TILES)
     qkv, lens = make_qkv(B, 48), lengths(lens)
     check(run(kernel, qkv, lens), qkv, lens)
 
 
 @pytest.mark.parametrize("L,lens", [(7, [7, 3]), (70, [70, 33])], ids=["L7", "L70"])
 def test_dynamic_length_only(cpu_kernel, L, lens):
-    kernel = cpu_kernel(2, None, **TILES)
+    kernel = cpu_kernel(attn_kernel, 2, None, H, DH, **TILES)
     qkv, lens = make_qkv(2, L), lengths(lens)
     check(run(kernel, qkv, lens), qkv, lens)
 
@@ -152,14 +131,14 @@ WINDOW_SHAPES = [(2, 70, [70, 41]), (3, 40, [40, 0, 13])]
 @pytest.mark.parametrize("B,L,lens", WINDOW_SHAPES, ids=["B2-L70", "B3-L40"])
 def test_sliding_window(cpu_kernel, window, B, L, lens):
     """Windows narrower than, equal to and wider than a key tile (16) and a query tile (32)."""
-    kernel = cpu_kernel(None, None, window=window, **TILES)
+    kernel = cpu_kernel(attn_kernel, None, None, H, DH, window=window, **TILES)
     qkv, lens = make_qkv(B, L), lengths(lens)
     check(run(kernel, qkv, lens), qkv, lens, window=window)
 
 
 @pytest.mark.parametrize("L", [40, 23])
 def test_window_at_least_length_is_full_attention(cpu_kernel, L):
-    kernel = cpu_kernel(None, None, window=40, **TILES)
+    kernel = cpu_kernel(attn_kernel, None, None, H, DH, window=40, **TILES)
     qkv, lens = make_qkv(2, L), lengths([L, L - 3])
     out = run(kernel, qkv, lens)
     check(out, qkv, lens, window=0)
@@ -173,7 +152,7 @@ def test_window_at_least_length_is_full_attention(cpu_kernel, L):
 def test_padded_rows_zero_and_padding_values_ignored(cpu_kernel, window):
     """Padded query rows are exactly 0; (finite) junk stored at padded positions is ignored."""
     B, L, lens = 3, 50, lengths([50, 0, 21])
-    kernel = cpu_kernel(None, None, window=window, **TILES)
+    kernel = cpu_kernel(attn_kernel, None, None, H, DH, window=window, **TILES)
     qkv = make_qkv(B, L)
     padded = ~valid_rows(lens, L)
     qkv[padded] = 1e4  # Q, K and V of every padded token
@@ -183,7 +162,7 @@ def test_padded_rows_zero_and_padding_values_ignored(cpu_kernel, window):
 
 
 def test_all_sequences_empty(cpu_kernel):
-    kernel = cpu_kernel(None, None, **TILES)
+    kernel = cpu_kernel(attn_kernel, None, None, H, DH, **TILES)
     qkv, lens = make_qkv(2, 20), lengths([0, 0])
     out = run(kernel, qkv, lens)
     assert (out == 0).all()
@@ -239,19 +218,17 @@ def test_lowers_to_cuda_dynamic_window():
 GPU_SHAPES = [(2, 128, [128, 77]), (3, 200, [200, 0, 150]), (16, 640, [640] + [3, 0, 70] * 5)]
 
 
-@needs_cuda
 @pytest.mark.parametrize("window", [0, 64])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_gpu_matches_cpu_kernel(cpu_kernel, dtype, window):
+def test_gpu_matches_cpu_kernel(cpu_kernel, gpu_kernel, dtype, window):
     """bf16/fp16 GPU output vs the fp32 CPU kernel on the same 16-bit-rounded inputs."""
     heads, dh = 4, 64
-    tdtype = getattr(torch, dtype)
-    gpu = attn_kernel(None, None, heads, dh, window=window, dtype=dtype)
-    cpu = cpu_kernel(None, None, heads, dh, window=window)
+    gpu = gpu_kernel(attn_kernel, None, None, heads, dh, window=window, dtype=dtype)
+    cpu = cpu_kernel(attn_kernel, None, None, heads, dh, window=window)
     for B, L, lens in GPU_SHAPES:
-        qkv16, lens = make_qkv(B, L, heads, dh).to(tdtype), lengths(lens)
+        qkv16, lens = as_16bit(make_qkv(B, L, heads, dh), dtype), lengths(lens)
         expected = run(cpu, qkv16.float(), lens)
         out = run(gpu, qkv16.cuda(), lens).cpu()
         valid = valid_rows(lens, L)
-        torch.testing.assert_close(out.float()[valid], expected[valid], atol=GPU_ATOL[dtype], rtol=0)
+        torch.testing.assert_close(out.float()[valid], expected[valid], **GPU_TOL[dtype])
         assert (out[~valid] == 0).all(), "padded query rows must be 0 (and finite)"

@@ -1,53 +1,14 @@
-"""Export and package the tiny model ONCE per session (cpu, float32 and bfloat16).
-
-The float32 export also carries the single-slot program, so its package and fresh-process
-verification cover the one-slot branch as well.
-"""
+"""Session fixtures of the stage tests (see ``stage_build``)."""
 from __future__ import annotations
-
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
-from laya_build.stages.export import run_export
-from laya_build.stages.model import run_model
-from laya_build.stages.package import run_package
-
-DTYPES = ("float32", "bfloat16")
-FAST_TIMING = {"warmup": 1, "groups": 2, "group_size": 2}
-
-
-@dataclass
-class Build:
-    root: Path
-    checkpoint: Path
-    inputs: Path
-    records: dict = field(default_factory=dict)
-
-    def export_dir(self, dtype: str) -> Path:
-        return self.root / f"export-cpu-{dtype}"
-
-    def package_dir(self, dtype: str) -> Path:
-        return self.root / f"package-cpu-{dtype}"
-
-    def package_record(self, dtype: str) -> Path:
-        return self.package_dir(dtype) / "aoti_package.json"
-
-    def eager(self, dtype: str) -> Path:
-        return self.export_dir(dtype) / "eager.pt"
+from stage_build import FAST_TIMING, Build, make_build
 
 
 @pytest.fixture(scope="session")
 def build(tmp_path_factory) -> Build:
-    root = tmp_path_factory.mktemp("build")
-    b = Build(root=root, checkpoint=root / "model" / "checkpoint", inputs=root / "model" / "inputs.pt")
-    b.records["model"] = run_model({}, root / "model")
-    for dtype in DTYPES:
-        b.records[f"export-{dtype}"] = run_export({"single_slot": dtype == "float32"}, b.checkpoint,
-                                                  b.inputs, b.export_dir(dtype), "cpu", dtype)
-        b.records[f"package-{dtype}"] = run_package({}, b.export_dir(dtype), b.package_dir(dtype), "cpu")
-    return b
+    return make_build(tmp_path_factory.mktemp("build"))
 
 
 @pytest.fixture

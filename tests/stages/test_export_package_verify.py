@@ -18,7 +18,7 @@ from laya_build.stages.latency import run_latency
 from laya_build.stages.package import run_package
 from laya_build.stages.verify import run_verify
 
-from conftest import DTYPES, FAST_TIMING
+from stage_build import DTYPES, FAST_TIMING
 
 
 def copy_package(build, dtype, dest):
@@ -155,11 +155,19 @@ def test_missing_compiler_gives_a_skip_record(build, tmp_path, monkeypatch):
 
 
 def test_compile_failure_raises(build, tmp_path):
+    with pytest.raises(StageError, match=r"AOTInductor packaging of .* failed \(exit status 1\)"):
+        run_package({"inductor_configs": {"no_such_inductor_option": 1}}, build.export_dir("bfloat16"),
+                    tmp_path, "cpu")
+    assert not (tmp_path / "aoti_package.json").exists()
+    assert "no_such_inductor_option" in (tmp_path / "package_child.log").read_text()
+
+
+def test_changed_exported_program_is_not_compiled(build, tmp_path):
     export_dir = shutil.copytree(build.export_dir("bfloat16"), tmp_path / "e")
     (export_dir / "exported.pt2").write_bytes(b"not a program")
-    with pytest.raises(StageError, match=r"AOTInductor packaging of .* failed \(exit status 1\)"):
+    with pytest.raises(PackageIntegrityError, match=r"exported\.pt2: sha256 \w+ does not match the export record's"):
         run_package({}, export_dir, tmp_path / "p", "cpu")
-    assert not (tmp_path / "p" / "aoti_package.json").exists()
+    assert not (tmp_path / "p").exists()
 
 
 def test_export_checks_its_config(build, tmp_path):

@@ -1,0 +1,171 @@
+"""Versioned releases: manifest, immutability, verification of a copied release, release_diff."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+
+from laya_build.records import read_record, sha256_file
+from tests.pipeline.project import Project
+
+
+def small_release_config(cfg: dict) -> None:
+    """Two kernels, one dtype, the fp32 CPU package only, few timed forwards: a whole release
+    on a 2-core CI machine in a few minutes."""
+    keep = ("gemm_gelu", "rope")
+    cfg["kernels"]["variants"] = {k: v for k, v in cfg["kernels"]["variants"].items() if k in keep}
+    cfg["cpu_checks"]["shapes"] = {k: v for k, v in cfg["cpu_checks"]["shapes"].items() if k in keep}
+    cfg["cpu_checks"]["atol_overrides"] = {k: v for k, v in cfg["cpu_checks"]["atol_overrides"].items() if k in keep}
+    cfg["cuda"].update(dtypes=["bfloat16"], baseline=None)
+    cfg["probe"] = {"dtypes": ["bfloat16"]}
+    cfg["export"]["targets"] = {"cpu": ["float32"], "cuda": ["bfloat16"]}
+    cfg["verify"]["timing"] = {"warmup": 1, "groups": 2, "group_size": 2}
+    cfg["latency"]["timing"] = {"warmup": 1, "groups": 2, "group_size": 2}
+    cfg["latency"]["variants"] = ["eager_amp", "eager_bf16", "package"]
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    project = Project(tmp_path_factory.mktemp("release"))
+    project.edit_config(small_release_config)
+    project.commit("small release pipeline")
+    run = project.doit("-n", "2", "release")
+    assert run.returncode == 0, run.stdout + run.stderr
+    return project, run
+
+
+def _snapshot(vdir):
+    return {p.relative_to(vdir).as_posix(): (p.stat().st_mtime_ns, sha256_file(p)) for p in sorted(vdir.rglob("*")) if p.is_file()}
+
+
+def test_manifest_is_valid_and_every_hash_right(released):
+    project, run = released
+    vdir = project.version_dir()
+    manifest = read_record(vdir / "manifest.json")
+    assert manifest["version"] == "0.1.0"
+    listed = {f["path"]: f for f in manifest["files"]}
+    on_disk = {p.relative_to(vdir).as_posix() for p in vdir.rglob("*") if p.is_file() and p.name != "manifest.json"}
+    assert set(listed) == on_disk
+    for rel, entry in listed.items():
+        assert sha256_file(vdir / rel) == entry["sha256"], rel
+        assert (vdir / rel).stat().st_size == entry["bytes"], rel
+    assert listed["aoti_package/cpu-float32/aoti_package.json"]["task"] == "aoti_package:cpu-float32"
+    assert listed["lower_c/rope.c"]["task"] == "lower_c:rope"
+    assert listed["REPORT.md"]["task"] == "release"
+    assert not [p for p in listed if ".cache" in p or p.endswith(".tmp")], "compiler caches are never released"
+    effective = json.loads((vdir / "pipeline.effective.json").read_text())
+    assert effective["kernels"]["variants"].keys() == {"gemm_gelu", "rope"}
+    assert manifest["git"]["commit"] == project.git("rev-parse", "HEAD").strip() and manifest["git"]["dirty"] is False
+    env = manifest["environment"]
+    assert env["collect_env"]["torch_version"].startswith("2.") and env["packages"]["tilelang"]
+    assert env["cc"] and env["nvidia_smi"] is None  # no GPU on CI
+
+
+def test_report_is_readable(released):
+    project, _ = released
+    report = (project.version_dir() / "REPORT.md").read_text()
+    for heading in ("# Release 0.1.0", "## Stages", "## CPU (C target) numerical checks", "## AOTInductor packages",
+                    "## Fresh-process verification", "## Latency cpu-float32"):
+        assert heading in report
+    assert re.search(r"\| rope \| 2 \| [0-9.e-]+ \| 2e-06 \| exact \| pass \|", report)
+    assert "| cuda-bfloat16 | skipped |" in report
+
+
+def test_second_release_is_refused_and_changes_nothing(released):
+    project, _ = released
+    vdir = project.version_dir()
+    before = _snapshot(vdir)
+    run = project.doit("release")
+    assert run.returncode != 0
+    assert "version 0.1.0 is released" in run.stdout + run.stderr
+    assert _snapshot(vdir) == before
+
+
+def test_tasks_refuse_to_write_into_a_release(released):
+    project, _ = released
+    vdir = project.version_dir()
+    before = _snapshot(vdir)
+    rope = project.path / "kernels" / "rope.py"
+    original = rope.read_text()
+    rope.write_text(original + "\n# an edit after the release\n")
+    try:
+        run = project.doit("lower_c:rope")
+        assert run.returncode != 0
+        assert "is released" in run.stdout + run.stderr and "build a new version" in run.stdout + run.stderr
+        clean = project.doit("clean", "lower_c")
+        assert "not cleaning" in clean.stdout
+    finally:
+        rope.write_text(original)
+    assert _snapshot(vdir) == before
+
+
+def test_verify_a_release_copied_elsewhere(released, tmp_path_factory):
+    project, _ = released
+    other = Project(tmp_path_factory.mktemp("elsewhere"))  # the project, and only the release folder
+    shutil.copytree(project.version_dir(), other.version_dir("0.1.0"))
+    run = other.doit("verify", "version=0.1.0")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert re.search(r"verify 0.1.0: \d+ files match manifest.json", run.stdout)
+    assert "verify 0.1.0 cpu-float32: ok" in run.stdout
+    assert "verify 0.1.0 cuda-bfloat16: skipped" in run.stdout
+    record = read_record(other.artifacts / "verifications" / "0.1.0" / "cpu-float32" / "verify.json")
+    assert record["status"] == "ok"
+
+
+@pytest.mark.parametrize("tamper", ["altered", "missing", "extra"])
+def test_tampering_fails_verify_naming_the_file(released, tmp_path_factory, tamper):
+    project, _ = released
+    other = Project(tmp_path_factory.mktemp(f"tamper-{tamper}"))
+    vdir = other.version_dir("0.1.0")
+    shutil.copytree(project.version_dir(), vdir)
+    if tamper == "altered":
+        target = vdir / "aoti_package" / "cpu-float32" / "decision.pt2"
+        data = bytearray(target.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        target.write_bytes(bytes(data))
+        name = "aoti_package/cpu-float32/decision.pt2"
+    elif tamper == "missing":
+        (vdir / "lower_c" / "rope.c").unlink()
+        name = "lower_c/rope.c"
+    else:
+        (vdir / "cuda" / "rope" / "notes.txt").write_text("not released\n")
+        name = "cuda/rope/notes.txt"
+    run = other.doit("verify", "version=0.1.0")
+    assert run.returncode != 0
+    assert f"{tamper}: {name}" in run.stdout + run.stderr
+    assert not (other.artifacts / "verifications").exists(), "no package is loaded from a tampered release"
+
+
+def test_release_diff_lists_exactly_the_changed_kernel(released):
+    project, _ = released
+    rope = project.path / "kernels" / "rope.py"
+    text, n = re.subn(r"block_M: int = (\d+)", lambda m: f"block_M: int = {int(m.group(1)) * 2}", rope.read_text(), count=1)
+    assert n == 1
+    rope.write_text(text)
+    project.commit("rope: larger row tile")
+    run = project.doit("-n", "2", "release", "version=0.2.0")
+    assert run.returncode == 0, run.stdout + run.stderr
+    run = project.doit("release_diff", "old=0.1.0", "new=0.2.0")
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = project.artifacts / "release_diff" / "0.1.0..0.2.0"
+    record = read_record(out / "release_diff.json")
+    assert record["summary"]["cuda_changed"] == ["cuda/rope/bfloat16-sm_90.cu"]
+    assert record["summary"]["c_changed"] == ["lower_c/rope.c"]
+    assert record["summary"]["tir_changed"] == ["rope.bfloat16", "rope.cpu-float32"]
+    changed = next(r for r in record["cuda_sources"] if r["status"] == "changed")
+    assert (project.artifacts / changed["diff"]).read_text().startswith("--- baseline/cuda/rope/bfloat16-sm_90.cu")
+    assert [r for r in record["model"]["packages"] if r["build"] == "cpu-float32"]
+    md = (out / "release_diff.md").read_text()
+    assert "CUDA sources changed: cuda/rope/bfloat16-sm_90.cu" in md
+    assert "## Verification deltas" in md and "## Latency" in md
+
+
+def test_release_diff_needs_released_versions(released):
+    project, _ = released
+    run = project.doit("release_diff", "old=0.1.0", "new=9.9.9")
+    assert run.returncode != 0
+    assert "9.9.9" in run.stdout + run.stderr and "manifest.json" in run.stdout + run.stderr
+    run = project.doit("release_diff", "old=0.1.0", "new=../x")
+    assert run.returncode != 0 and "is not a version" in run.stdout + run.stderr
