@@ -11,19 +11,32 @@ Factories (``@tilelang.jit``, lazy: ``factory.get_tir(...)`` returns the PrimFun
 
 ``compile_cpu(factory, *args, **kwargs)`` builds the checked scalar fp32 CPU kernel.
 """
-from .add_ln import add_ln_kernel
-from .attention import attn_kernel
-from .cpu import CpuKernel, compile_cpu
-from .geglu import gemm_geglu_kernel
-from .gemm import gemm_kernel
-from .rope import rope_kernel
+import importlib
 
-__all__ = [
-    "gemm_kernel",
-    "gemm_geglu_kernel",
-    "add_ln_kernel",
-    "rope_kernel",
-    "attn_kernel",
-    "compile_cpu",
-    "CpuKernel",
-]
+# Public name -> defining submodule.  Resolved lazily (PEP 562): ``import kernels`` stays
+# cheap and does not import tilelang.  That matters beyond start-up time: transformers
+# probes for Hugging Face's own ``kernels`` package by importing whatever ``kernels`` is on
+# sys.path, so a process that only loads the model must not pay for (or need) tilelang.
+_EXPORTS = {
+    "gemm_kernel": "gemm",
+    "gemm_geglu_kernel": "geglu",
+    "add_ln_kernel": "add_ln",
+    "rope_kernel": "rope",
+    "attn_kernel": "attention",
+    "compile_cpu": "cpu",
+    "CpuKernel": "cpu",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

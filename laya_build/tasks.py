@@ -303,7 +303,8 @@ def _clean(p: config_mod.Pipeline, directory: Path | None = None) -> list:
 
 MODEL_CODE = ("laya_build/model/__init__.py", "laya_build/model/decision.py", "laya_build/model/checkpoint.py",
               "laya_build/model/tokenizer.py", "laya_build/model/inputs.py", "laya_build/model/corpus.txt",
-              "laya_build/model/defaults.yaml", "laya_build/stages/_model_common.py")
+              "laya_build/model/defaults.yaml", "laya_build/stages/_model_common.py",
+              "laya_build/stages/_aoti_runtime.py", "laya_build/errors.py")
 
 
 def _model_deps(p: config_mod.Pipeline, module: str, schema: str, *extra: str) -> list[str]:
@@ -367,7 +368,7 @@ def export_tasks(p: config_mod.Pipeline):
             "doc": f"torch.export of the decision model ({target}, {dtype})",
             "actions": [_isolated(p, "laya_build.stages.export", "run_export", spec, None,
                                   label=f"export {target}-{dtype}", kwargs=True)],
-            "file_dep": _model_deps(p, "export", "export", "laya_build/stages/_aoti_runtime.py")
+            "file_dep": _model_deps(p, "export", "export")
             + [str(d["model"] / "model.json"), str(d["inputs"])],
             "targets": [str(out / "export.json")],
             "uptodate": [config_changed({"export": cfg, "target": target, "dtype": dtype})],

@@ -18,12 +18,12 @@ def generate(factory_name: str, args: list, kwargs: dict, dtype: str, target: di
     import tilelang
     import tvm
 
-    import kernels
+    from kernels._common import GPU_PASS_CONFIGS
 
     factory = load_factory(factory_name)
     with tvm.target.Target(dict(target)):
         func = factory.get_tir(*args, **{**kwargs, "dtype": dtype})
-        with tvm.transform.PassContext(opt_level=3, config=dict(kernels._common.GPU_PASS_CONFIGS)):
+        with tvm.transform.PassContext(opt_level=3, config=dict(GPU_PASS_CONFIGS)):
             artifact = tilelang.lower(func, target=dict(target))
     return artifact.kernel_source
 
