@@ -43,10 +43,13 @@ def _generated(project: Project) -> dict[str, str]:
 
 
 def _records(project: Project) -> dict[str, dict]:
+    """Every record, without timings and with the copy's own commit sha (each copy is its own
+    repository, committed at its own time) replaced by a placeholder."""
     vdir = project.version_dir()
+    head = project.git("rev-parse", "HEAD").strip()
     out = {}
     for path in sorted(vdir.rglob("*.json")):
-        record = json.loads(path.read_text())
+        record = json.loads(path.read_text().replace(head, "<commit>").replace(head[:12], "<commit>"))
         out[path.relative_to(vdir).as_posix()] = _strip_timing(record)
     return out
 
