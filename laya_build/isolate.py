@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -46,28 +47,36 @@ def child_env(env: dict | None = None) -> dict:
 
 def run(module: str, function: str, spec: dict, *, record: str | os.PathLike | None = None,
         extra_path: list[str] | None = None, env: dict | None = None, label: str | None = None,
-        timeout: float | None = None, kwargs: bool = False) -> None:
+        kwargs: bool = False) -> None:
     """Run ``module.function(spec)`` (``function(**spec)`` with ``kwargs=True``) in a new
     interpreter; raise :class:`StageFailed` on failure."""
     payload = json.dumps({"module": module, "function": function,
                           "spec": {"kwargs": spec} if kwargs else spec, "call": "kwargs" if kwargs else "spec",
                           "record": str(record) if record else None, "sys_path": list(extra_path or [])})
-    proc = subprocess.run(
-        [sys.executable, "-m", "laya_build.isolate"],
-        input=payload, text=True, capture_output=True, cwd=PROJECT_ROOT,
-        env=child_env(env), timeout=timeout,
-    )
+    proc = subprocess.Popen([sys.executable, "-m", "laya_build.isolate"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=PROJECT_ROOT,
+                            env=child_env(env))
+    stderr: list[str] = []
+    reader = threading.Thread(target=lambda: stderr.extend(proc.stderr), daemon=True)
+    reader.start()
+    proc.stdin.write(payload)
+    proc.stdin.close()
+    for line in proc.stdout:  # progress lines of long stages, shown as they come
+        print(line, end="", flush=True)
+    proc.wait()
+    reader.join()
     if proc.returncode == 0:
         return
     what = label or f"{module}.{function}"
-    errors = [line[len(ERROR_PREFIX):] for line in proc.stderr.splitlines() if line.startswith(ERROR_PREFIX)]
+    err_text = "".join(stderr)
+    errors = [line[len(ERROR_PREFIX):] for line in err_text.splitlines() if line.startswith(ERROR_PREFIX)]
     if errors:
         raise StageFailed(f"{what}: {errors[-1]}")
     if proc.returncode < 0:
         reason = f"killed by signal {signal.Signals(-proc.returncode).name}"
     else:
         reason = f"exit status {proc.returncode}"
-    tail = "\n".join(proc.stderr.strip().splitlines()[-20:])
+    tail = "\n".join(err_text.strip().splitlines()[-20:])
     raise StageFailed(f"{what}: process failed ({reason})\n{tail}")
 
 

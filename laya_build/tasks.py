@@ -373,6 +373,7 @@ def export_tasks(p: config_mod.Pipeline):
             "targets": [str(out / "export.json")],
             "uptodate": [config_changed({"export": cfg, "target": target, "dtype": dtype})],
             "clean": _clean(p, out),
+            "verbosity": 2,
         }
 
 

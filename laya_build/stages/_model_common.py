@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import tempfile
 from pathlib import Path
 
@@ -228,12 +229,15 @@ def run_child(argv: list[str], *, env: dict, timeout: float, what: str, log_path
     """
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[laya] {what}: started (log {log_path.name})", flush=True)
+    start = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
         try:
             proc = subprocess.run([sys.executable, *argv], env=env, stdout=log,
                                   stderr=subprocess.STDOUT, timeout=timeout, cwd=PROJECT_ROOT)
         except subprocess.TimeoutExpired:
             raise StageError(f"{what} ran past its {timeout:g} s timeout (log: {log_path})") from None
+    print(f"[laya] {what}: finished in {time.perf_counter() - start:.1f} s (exit status {proc.returncode})", flush=True)
     if proc.returncode < 0:
         name = signal.Signals(-proc.returncode).name
         raise crash_error(f"{what} died by signal {name} ({-proc.returncode}); this is a failure, "

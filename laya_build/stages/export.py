@@ -78,6 +78,7 @@ def export_program(model, inputs: dict, program: Program, cfg: dict, device: str
         ep = torch.export.export(model, example,
                                  dynamic_shapes=dynamic_shapes(cfg["dims"], program.single_slot))
     export_s = time.perf_counter() - start
+    print(f"[laya] torch.export of {program.name} ({device}, {meta['dtype']}): {export_s:.1f} s", flush=True)
     with atomic_path(out / program.exported) as tmp, open(tmp, "wb") as fh:
         torch.export.save(ep, fh)  # a file object: the temp name does not end in .pt2
 
