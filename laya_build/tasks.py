@@ -355,47 +355,47 @@ def model_tasks(p: config_mod.Pipeline):
     }
 
 
+def _build_task(p: config_mod.Pipeline, stage: str, module: str, function: str, target: str, dtype: str,
+                spec: dict, deps: list[str], config_key: str, doc: str) -> dict:
+    """One model-stage sub-task for a (target, dtype) build: its record is ``<stage>.json`` in
+    ``artifacts/<version>/<stage>/<target>-<dtype>/``; long, so its progress lines are shown."""
+    out = _build_dir(p, stage, target, dtype)
+    cfg = spec[config_key]
+    return {
+        "name": f"{target}-{dtype}",
+        "doc": f"{doc} ({target}, {dtype})",
+        "actions": [_isolated(p, f"laya_build.stages.{module}", function, {**spec, "out_dir": str(out)}, None,
+                              label=f"{stage} {target}-{dtype}", kwargs=True)],
+        "file_dep": deps,
+        "targets": [str(out / f"{stage}.json")],
+        "uptodate": [config_changed({config_key: cfg, "target": target, "dtype": dtype})],
+        "clean": _clean(p, out),
+        "verbosity": 2,
+    }
+
+
 def export_tasks(p: config_mod.Pipeline):
     """torch.export of the decision model per target x dtype, and eager.pt."""
     d = model_dirs(p)
     cfg = p.section("export", {})
     for target, dtype in model_builds(p):
-        out = _build_dir(p, "export", target, dtype)
         spec = {"export_cfg": cfg, "checkpoint_dir": str(d["checkpoint"]), "inputs_path": str(d["inputs"]),
-                "out_dir": str(out), "target": target, "dtype": dtype}
-        yield {
-            "name": f"{target}-{dtype}",
-            "doc": f"torch.export of the decision model ({target}, {dtype})",
-            "actions": [_isolated(p, "laya_build.stages.export", "run_export", spec, None,
-                                  label=f"export {target}-{dtype}", kwargs=True)],
-            "file_dep": _model_deps(p, "export", "export")
-            + [str(d["model"] / "model.json"), str(d["inputs"])],
-            "targets": [str(out / "export.json")],
-            "uptodate": [config_changed({"export": cfg, "target": target, "dtype": dtype})],
-            "clean": _clean(p, out),
-            "verbosity": 2,
-        }
+                "target": target, "dtype": dtype}
+        deps = _model_deps(p, "export", "export") + [str(d["model"] / "model.json"), str(d["inputs"])]
+        yield _build_task(p, "export", "export", "run_export", target, dtype, spec, deps, "export_cfg",
+                          "torch.export of the decision model")
 
 
 def aoti_package_tasks(p: config_mod.Pipeline):
     """AOTInductor .pt2 package per target x dtype (explicit skip record where unsupported)."""
     cfg = p.section("package", {})
     for target, dtype in model_builds(p):
-        out = _build_dir(p, "aoti_package", target, dtype)
-        spec = {"package_cfg": cfg, "export_dir": str(_build_dir(p, "export", target, dtype)),
-                "out_dir": str(out), "target": target}
-        yield {
-            "name": f"{target}-{dtype}",
-            "doc": f"AOTInductor package ({target}, {dtype})",
-            "actions": [_isolated(p, "laya_build.stages.package", "run_package", spec, None,
-                                  label=f"aoti_package {target}-{dtype}", kwargs=True)],
-            "file_dep": _model_deps(p, "package", "aoti_package", "laya_build/stages/_package_child.py")
-            + [str(_build_dir(p, "export", target, dtype) / "export.json")],
-            "targets": [str(out / "aoti_package.json")],
-            "uptodate": [config_changed({"package": cfg, "target": target, "dtype": dtype})],
-            "clean": _clean(p, out),
-            "verbosity": 2,
-        }
+        export_dir = _build_dir(p, "export", target, dtype)
+        spec = {"package_cfg": cfg, "export_dir": str(export_dir), "target": target}
+        deps = _model_deps(p, "package", "aoti_package", "laya_build/stages/_package_child.py") + [
+            str(export_dir / "export.json")]
+        yield _build_task(p, "aoti_package", "package", "run_package", target, dtype, spec, deps, "package_cfg",
+                          "AOTInductor package")
 
 
 def verify_tasks(p: config_mod.Pipeline):
@@ -410,22 +410,12 @@ def verify_tasks(p: config_mod.Pipeline):
     d = model_dirs(p)
     cfg = p.section("verify", {})
     for target, dtype in model_builds(p):
-        out = _build_dir(p, "verify", target, dtype)
         pkg = _build_dir(p, "aoti_package", target, dtype) / "aoti_package.json"
-        eager = _build_dir(p, "export", target, dtype) / "eager.pt"
         spec = {"verify_cfg": cfg, "package_record_path": str(pkg), "inputs_path": str(d["inputs"]),
-                "eager_path": str(eager), "out_dir": str(out)}
-        yield {
-            "name": f"{target}-{dtype}",
-            "doc": f"fresh-process verification of the package ({target}, {dtype})",
-            "actions": [_isolated(p, "laya_build.stages.verify", "run_verify", spec, None,
-                                  label=f"verify {target}-{dtype}", kwargs=True)],
-            "file_dep": _model_deps(p, "verify", "verify", "laya_build/stages/_verify_child.py") + [str(pkg), str(d["inputs"])],
-            "targets": [str(out / "verify.json")],
-            "uptodate": [config_changed({"verify": cfg, "target": target, "dtype": dtype})],
-            "clean": _clean(p, out),
-            "verbosity": 2,
-        }
+                "eager_path": str(_build_dir(p, "export", target, dtype) / "eager.pt")}
+        deps = _model_deps(p, "verify", "verify", "laya_build/stages/_verify_child.py") + [str(pkg), str(d["inputs"])]
+        yield _build_task(p, "verify", "verify", "run_verify", target, dtype, spec, deps, "verify_cfg",
+                          "fresh-process verification of the package")
 
 
 def _verify_release_task(p: config_mod.Pipeline) -> dict:
@@ -463,22 +453,13 @@ def latency_tasks(p: config_mod.Pipeline):
     d = model_dirs(p)
     cfg = p.section("latency", {})
     for target, dtype in model_builds(p):
-        out = _build_dir(p, "latency", target, dtype)
         pkg = _build_dir(p, "aoti_package", target, dtype) / "aoti_package.json"
         spec = {"latency_cfg": cfg, "checkpoint_dir": str(d["checkpoint"]), "inputs_path": str(d["inputs"]),
-                "package_record_path": str(pkg), "out_dir": str(out), "target": target}
-        yield {
-            "name": f"{target}-{dtype}",
-            "doc": f"latency table ({target}, {dtype} package)",
-            "actions": [_isolated(p, "laya_build.stages.latency", "run_latency", spec, None,
-                                  label=f"latency {target}-{dtype}", kwargs=True)],
-            "file_dep": _model_deps(p, "latency", "latency", "laya_build/stages/_latency_child.py")
-            + [str(pkg), str(d["model"] / "model.json")],
-            "targets": [str(out / "latency.json")],
-            "uptodate": [config_changed({"latency": cfg, "target": target, "dtype": dtype})],
-            "clean": _clean(p, out),
-            "verbosity": 2,
-        }
+                "package_record_path": str(pkg), "target": target}
+        deps = _model_deps(p, "latency", "latency", "laya_build/stages/_latency_child.py") + [
+            str(pkg), str(d["model"] / "model.json")]
+        yield _build_task(p, "latency", "latency", "run_latency", target, dtype, spec, deps, "latency_cfg",
+                          "latency table of the package")
 
 
 # ---------------------------------------------------------------------------------------------
