@@ -105,3 +105,17 @@ def test_doit_version_override_on_command_line(project):
     run = project.doit("list", "version=1..2")
     assert run.returncode != 0 and "invalid at version" in run.stderr
     assert project.doit("list", "version=1.2.0").returncode == 0
+
+
+def test_h200_config_is_valid_and_differs_only_where_documented(tmp_path):
+    """pipeline.h200.yaml (the GPU evidence run) validates and stays pipeline.yaml plus the
+    large-model and CUDA-only overrides."""
+    (tmp_path / "kernels").symlink_to(ROOT / "kernels")
+    h200 = config.load(ROOT / "pipeline.h200.yaml", root=tmp_path).data
+    expected = copy.deepcopy(GOOD)
+    expected["version"] = "0.1.0-h200"
+    expected["model"]["generate"].update(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+                                         intermediate_size=2624, max_position_embeddings=8192, local_attention=128)
+    expected["export"]["targets"] = {"cuda": ["bfloat16"]}
+    expected["package"]["targets"] = ["cuda"]
+    assert h200 == expected
