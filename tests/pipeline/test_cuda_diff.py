@@ -61,3 +61,21 @@ def test_expect_identical_fails_naming_the_files(project):
     assert "4/6 identical" in run.stdout + run.stderr
     assert "differing: rope/bfloat16-sm_90.cu, rope/float16-sm_90.cu" in run.stdout + run.stderr
     assert not record.exists()
+
+
+def test_baseline_can_be_a_built_version(project):
+    project, _ = project
+    project.edit_config(lambda c: c["cuda"].update(baseline={"version": "0.1.0"}, expect="identical"))
+    run = project.doit("version=0.2.0", "cuda_diff")
+    assert run.returncode == 0, run.stdout + run.stderr
+    record = read_record(project.artifacts / "0.2.0" / "cuda_diff" / "cuda_diff.json")
+    assert record["baseline"] == {"kind": "version", "version": "0.1.0", "describe": "artifact version 0.1.0"}
+    assert record["summary"] == "6/6 identical"
+
+
+def test_missing_baseline_version_is_a_difference(project):
+    project, _ = project
+    project.edit_config(lambda c: c["cuda"].update(baseline={"version": "0.0.9"}, expect="identical"))
+    run = project.doit("version=0.2.0", "cuda_diff")
+    assert run.returncode != 0
+    assert "0/6 identical against artifact version 0.0.9" in run.stdout + run.stderr
