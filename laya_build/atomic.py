@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -51,9 +50,3 @@ def dump_json(obj) -> str:
 
 def write_json(target: str | os.PathLike, obj) -> Path:
     return write_text(target, dump_json(obj))
-
-
-def copy_file(src: str | os.PathLike, target: str | os.PathLike) -> Path:
-    with atomic_path(target) as tmp:
-        shutil.copyfile(src, tmp)
-    return Path(target)

@@ -19,7 +19,6 @@ from doit.tools import config_changed
 from . import PROJECT_ROOT, config as config_mod, gitrev, isolate, release
 from .records import RecordError
 
-GPU_DTYPES_ORDER = ("bfloat16", "float16")
 KERNEL_COMMON_DEPS = ("kernels/__init__.py", "kernels/_common.py")
 
 
@@ -29,9 +28,12 @@ def load_pipeline(root: Path = PROJECT_ROOT) -> config_mod.Pipeline:
 
 
 def doit_config(p: config_mod.Pipeline) -> dict:
+    p.output_root.mkdir(exist_ok=True)  # for doit's database
     return {
-        "backend": "json",  # dbm locks and corrupts under concurrent runs
-        "dep_file": str(p.output_root / ".doit-db.json"),
+        # sqlite3: transactional, unlike dbm (locks and corrupts under concurrent runs) and json
+        # (rewritten whole with a plain open(): an interrupted dump leaves it truncated).
+        "backend": "sqlite3",
+        "dep_file": str(p.output_root / ".doit-db.sqlite3"),
         "default_tasks": ["tir", "probe_c", "lower_c", "cuda_source", "cuda_diff"],
     }
 
@@ -49,7 +51,7 @@ def _deps(p: config_mod.Pipeline, *paths: str) -> list[str]:
 
 
 def _factory_module(p: config_mod.Pipeline, factory: str) -> str:
-    return config_mod.kernel_factories(p.root / "kernels")[factory]
+    return config_mod.kernel_factories(p.root / "kernels")[factory].module
 
 
 def _stage_deps(p: config_mod.Pipeline, stage: str, *extra: str) -> list[str]:
@@ -319,10 +321,8 @@ def model_dirs(p: config_mod.Pipeline) -> dict[str, Path]:
 
 def model_builds(p: config_mod.Pipeline) -> list[tuple[str, str]]:
     """(target, dtype) of every package the config asks for."""
-    export = p.data.get("export", {})
-    targets = export.get("targets", {"cpu": ["float32", "bfloat16"], "cuda": ["bfloat16"]})
-    packaged = p.data.get("package", {}).get("targets", ["cpu", "cuda"])
-    return [(t, d) for t in packaged for d in targets.get(t, [])]
+    targets = p.data["export"]["targets"]
+    return [(t, d) for t in p.data["package"]["targets"] for d in targets.get(t, [])]
 
 
 def _build_dir(p: config_mod.Pipeline, stage: str, target: str, dtype: str) -> Path:
@@ -335,7 +335,7 @@ CHECKPOINT_FILES = ("rl_agent_config.json", "model.safetensors", "encoder/config
 def model_tasks(p: config_mod.Pipeline):
     """The decision-model checkpoint (generated from a seed, or a local one) and inputs.pt."""
     d = model_dirs(p)
-    cfg = p.section("model", {})
+    cfg = p.section("model")
     local = cfg.get("path")
     local_deps = [str((p.root / local / f).resolve()) for f in CHECKPOINT_FILES] if local else []
     record = d["model"] / "model.json"
@@ -377,7 +377,7 @@ def _build_task(p: config_mod.Pipeline, stage: str, module: str, function: str, 
 def export_tasks(p: config_mod.Pipeline):
     """torch.export of the decision model per target x dtype, and eager.pt."""
     d = model_dirs(p)
-    cfg = p.section("export", {})
+    cfg = p.section("export")
     for target, dtype in model_builds(p):
         spec = {"export_cfg": cfg, "checkpoint_dir": str(d["checkpoint"]), "inputs_path": str(d["inputs"]),
                 "target": target, "dtype": dtype}
@@ -388,7 +388,7 @@ def export_tasks(p: config_mod.Pipeline):
 
 def aoti_package_tasks(p: config_mod.Pipeline):
     """AOTInductor .pt2 package per target x dtype (explicit skip record where unsupported)."""
-    cfg = p.section("package", {})
+    cfg = p.section("package")
     for target, dtype in model_builds(p):
         export_dir = _build_dir(p, "export", target, dtype)
         spec = {"package_cfg": cfg, "export_dir": str(export_dir), "target": target}
@@ -408,7 +408,7 @@ def verify_tasks(p: config_mod.Pipeline):
         yield _verify_release_task(p)
         return
     d = model_dirs(p)
-    cfg = p.section("verify", {})
+    cfg = p.section("verify")
     for target, dtype in model_builds(p):
         pkg = _build_dir(p, "aoti_package", target, dtype) / "aoti_package.json"
         spec = {"verify_cfg": cfg, "package_record_path": str(pkg), "inputs_path": str(d["inputs"]),
@@ -451,7 +451,7 @@ def _verify_release_task(p: config_mod.Pipeline) -> dict:
 def latency_tasks(p: config_mod.Pipeline):
     """Eager AMP / eager bf16 / torch.compile bf16 / package latency on the saved inputs."""
     d = model_dirs(p)
-    cfg = p.section("latency", {})
+    cfg = p.section("latency")
     for target, dtype in model_builds(p):
         pkg = _build_dir(p, "aoti_package", target, dtype) / "aoti_package.json"
         spec = {"latency_cfg": cfg, "checkpoint_dir": str(d["checkpoint"]), "inputs_path": str(d["inputs"]),
