@@ -13,10 +13,12 @@ from typing import Iterator
 
 
 @contextlib.contextmanager
-def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(target: str | os.PathLike, *, exclusive: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``target``; on success it is renamed onto ``target``.
 
-    On any exception the temporary file is removed and ``target`` is left untouched.
+    On any exception the temporary file is removed and ``target`` is left untouched.  With
+    ``exclusive=True`` the file is published with ``os.link``, which fails with
+    ``FileExistsError`` if ``target`` exists (no check-then-write race).
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -27,26 +29,30 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
         yield tmp_path
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
-        os.replace(tmp_path, target)
+        if exclusive:
+            os.link(tmp_path, target)
+            tmp_path.unlink()
+        else:
+            os.replace(tmp_path, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
 
 
-def write_bytes(target: str | os.PathLike, data: bytes) -> Path:
-    with atomic_path(target) as tmp:
+def write_bytes(target: str | os.PathLike, data: bytes, *, exclusive: bool = False) -> Path:
+    with atomic_path(target, exclusive=exclusive) as tmp:
         tmp.write_bytes(data)
     return Path(target)
 
 
-def write_text(target: str | os.PathLike, text: str) -> Path:
-    return write_bytes(target, text.encode("utf-8"))
+def write_text(target: str | os.PathLike, text: str, *, exclusive: bool = False) -> Path:
+    return write_bytes(target, text.encode("utf-8"), exclusive=exclusive)
 
 
 def dump_json(obj) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def write_json(target: str | os.PathLike, obj) -> Path:
-    return write_text(target, dump_json(obj))
+def write_json(target: str | os.PathLike, obj, *, exclusive: bool = False) -> Path:
+    return write_text(target, dump_json(obj), exclusive=exclusive)

@@ -22,6 +22,16 @@ def resolve(root: Path, ref: str) -> str:
     return proc.stdout.strip()
 
 
+def kernels_tree(root: Path, sha: str) -> str:
+    """The git tree id of ``kernels/`` at ``sha``: baseline sources depend on it alone, so a
+    commit that leaves kernels/ alone does not regenerate them."""
+    proc = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{sha}:kernels"], cwd=root,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise GitRefError(f"cuda.baseline.git_ref: commit {sha} has no kernels/")
+    return proc.stdout.strip()
+
+
 def extract_kernels(root: Path, sha: str, dest: Path) -> Path:
     """Write ``kernels/`` as of ``sha`` to ``dest/kernels`` (atomically: temp dir + rename).
 

@@ -65,12 +65,17 @@ def validate(name: str, doc, *, what: str | None = None) -> None:
         raise RecordError(f"{label}: invalid at {key_path(error)}: {error.message}")
 
 
-def write_record(path: str | os.PathLike, record: dict) -> Path:
-    """Validate ``record`` against the schema its ``stage`` names, then write it atomically."""
+def check_record(path: str | os.PathLike, record: dict) -> None:
+    """Validate ``record`` against the schema its ``stage`` names (before anything is written)."""
     if not isinstance(record, dict) or "stage" not in record:
         raise RecordError(f"{path}: a record must be an object with a top-level 'stage'")
     validate(record["stage"], record, what=f"{record['stage']} record for {path}")
-    return write_json(path, record)
+
+
+def write_record(path: str | os.PathLike, record: dict, *, exclusive: bool = False) -> Path:
+    """Validate ``record``, then write it atomically (``exclusive``: never over an existing file)."""
+    check_record(path, record)
+    return write_json(path, record, exclusive=exclusive)
 
 
 def read_record(path: str | os.PathLike) -> dict:

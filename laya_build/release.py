@@ -113,21 +113,26 @@ def environment() -> dict:
 
 
 def release_files(version_dir: Path) -> list[Path]:
-    """Every file of the version folder except the manifest itself and temp files."""
-    return sorted(p for p in Path(version_dir).rglob("*")
-                  if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp"))
+    """Every file of the version folder except its manifest."""
+    vdir = Path(version_dir)
+    return sorted(p for p in vdir.rglob("*") if p.is_file() and p != vdir / MANIFEST)
 
 
 def build_manifest(spec: dict) -> dict:
     """spec: version, version_dir, root, config (effective), owners {relpath: task}, created.
 
     Writes the effective config and REPORT.md first, so that both are covered by the
-    manifest; the manifest itself is written last (by the caller, atomically), which is
-    what marks the version released.
+    manifest; the manifest itself is written last, exclusively (it can never replace one),
+    which is what marks the version released.
     """
+    from .records import write_record
     from .report import render_report
 
     vdir = Path(spec["version_dir"])
+    leftovers = [p.relative_to(vdir).as_posix() for p in vdir.rglob("*.tmp")]
+    if leftovers:
+        raise ReleasedVersionError(f"{vdir} holds unfinished writes ({', '.join(leftovers)}): rebuild before releasing")
+    refuse_if_released(vdir, "release")
     write_text(vdir / EFFECTIVE_CONFIG, dump_json(spec["config"]))
     env = environment()
     git = git_state(Path(spec["root"]))
@@ -139,7 +144,7 @@ def build_manifest(spec: dict) -> dict:
         top = entry["path"].split("/", 1)[0]
         entry["task"] = owners.get(entry["path"]) or ("release" if entry["path"] in (REPORT, EFFECTIVE_CONFIG) else top)
         files.append(entry)
-    return {
+    manifest = {
         "stage": "manifest",
         "version": spec["version"],
         "created": spec.get("created") or datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -149,6 +154,11 @@ def build_manifest(spec: dict) -> dict:
         "files": files,
         "totals": {"files": len(files), "bytes": sum(f["bytes"] for f in files)},
     }
+    try:
+        write_record(manifest_path(vdir), manifest, exclusive=True)
+    except FileExistsError:
+        raise ReleasedVersionError(f"release: version {spec['version']} was released concurrently") from None
+    return manifest
 
 
 def check_files(version_dir: Path) -> dict:

@@ -54,21 +54,28 @@ def _factory_module(p: config_mod.Pipeline, factory: str) -> str:
     return config_mod.kernel_factories(p.root / "kernels")[factory].module
 
 
+# What every stage process runs besides its own module: a change re-runs the stages.
+RUNNER_DEPS = ("laya_build/isolate.py", "laya_build/records.py", "laya_build/atomic.py", "schemas/common.schema.json")
+
+
 def _stage_deps(p: config_mod.Pipeline, stage: str, *extra: str) -> list[str]:
     return _deps(p, f"laya_build/stages/{stage}.py", "laya_build/stages/_kernel_common.py",
-                 f"schemas/{stage}.schema.json", *extra)
+                 f"schemas/{stage}.schema.json", *RUNNER_DEPS, *extra)
 
 
 def _isolated(p: config_mod.Pipeline, module: str, function: str, spec: dict, record: Path | None,
-              extra_path=None, label=None, kwargs: bool = False):
+              extra_path=None, label=None, kwargs: bool = False, fresh: Path | None = None):
     """A doit python-action: run a stage in its own process; a failure is a TaskFailed with
     the stage's own message (no traceback of the runner).  Refuses to write into a released
-    version."""
+    version.  ``fresh``: a folder the stage owns, emptied first so that no file of an earlier
+    run (of another configuration) survives into a release."""
     env = _stage_env(p)
 
     def action():
         try:
             release.refuse_if_released(p.version_dir, label or module)
+            if fresh is not None:
+                shutil.rmtree(fresh, ignore_errors=True)
             isolate.run(module, function, spec, record=record, extra_path=extra_path, label=label, env=env,
                         kwargs=kwargs)
         except (isolate.StageFailed, release.ReleasedVersionError) as exc:
@@ -205,6 +212,7 @@ def cuda_diff_tasks(p: config_mod.Pipeline):
     if "git_ref" in baseline:
         try:
             sha = gitrev.resolve(p.root, baseline["git_ref"])
+            tree = gitrev.kernels_tree(p.root, sha)
         except gitrev.GitRefError as exc:  # fail this task when it runs, not the whole graph
             message = str(exc)
             yield {"name": "compare", "doc": "byte-level diff of CUDA sources (baseline unresolvable)",
@@ -212,13 +220,13 @@ def cuda_diff_tasks(p: config_mod.Pipeline):
             return
         describe = {"kind": "git_ref", "ref": baseline["git_ref"], "commit": sha,
                     "describe": f"kernels at git {baseline['git_ref']} ({sha[:12]})"}
-        kernels_root = p.output_root / ".cache" / "baseline-kernels" / sha
+        kernels_root = p.output_root / ".cache" / "baseline-kernels" / tree
         yield {
             "name": "baseline_kernels",
             "doc": f"kernels/ as of {sha[:12]}, extracted for the baseline generation",
             "actions": [(_extract_action, [p.root, sha, kernels_root])],
             "targets": [str(kernels_root / "kernels" / "__init__.py")],
-            "uptodate": [config_changed({"commit": sha})],
+            "uptodate": [config_changed({"kernels_tree": tree})],
         }
         for variant, vspec, dtype, target, name in cuda_source_paths(p):
             base = out / "baseline" / name
@@ -236,7 +244,7 @@ def cuda_diff_tasks(p: config_mod.Pipeline):
                 "file_dep": _stage_deps(p, "cuda_source"),
                 "task_dep": ["cuda_diff:baseline_kernels"],
                 "targets": [str(base), str(base_record)],
-                "uptodate": [config_changed({"variant": vspec, "dtype": dtype, "target": target, "commit": sha})],
+                "uptodate": [config_changed({"variant": vspec, "dtype": dtype, "target": target, "kernels_tree": tree})],
                 "clean": _clean(p),
             }
     else:
@@ -252,7 +260,10 @@ def cuda_diff_tasks(p: config_mod.Pipeline):
         "name": "compare",
         "doc": f"byte-level diff of CUDA sources against {describe['describe']}",
         "actions": [(_compare_action, [spec, record])],
-        "file_dep": [f["current"] for f in files] + _deps(p, "laya_build/stages/cuda_diff.py", "schemas/cuda_diff.schema.json"),
+        # Both sides: a rebuilt baseline re-runs the comparison (a missing baseline file is a
+        # difference the record reports, not a missing dependency).
+        "file_dep": [f["current"] for f in files] + [f["baseline"] for f in files if baseline_tasks or Path(f["baseline"]).is_file()]
+        + _deps(p, "laya_build/stages/cuda_diff.py", "schemas/cuda_diff.schema.json"),
         "task_dep": baseline_tasks,
         "targets": [str(record)],
         "uptodate": [config_changed({"baseline": describe, "expect": spec["expect"], "files": [f["name"] for f in files]})],
@@ -311,7 +322,7 @@ MODEL_CODE = ("laya_build/model/__init__.py", "laya_build/model/decision.py", "l
 
 def _model_deps(p: config_mod.Pipeline, module: str, schema: str, *extra: str) -> list[str]:
     return _deps(p, f"laya_build/stages/{module}.py", f"schemas/{schema}.schema.json", "schemas/model_common.schema.json",
-                 "schemas/model_sections.schema.json", *MODEL_CODE, *extra)
+                 "schemas/model_sections.schema.json", *MODEL_CODE, *RUNNER_DEPS, *extra)
 
 
 def model_dirs(p: config_mod.Pipeline) -> dict[str, Path]:
@@ -347,7 +358,8 @@ def model_tasks(p: config_mod.Pipeline):
         "name": "build",
         "doc": "checkpoint (generated or local) + inputs.pt",
         "actions": [_isolated(p, "laya_build.stages.model", "run_model",
-                              {"model_cfg": cfg, "out_dir": str(d["model"])}, None, label="model", kwargs=True)],
+                              {"model_cfg": cfg, "out_dir": str(d["model"])}, None, label="model", kwargs=True,
+                              fresh=d["model"])],
         "file_dep": _model_deps(p, "model", "model") + local_deps,
         "targets": [str(record), str(d["inputs"]), *(str(d["checkpoint"] / f) for f in CHECKPOINT_FILES)],
         "uptodate": [config_changed({"model": cfg})],
@@ -365,7 +377,7 @@ def _build_task(p: config_mod.Pipeline, stage: str, module: str, function: str, 
         "name": f"{target}-{dtype}",
         "doc": f"{doc} ({target}, {dtype})",
         "actions": [_isolated(p, f"laya_build.stages.{module}", function, {**spec, "out_dir": str(out)}, None,
-                              label=f"{stage} {target}-{dtype}", kwargs=True)],
+                              label=f"{stage} {target}-{dtype}", kwargs=True, fresh=out)],
         "file_dep": deps,
         "targets": [str(out / f"{stage}.json")],
         "uptodate": [config_changed({config_key: cfg, "target": target, "dtype": dtype})],
@@ -495,7 +507,7 @@ def release_task(p: config_mod.Pipeline) -> dict:
             spec = {"version": p.version, "version_dir": str(p.version_dir), "root": str(p.root),
                     "config": p.data, "owners": _owners(p)}
             print(f"release {p.version}: writing REPORT.md and {release.MANIFEST} (environment snapshot)", flush=True)
-            isolate.run("laya_build.release", "build_manifest", spec, record=manifest, label="release")
+            isolate.run("laya_build.release", "build_manifest", spec, label="release")
         except (isolate.StageFailed, release.ReleasedVersionError) as exc:
             return TaskFailed(str(exc))
         print(f"release {p.version}: {manifest}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import filecmp
+import shutil
 from pathlib import Path
 
 from ..atomic import write_text
@@ -56,6 +57,7 @@ def compare_file(name: str, current: Path, baseline: Path, diff_path: Path, diff
 def run_cuda_diff(spec: dict) -> dict:
     """spec: files [{name, current, baseline}], diff_dir, diff_dir_rel, expect, baseline (description)."""
     diff_dir = Path(spec["diff_dir"])
+    shutil.rmtree(diff_dir, ignore_errors=True)  # no diff of an earlier run survives
     files = [
         compare_file(f["name"], Path(f["current"]), Path(f["baseline"]),
                      diff_dir / (f["name"] + ".diff"), f"{spec['diff_dir_rel']}/{f['name']}.diff")

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from ..atomic import write_text
+from ..records import check_record
 from ._kernel_common import call_args, load_factory, sha256_text, toolchain
 
 
@@ -48,8 +49,7 @@ def run_cuda_source(spec: dict) -> dict:
     origin = kernels_origin(spec)
     args, kwargs = call_args(spec)
     source = generate(spec["factory"], args, kwargs, spec["dtype"], spec["target"])
-    write_text(spec["source"], source)
-    return {
+    record = {
         "stage": "cuda_source",
         "variant": spec["variant"],
         "factory": spec["factory"],
@@ -64,3 +64,6 @@ def run_cuda_source(spec: dict) -> dict:
         "toolchain": toolchain(),
         "elapsed_s": round(time.perf_counter() - start, 4),
     }
+    check_record(spec["source"], record)  # nothing is written for an invalid record
+    write_text(spec["source"], source)
+    return record

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..atomic import write_json, write_text
 from ..errors import PackageIntegrityError, StageError
-from ..records import sha256_file
+from ..records import check_record, sha256_file
 from ._model_common import (child_env, device_snapshot, finish, log_tail, run_child, section,
                             skip, temp_inductor_cache, unsupported_reason, upstream, versions)
 
@@ -108,5 +108,6 @@ def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_p
         "device": device_snapshot(target), "versions": versions(),
         "elapsed_s": round(time.perf_counter() - start, 4),
     }
+    check_record(out / "latency.json", record)  # nothing is written for an invalid record
     write_text(out / "latency.md", markdown(record, shapes))
     return finish(out, record)

@@ -8,10 +8,12 @@ by side.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from .. import model_report
 from ..atomic import write_text
+from ..records import check_record
 from ..release import check_files
 from ..report import table
 from .cuda_diff import compare_file
@@ -29,8 +31,10 @@ def _records(vdir: Path, stage: str) -> dict[str, dict]:
     return out
 
 
-def _sources(old_dir: Path, new_dir: Path, old_files: dict, new_files: dict, suffix: str, out: Path, out_rel: str):
-    names = sorted(n for n in set(old_files) | set(new_files) if n.endswith(suffix))
+def _sources(old_dir: Path, new_dir: Path, old_files: dict, new_files: dict, folder: str, suffix: str, out: Path,
+             out_rel: str):
+    """The built sources of ``folder`` (``cuda/``, ``lower_c/``; not the cuda_diff baselines)."""
+    names = sorted(n for n in set(old_files) | set(new_files) if n.startswith(folder) and n.endswith(suffix))
     rows = []
     for name in names:
         if name not in new_files:
@@ -62,6 +66,7 @@ def run_release_diff(spec: dict) -> dict:
     root = Path(spec["artifacts"])
     old_dir, new_dir, out = root / spec["old"], root / spec["new"], Path(spec["out"])
     old_m, new_m = check_files(old_dir), check_files(new_dir)
+    shutil.rmtree(out, ignore_errors=True)  # a fresh report, no diff of an earlier one
     old_files = {f["path"]: f for f in old_m["files"]}
     new_files = {f["path"]: f for f in new_m["files"]}
     files = {
@@ -70,8 +75,8 @@ def run_release_diff(spec: dict) -> dict:
         "changed": sorted(n for n in set(old_files) & set(new_files) if old_files[n]["sha256"] != new_files[n]["sha256"]),
         "unchanged": len([n for n in set(old_files) & set(new_files) if old_files[n]["sha256"] == new_files[n]["sha256"]]),
     }
-    cuda = _sources(old_dir, new_dir, old_files, new_files, ".cu", out, spec["out_rel"])
-    csrc = _sources(old_dir, new_dir, old_files, new_files, ".c", out, spec["out_rel"])
+    cuda = _sources(old_dir, new_dir, old_files, new_files, "cuda/", ".cu", out, spec["out_rel"])
+    csrc = _sources(old_dir, new_dir, old_files, new_files, "lower_c/", ".c", out, spec["out_rel"])
     record = {
         "stage": "release_diff",
         "old": {"version": spec["old"], "commit": old_m["git"]["commit"], "pipeline_sha256": old_m["pipeline"]["sha256"]},
@@ -87,6 +92,7 @@ def run_release_diff(spec: dict) -> dict:
         "c_changed": [r["file"] for r in csrc if r["status"] != "identical"],
         "tir_changed": [r["kernel"] for r in record["tir"] if r["changed"]],
     }
+    check_record(out / "release_diff.json", record)
     write_text(out / "release_diff.md", render(record))
     return record
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 from ..atomic import write_text
+from ..records import check_record
 from ._kernel_common import call_args, load_factory, sha256_text, toolchain
 
 
@@ -18,8 +19,7 @@ def run_tir(spec: dict) -> dict:
     with tvm.target.Target(spec["target"]):  # TileLang's frontend lowers T.gemm per target
         func = factory.get_tir(*args, **kwargs)
     script = func.script()
-    write_text(spec["script"], script)
-    return {
+    record = {
         "stage": "tir",
         "variant": spec["variant"],
         "factory": spec["factory"],
@@ -37,3 +37,6 @@ def run_tir(spec: dict) -> dict:
         "toolchain": toolchain(),
         "elapsed_s": round(time.perf_counter() - start, 4),
     }
+    check_record(spec["script"], record)  # nothing is written for an invalid record
+    write_text(spec["script"], script)
+    return record
