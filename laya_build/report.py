@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 
-def _records(vdir: Path) -> dict[str, list[tuple[str, dict]]]:
+def records_by_stage(vdir: Path) -> dict[str, list[tuple[str, dict]]]:
     by_stage: dict[str, list[tuple[str, dict]]] = defaultdict(list)
     for path in sorted(vdir.rglob("*.json")):
         try:
@@ -62,7 +62,7 @@ def _kernel_sections(recs) -> list[str]:
 def render_report(vdir: Path, config: dict, env: dict, git: dict) -> str:
     from . import model_report
 
-    recs = _records(Path(vdir))
+    recs = records_by_stage(Path(vdir))
     head = [f"# Release {config['version']}\n",
             f"- git commit: `{git.get('commit')}`{' (dirty tree)' if git.get('dirty') else ''}",
             f"- toolchain: torch {env['packages'].get('torch')}, tilelang {env['packages'].get('tilelang')}, "

@@ -19,7 +19,7 @@ def load_factory(name: str):
 
 def toolchain() -> dict:
     """Versions that determine generated code."""
-    import tilelang
+    import tilelang  # noqa: F401  (puts its bundled tvm on sys.path)
     import torch
 
     return {

@@ -214,9 +214,9 @@ def temp_inductor_cache(label: str):
 
 
 def child_env(**extra: str) -> dict:
-    env = dict(os.environ)
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1", **extra)
-    return env
+    from ..isolate import child_env as stage_env
+
+    return stage_env({"PYTHONUNBUFFERED": "1", **extra})
 
 
 def run_child(argv: list[str], *, env: dict, timeout: float, what: str, log_path,

@@ -16,17 +16,11 @@ from ._kernel_common import call_args, load_factory, sha256_text, toolchain
 
 
 def generate(factory_name: str, args: list, kwargs: dict, dtype: str, target: dict) -> str:
-    import tilelang
-    import tvm
+    """CUDA source of the GPU specialisation: ``kernels.probe.cuda_source``, the same lowering
+    (GPU pass config, target context) that the kernel tests check."""
+    from kernels.probe import cuda_source
 
-    from kernels._common import GPU_PASS_CONFIGS
-
-    factory = load_factory(factory_name)
-    with tvm.target.Target(dict(target)):
-        func = factory.get_tir(*args, **{**kwargs, "dtype": dtype})
-        with tvm.transform.PassContext(opt_level=3, config=dict(GPU_PASS_CONFIGS)):
-            artifact = tilelang.lower(func, target=dict(target))
-    return artifact.kernel_source
+    return cuda_source(load_factory(factory_name), args, kwargs, dtype, arch=target["arch"])
 
 
 def kernels_origin(spec: dict) -> str:

@@ -7,7 +7,6 @@ by side.
 """
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -15,20 +14,12 @@ from .. import model_report
 from ..atomic import write_text
 from ..records import check_record
 from ..release import check_files
-from ..report import table
+from ..report import records_by_stage, table
 from .cuda_diff import compare_file
 
 
 def _records(vdir: Path, stage: str) -> dict[str, dict]:
-    out = {}
-    for path in sorted(vdir.rglob("*.json")):
-        try:
-            rec = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and rec.get("stage") == stage:
-            out[path.relative_to(vdir).as_posix()] = rec
-    return out
+    return dict(records_by_stage(vdir).get(stage, []))
 
 
 def _sources(old_dir: Path, new_dir: Path, old_files: dict, new_files: dict, folder: str, suffix: str, out: Path,

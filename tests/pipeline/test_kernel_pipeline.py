@@ -6,7 +6,6 @@ valid records and byte-identical generated sources; a no-op re-run executes noth
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
