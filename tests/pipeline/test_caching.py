@@ -76,8 +76,9 @@ def test_adding_an_arch_adds_only_its_sources(project):
 
 
 def test_version_override_builds_a_new_version(project):
+    listed = project.doit("list", "--all", "--quiet", "version=0.2.0", *STAGES).stdout.split()
     executed = _rerun(project, "version=0.2.0", *STAGES)
-    assert len(executed) == 12
+    assert executed == sorted(t for t in listed if ":" in t)
     assert (project.artifacts / "0.2.0" / "lower_c" / "rope.json").is_file()
     assert _rerun(project) == [], "the configured version is still up to date"
 

@@ -73,6 +73,22 @@ def test_baseline_can_be_a_built_version(project):
     assert record["summary"] == "6/6 identical"
 
 
+def test_editing_a_section_reruns_its_stage_and_what_depends_on_it(project):
+    project, _ = project
+    project.edit_config(lambda c: c["cuda"].update(baseline={"version": "0.1.0"}, expect="report"))
+    assert project.doit("version=0.2.0", "cuda_diff").returncode == 0
+    project.edit_config(lambda c: c["cuda"]["archs"].append({"kind": "cuda", "arch": "sm_80"}))
+    run = project.doit("version=0.2.0", "cuda_diff")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert sorted(run.executed) == ["cuda_diff:compare"] + [
+        f"cuda_source:{v}.{d}-sm_80" for v in ("add_ln", "gemm_gelu", "rope") for d in ("bfloat16", "float16")]
+    record = read_record(project.artifacts / "0.2.0" / "cuda_diff" / "cuda_diff.json")
+    assert record["summary"] == "6/12 identical"  # 0.1.0 has no sm_80 sources
+    assert {f["file"] for f in record["files"] if f.get("note") == "missing in baseline"} == {
+        f"{v}/{d}-sm_80.cu" for v in ("add_ln", "gemm_gelu", "rope") for d in ("bfloat16", "float16")}
+    project.edit_config(lambda c: c["cuda"]["archs"].pop())
+
+
 def test_missing_baseline_version_is_a_difference(project):
     project, _ = project
     project.edit_config(lambda c: c["cuda"].update(baseline={"version": "0.0.9"}, expect="identical"))
