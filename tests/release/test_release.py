@@ -18,7 +18,7 @@ def small_release_config(cfg: dict) -> None:
     cfg["kernels"]["variants"] = {k: v for k, v in cfg["kernels"]["variants"].items() if k in keep}
     cfg["cpu_checks"]["shapes"] = {k: v for k, v in cfg["cpu_checks"]["shapes"].items() if k in keep}
     cfg["cpu_checks"]["atol_overrides"] = {k: v for k, v in cfg["cpu_checks"]["atol_overrides"].items() if k in keep}
-    cfg["cuda"].update(dtypes=["bfloat16"], baseline=None)
+    cfg["cuda"].update(dtypes=["bfloat16"], baseline={"git_ref": "HEAD"}, expect="identical")
     cfg["probe"] = {"dtypes": ["bfloat16"]}
     cfg["export"]["targets"] = {"cpu": ["float32"], "cuda": ["bfloat16"]}
     cfg["verify"]["timing"] = {"warmup": 1, "groups": 2, "group_size": 2}
