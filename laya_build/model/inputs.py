@@ -118,7 +118,10 @@ def build_batch(tokenizer, names: list[str], tokens: int | None, pad_multiple: i
     if width % pad_multiple or width < longest:
         raise ConfigError(f"model.inputs: batch {names} needs {longest} tokens; padded length "
                           f"{width} must be a multiple of {pad_multiple} and at least that")
-    n_slots = slots or max(len(m) for _, m in encoded)
+    most = max(len(m) for _, m in encoded)
+    n_slots = slots or most
+    if n_slots < most:
+        raise ConfigError(f"model.inputs: batch {names} has a row with {most} options; slots={n_slots} is too few")
     rows = len(names)
     batch = {
         "input_ids": torch.full((rows, width), tokenizer.pad_token_id, dtype=torch.long),
@@ -142,7 +145,7 @@ def build_inputs(tokenizer, spec: dict) -> dict:
     pad = int(spec.get("pad_multiple", 16))
 
     def batches(key, slots=None):
-        return [build_batch(tokenizer, b["decisions"], b.get("tokens"), pad, slots)
+        return [build_batch(tokenizer, b["decisions"], b.get("tokens"), pad, slots or b.get("slots"))
                 for b in spec.get(key, [])]
 
     single = batches("single_slot_batches", slots=1)

@@ -35,7 +35,7 @@ def test_inputs_reach_both_ends_of_the_export_ranges(inputs):
         assert {scale * dims[key]["min"], scale * dims[key]["max"]} <= seen
 
 
-@pytest.mark.parametrize("dim, bad", [("rows", {"max": 8}), ("tokens16", {"min": 1}), ("slots", {"max": 8})])
+@pytest.mark.parametrize("dim, bad", [("rows", {"max": 8}), ("tokens16", {"min": 1}), ("slots", {"max": 9})])
 def test_unreached_range_is_reported(inputs, dim, bad):
     dims = merge(section("export", {})["dims"], {dim: bad})
     with pytest.raises(InputsMismatchError, match=r"do not reach both ends of the export range of"):
@@ -83,3 +83,17 @@ def test_single_slot_batches(inputs):
     (batch,) = inputs["single_slot_batches"]
     assert batch["marker_pos"].shape[1] == 1 and batch["options"] == [1, 1]
     assert batch["input_ids"].shape[0] >= 2
+
+
+def test_batch_slots_pad_marker_slots_and_never_drop_options(checkpoint):
+    from laya_build.errors import ConfigError
+    from laya_build.model.inputs import build_batch
+
+    _, tokenizer, _ = checkpoint
+    names = ["annual-refund", "urgency"]
+    most = max(len(DECISIONS[n].options) for n in names)
+    batch = build_batch(tokenizer, names, None, 16, slots=most + 3)
+    assert batch["marker_pos"].shape[1] == most + 3
+    assert (batch["marker_mask"][:, most:] == 0).all() and (batch["marker_pos"][:, most:] == 0).all()
+    with pytest.raises(ConfigError, match=rf"has a row with {most} options; slots={most - 1} is too few"):
+        build_batch(tokenizer, names, None, 16, slots=most - 1)

@@ -36,7 +36,7 @@ def test_fresh_process_verification_passes(build, dtype, tmp_path, verify_cfg):
     main = record["programs"][0]
     assert [b["shape"] for b in main["batches"]] == [
         {"rows": 1, "tokens": 32, "slots": 2}, {"rows": 2, "tokens": 64, "slots": 3},
-        {"rows": 4, "tokens": 128, "slots": 5}]
+        {"rows": 4, "tokens": 512, "slots": 8}]
     for head in ("decision", "act"):
         assert main["summary"][head]["argmax_agree"] == main["summary"][head]["rows"] == 7
         assert main["summary"][head]["max_logit_delta"] <= record["thresholds"][head]["logit_atol"]
@@ -54,9 +54,9 @@ def test_records_validate_and_describe_the_build(build):
     assert model["inputs"]["rows"] == 7 and model["source"] == "generated"
     for dtype in DTYPES:
         exp = read_record(record_path(build.export_dir(dtype), "export"))
-        assert exp["dims"]["tokens"] == {"min": 32, "max": 128}
+        assert exp["dims"]["tokens"] == {"min": 32, "max": 512}
         constraints = sorted(exp["programs"][0]["range_constraints"].values())
-        assert [1, 4] in constraints and [2, 5] in constraints and [32, 128] in constraints
+        assert [1, 4] in constraints and [2, 8] in constraints and [32, 512] in constraints
         pkg = read_record(build.package_record(dtype))
         assert pkg["status"] == "ok" and pkg["compile_cache"]["removed"]
         for program in pkg["programs"]:
@@ -188,5 +188,5 @@ def test_latency_stage(build, tmp_path):
     for variant in record["variants"]:
         assert len(variant["batches"]) == 3 and all(b["latency"]["median_ms"] > 0 for b in variant["batches"])
     table = (tmp_path / "latency.md").read_text()
-    assert "| variant | what | batch 0 (1x32x2) | batch 1 (2x64x3) | batch 2 (4x128x5) |" in table
+    assert "| variant | what | batch 0 (1x32x2) | batch 1 (2x64x3) | batch 2 (4x512x8) |" in table
     assert table.count("\n| ") == 5
