@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.bench_kernels import time_ms  # noqa: E402  (one CUDA-event timer for every benchmark)
 from kernels import attn_kernel  # noqa: E402
 from kernels.attention import TILE_DEFAULTS  # noqa: E402
 
@@ -128,17 +129,7 @@ def time_ms(fn, graph: bool = False, warmup: int = 25, burst: int = 50, repeats:
             for _ in range(burst):
                 fn()
 
-    run()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / burst)
-    return float(torch.tensor(times).median())
+    return time_ms(run, warmup=1, rep=repeats) / burst
 
 
 def bench_attention(B: int, L: int, H: int, Dh: int, windows=WINDOWS, dtype: str = "bfloat16",
