@@ -37,3 +37,16 @@ def call_args(spec: dict, **override) -> tuple[list, dict]:
 
 def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def publish(record: dict, path: str, text: str) -> dict:
+    """Validate a kernel stage's record, then write the source it describes (atomically).
+
+    The record itself is written by the stage runner; an invalid one leaves nothing behind.
+    """
+    from ..atomic import write_text
+    from ..records import check_record
+
+    check_record(path, record)
+    write_text(path, text)
+    return record

@@ -10,9 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..atomic import write_text
-from ..records import check_record
-from ._kernel_common import call_args, load_factory, sha256_text, toolchain
+from ._kernel_common import call_args, load_factory, publish, sha256_text, toolchain
 
 
 def generate(factory_name: str, args: list, kwargs: dict, dtype: str, target: dict) -> str:
@@ -58,6 +56,4 @@ def run_cuda_source(spec: dict) -> dict:
         "toolchain": toolchain(),
         "elapsed_s": round(time.perf_counter() - start, 4),
     }
-    check_record(spec["source"], record)  # nothing is written for an invalid record
-    write_text(spec["source"], source)
-    return record
+    return publish(record, spec["source"], source)

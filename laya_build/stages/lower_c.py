@@ -12,9 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..atomic import write_text
-from ..records import check_record
-from ._kernel_common import call_args, load_factory, sha256_text, toolchain
+from ._kernel_common import call_args, load_factory, publish, sha256_text, toolchain
 
 
 class NumericalCheckFailed(AssertionError):
@@ -182,6 +180,4 @@ def run_lower_c(spec: dict) -> dict:
         "toolchain": toolchain(),
         "elapsed_s": round(time.perf_counter() - start, 4),
     }
-    check_record(spec["source"], record)  # the schema admits only passing checks
-    write_text(spec["source"], source)
-    return record
+    return publish(record, spec["source"], source)

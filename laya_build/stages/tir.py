@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import time
 
-from ..atomic import write_text
-from ..records import check_record
-from ._kernel_common import call_args, load_factory, sha256_text, toolchain
+from ._kernel_common import call_args, load_factory, publish, sha256_text, toolchain
 
 
 def run_tir(spec: dict) -> dict:
@@ -37,6 +35,4 @@ def run_tir(spec: dict) -> dict:
         "toolchain": toolchain(),
         "elapsed_s": round(time.perf_counter() - start, 4),
     }
-    check_record(spec["script"], record)  # nothing is written for an invalid record
-    write_text(spec["script"], script)
-    return record
+    return publish(record, spec["script"], script)
