@@ -8,6 +8,7 @@ no torch, tilelang or transformers.
 """
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -18,6 +19,28 @@ from doit.tools import config_changed
 
 from . import PROJECT_ROOT, config as config_mod, gitrev, isolate, release
 from .records import RecordError
+from .stages.cuda_diff import CudaSourceMismatch
+
+# Failures a task reports by their own message (a TaskFailed), not with a traceback.
+EXPECTED_FAILURES = (isolate.StageFailed, release.ReleasedVersionError, release.ManifestMismatch, RecordError,
+                     gitrev.GitRefError, CudaSourceMismatch)
+
+
+def _reported(prefix: str = "", *extra: type[BaseException]):
+    """Decorate a doit python-action so that an expected failure becomes ``TaskFailed``."""
+    errors = EXPECTED_FAILURES + extra
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def action(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except errors as exc:
+                return TaskFailed(f"{prefix}{exc}")
+
+        return action
+
+    return wrap
 
 KERNEL_COMMON_DEPS = ("kernels/__init__.py", "kernels/_common.py")
 
@@ -71,16 +94,13 @@ def _isolated(p: config_mod.Pipeline, module: str, function: str, spec: dict, re
     run (of another configuration) survives into a release."""
     env = _stage_env(p)
 
+    @_reported()
     def action():
-        try:
-            release.refuse_if_released(p.version_dir, label or module)
-            if fresh is not None:
-                shutil.rmtree(fresh, ignore_errors=True)
-            isolate.run(module, function, spec, record=record, extra_path=extra_path, label=label, env=env,
-                        kwargs=kwargs)
-        except (isolate.StageFailed, release.ReleasedVersionError) as exc:
-            return TaskFailed(str(exc))
-        return None
+        release.refuse_if_released(p.version_dir, label or module)
+        if fresh is not None:
+            shutil.rmtree(fresh, ignore_errors=True)
+        isolate.run(module, function, spec, record=record, extra_path=extra_path, label=label, env=env,
+                    kwargs=kwargs)
 
     action.__name__ = f"{module.rsplit('.', 1)[-1]}:{label or function}"
     return action
@@ -93,10 +113,6 @@ def _stage_env(p: config_mod.Pipeline) -> dict:
 
 def _variants(p: config_mod.Pipeline):
     return p.data["kernels"]["variants"].items()
-
-
-def _arch_name(target: dict) -> str:
-    return target["arch"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,7 +189,7 @@ def cuda_source_paths(p: config_mod.Pipeline):
     for variant, vspec in _variants(p):
         for dtype in p.data["cuda"]["dtypes"]:
             for target in p.data["cuda"]["archs"]:
-                yield variant, vspec, dtype, target, f"{variant}/{dtype}-{_arch_name(target)}.cu"
+                yield variant, vspec, dtype, target, f"{variant}/{dtype}-{target['arch']}.cu"
 
 
 def _cuda_spec(p, variant, vspec, dtype, target, source: Path) -> dict:
@@ -272,23 +288,18 @@ def cuda_diff_tasks(p: config_mod.Pipeline):
     }
 
 
+@_reported()
 def _extract_action(root: Path, sha: str, dest: Path):
-    try:
-        gitrev.extract_kernels(root, sha, dest)
-    except gitrev.GitRefError as exc:
-        return TaskFailed(str(exc))
-    return None
+    gitrev.extract_kernels(root, sha, dest)
 
 
+@_reported("cuda_diff: ", FileNotFoundError)
 def _compare_action(spec: dict, record: Path):
     from .records import write_record
-    from .stages.cuda_diff import CudaSourceMismatch, run_cuda_diff
+    from .stages.cuda_diff import run_cuda_diff
 
-    try:
-        release.refuse_if_released(Path(record).parent.parent, "cuda_diff")
-        rec = run_cuda_diff(spec)
-    except (CudaSourceMismatch, FileNotFoundError, release.ReleasedVersionError) as exc:
-        return TaskFailed(f"cuda_diff: {exc}")
+    release.refuse_if_released(Path(record).parent.parent, "cuda_diff")
+    rec = run_cuda_diff(spec)
     write_record(record, rec)
     print(f"cuda_diff: {rec['summary']} against {spec['baseline']['describe']}")
     return None
@@ -433,11 +444,9 @@ def verify_tasks(p: config_mod.Pipeline):
 def _verify_release_task(p: config_mod.Pipeline) -> dict:
     vdir, out_root = p.version_dir, p.output_root / "verifications" / p.version
 
+    @_reported(f"verify {p.version}: ")
     def act():
-        try:
-            manifest = release.check_files(vdir)
-        except (release.ManifestMismatch, RecordError) as exc:
-            return TaskFailed(f"verify {p.version}: {exc}")
+        manifest = release.check_files(vdir)
         print(f"verify {p.version}: {manifest['totals']['files']} files match {release.MANIFEST}", flush=True)
         config = json.loads((vdir / manifest["pipeline"]["effective"]).read_text())
         packages = sorted(f["path"] for f in manifest["files"] if f["path"].endswith("/aoti_package.json"))
@@ -446,11 +455,8 @@ def _verify_release_task(p: config_mod.Pipeline) -> dict:
             spec = {"verify_cfg": config.get("verify", {}), "package_record_path": str(vdir / rel),
                     "inputs_path": str(vdir / "model" / "inputs.pt"),
                     "eager_path": str(vdir / "export" / build / "eager.pt"), "out_dir": str(out_root / build)}
-            try:
-                isolate.run("laya_build.stages.verify", "run_verify", spec, label=f"verify {p.version} {build}",
-                            env=_stage_env(p), kwargs=True)
-            except isolate.StageFailed as exc:
-                return TaskFailed(str(exc))
+            isolate.run("laya_build.stages.verify", "run_verify", spec, label=f"verify {p.version} {build}",
+                        env=_stage_env(p), kwargs=True)
             result = json.loads((out_root / build / "verify.json").read_text())
             print(f"verify {p.version} {build}: {result['status']}"
                   + (f" ({result['reason']})" if result["status"] == "skipped" else ""), flush=True)
@@ -501,17 +507,14 @@ def release_task(p: config_mod.Pipeline) -> dict:
     if release.is_released(p.version_dir):
         stage_names = []  # nothing may run against a released version; the action refuses
 
+    @_reported()
     def act():
-        try:
-            release.refuse_if_released(p.version_dir, "release")
-            spec = {"version": p.version, "version_dir": str(p.version_dir), "root": str(p.root),
-                    "config": p.data, "owners": _owners(p)}
-            print(f"release {p.version}: writing REPORT.md and {release.MANIFEST} (environment snapshot)", flush=True)
-            isolate.run("laya_build.release", "build_manifest", spec, label="release")
-        except (isolate.StageFailed, release.ReleasedVersionError) as exc:
-            return TaskFailed(str(exc))
+        release.refuse_if_released(p.version_dir, "release")
+        spec = {"version": p.version, "version_dir": str(p.version_dir), "root": str(p.root),
+                "config": p.data, "owners": _owners(p)}
+        print(f"release {p.version}: writing REPORT.md and {release.MANIFEST} (environment snapshot)", flush=True)
+        isolate.run("laya_build.release", "build_manifest", spec, label="release")
         print(f"release {p.version}: {manifest}")
-        return None
 
     return {
         "actions": [act],
@@ -539,14 +542,11 @@ def release_diff_task(p: config_mod.Pipeline) -> dict:
     spec = {"artifacts": str(p.output_root), "old": old, "new": new, "out": str(out),
             "out_rel": out.relative_to(p.output_root).as_posix()}
 
+    @_reported()
     def act():
-        try:
-            isolate.run("laya_build.stages.release_diff", "run_release_diff", spec, record=out / "release_diff.json",
-                        label="release_diff")
-        except isolate.StageFailed as exc:
-            return TaskFailed(str(exc))
+        isolate.run("laya_build.stages.release_diff", "run_release_diff", spec, record=out / "release_diff.json",
+                    label="release_diff")
         print((out / "release_diff.md").read_text())
-        return None
 
     return {"actions": [act], "doc": doc, "uptodate": [False], "verbosity": 2,
             "targets": [str(out / "release_diff.json"), str(out / "release_diff.md")]}
