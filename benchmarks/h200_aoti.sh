@@ -3,6 +3,7 @@
 #
 #   benchmarks/h200_aoti.sh start   # start the pipeline in its own session, wait, collect
 #   benchmarks/h200_aoti.sh wait    # a later call on the same warm machine: wait, collect
+#   TASKS="aoti_package verify" ...  # other doit tasks than "aoti_package verify latency"
 #
 # One device call may run 10 minutes; generating, exporting, packaging (28 layers),
 # verifying in a fresh process and measuring latency may take longer, so `start` runs
@@ -15,6 +16,7 @@ set -u
 cd "$(dirname "$0")/.."
 STATE=artifacts/h200-run
 WAIT_S=${WAIT_S:-540}
+TASKS=${TASKS:-aoti_package verify latency}
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 
 collect() {
@@ -46,7 +48,7 @@ case "${1:-}" in
   start)
     rm -rf "$STATE"; mkdir -p "$STATE"
     setsid bash -c "
-      python -m doit config=pipeline.h200.yaml aoti_package verify latency > $STATE/log 2>&1
+      python -m doit config=pipeline.h200.yaml $TASKS > $STATE/log 2>&1
       echo \$? > $STATE/rc
       if [ \"${GPU_TESTS:-0}\" = 1 ]; then
         python -m pytest tests/kernels -q -p no:cacheprovider -k gpu > $STATE/tests.log 2>&1

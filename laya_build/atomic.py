@@ -12,6 +12,17 @@ from pathlib import Path
 from typing import Iterator
 
 
+def _file_mode() -> int:
+    """What ``open()`` would create: 0o666 less the umask (``mkstemp`` makes 0o600, which
+    would leave records and packages unreadable to the rest of a release team)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+FILE_MODE = _file_mode()
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike, *, exclusive: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``target``; on success it is renamed onto ``target``.
@@ -23,6 +34,7 @@ def atomic_path(target: str | os.PathLike, *, exclusive: bool = False) -> Iterat
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.fchmod(fd, FILE_MODE)
     os.close(fd)
     tmp_path = Path(tmp)
     try:

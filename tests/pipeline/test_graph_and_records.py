@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 
@@ -56,6 +58,17 @@ def test_exclusive_write_never_replaces(tmp_path):
         atomic.write_json(target, {"first": False}, exclusive=True)
     assert json.loads(target.read_text()) == {"first": True}
     assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
+
+
+def test_written_files_get_the_umask_mode_not_mkstemps_0600(tmp_path):
+    old = os.umask(0o022)
+    try:
+        mode = atomic._file_mode()
+    finally:
+        os.umask(old)
+    assert mode == 0o644
+    target = atomic.write_json(tmp_path / "r.json", {"v": 1})
+    assert stat.S_IMODE(target.stat().st_mode) == atomic.FILE_MODE
 
 
 def test_read_record_validates(tmp_path):
