@@ -33,7 +33,7 @@ class StageFailed(RuntimeError):
 
 
 def child_env(env: dict | None = None) -> dict:
-    """Environment of a stage process: offline, the project importable."""
+    """Environment of a stage process: offline, the project importable, a fixed hash seed."""
     out = dict(os.environ)
     paths = [str(PROJECT_ROOT)]
     if out.get("PYTHONPATH"):
@@ -41,6 +41,10 @@ def child_env(env: dict | None = None) -> dict:
     out["PYTHONPATH"] = os.pathsep.join(paths)
     out["HF_HUB_OFFLINE"] = "1"
     out["TRANSFORMERS_OFFLINE"] = "1"
+    # Reproducible outputs: with a random str hash seed, torch.export orders some nodes by
+    # set iteration (the two rotary inv_freq buffers of ModernBERT), so exported.pt2 bytes
+    # changed from run to run.
+    out["PYTHONHASHSEED"] = "0"
     out.update(env or {})
     return out
 

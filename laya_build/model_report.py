@@ -90,12 +90,16 @@ def diff(records_fn, old_dir, new_dir) -> dict:
     old_p, new_p = both("aoti_package")
     for key in sorted(set(old_p) | set(new_p)):
         po, pn = _ok_programs(old_p.get(key), "package"), _ok_programs(new_p.get(key), "package")
+        eo, en = _ok_programs(old_p.get(key), "exported"), _ok_programs(new_p.get(key), "exported")
         for name in sorted(set(po) | set(pn)):
             o, n = po.get(name), pn.get(name)
+            xo, xn = eo.get(name), en.get(name)
             result["packages"].append({
                 "build": key, "program": name, "old_bytes": o and o["bytes"], "new_bytes": n and n["bytes"],
                 "old_sha256": o and o["sha256"], "new_sha256": n and n["sha256"],
-                "identical": bool(o and n and o["sha256"] == n["sha256"])})
+                "identical": bool(o and n and o["sha256"] == n["sha256"]),
+                "old_exported_sha256": xo and xo["sha256"], "new_exported_sha256": xn and xn["sha256"],
+                "exported_identical": bool(xo and xn and xo["sha256"] == xn["sha256"])})
     old_v, new_v = both("verify")
     for key in sorted(set(old_v) | set(new_v)):
         so, sn = _ok_programs(old_v.get(key), "summary"), _ok_programs(new_v.get(key), "summary")
@@ -120,9 +124,15 @@ def diff(records_fn, old_dir, new_dir) -> dict:
 def diff_sections(model: dict, old: str, new: str) -> list[str]:
     out = []
     if model["packages"]:
-        out += ["## Packages\n", table(["build", "program", f"{old} bytes", f"{new} bytes", "identical"],
-                                       [[r["build"], r["program"], r["old_bytes"], r["new_bytes"], r["identical"]]
-                                        for r in model["packages"]])]
+        out += ["## Packages\n",
+                "A package that differs while its exported program is identical is the same graph "
+                "compiled differently: AOTInductor embeds the compiler, its flags (`-march=native`) "
+                "and include paths, and on CUDA its autotuning choices (docs/aoti.md); compare the "
+                "verification deltas below.\n",
+                table(["build", "program", f"{old} bytes", f"{new} bytes", "exported program identical",
+                       "package identical"],
+                      [[r["build"], r["program"], r["old_bytes"], r["new_bytes"], r["exported_identical"],
+                        r["identical"]] for r in model["packages"]])]
     if model["verify"]:
         out += ["## Verification deltas (package vs eager)\n",
                 table(["build", "program", "head", f"{old} max |Δlogit|", f"{new} max |Δlogit|", f"{old} max |Δp|",

@@ -213,6 +213,30 @@ def temp_inductor_cache(label: str):
         shutil.rmtree(path, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def stable_inductor_cache(key: str):
+    """An empty Inductor cache at a path that depends only on ``key`` and the user.
+
+    AOTInductor writes its cache path into the package (compile-command comments, kernel
+    file names, debug info), so a random ``mkdtemp`` name alone makes two builds of one
+    exported program differ.  The directory is emptied before and removed after use; an
+    exclusive ``flock`` on a sibling lock file serialises concurrent builds of one key.
+    """
+    import fcntl
+
+    root = Path(tempfile.gettempdir()) / f"laya-build-{os.getuid()}" / "inductor"
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = root / key
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir()
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def child_env(**extra: str) -> dict:
     from ..isolate import child_env as stage_env
 

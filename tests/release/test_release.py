@@ -156,10 +156,16 @@ def test_release_diff_lists_exactly_the_changed_kernel(released):
     assert record["summary"]["tir_changed"] == ["rope.bfloat16", "rope.cpu-float32"]
     changed = next(r for r in record["cuda_sources"] if r["status"] == "changed")
     assert (project.artifacts / changed["diff"]).read_text().startswith("--- baseline/cuda/rope/bfloat16-sm_90.cu")
-    assert [r for r in record["model"]["packages"] if r["build"] == "cpu-float32"]
+    packages = {r["build"]: r for r in record["model"]["packages"]}
+    assert "cpu-float32" in packages
+    # a kernel change leaves the model alone: the same exported programs and, built with a
+    # fixed hash seed and a stable Inductor cache path, byte-identical CPU packages
+    assert all(r["exported_identical"] and r["old_exported_sha256"] == r["new_exported_sha256"]
+               and r["identical"] and r["old_sha256"] == r["new_sha256"] for r in packages.values()), packages
     md = (out / "release_diff.md").read_text()
     assert "CUDA sources changed: cuda/rope/bfloat16-sm_90.cu" in md
     assert "## Verification deltas" in md and "## Latency" in md
+    assert "| exported program identical | package identical |" in md
 
 
 def test_release_diff_needs_released_versions(released):
