@@ -24,7 +24,7 @@ collect() {
   cp "$STATE/log" "$OUT/pipeline.log" 2>/dev/null
   [ -f "$STATE/tests.log" ] && cp "$STATE/tests.log" "$OUT/gpu-tests.log"
   tar -czf "$OUT/records.tgz" --ignore-failed-read \
-      $(cd . && ls -d $v/model/model.json $v/export/*/export.json $v/aoti_package/*/*.json \
+      $(ls -d $v/model/model.json $v/export/*/export.json $v/aoti_package/*/*.json \
         $v/aoti_package/*/*.log $v/verify/*/*.json $v/verify/*/*.log $v/latency/*/* 2>/dev/null \
         | grep -v -E '\.(pt|pt2)$') 2>/dev/null
   cp $v/latency/*/latency.md "$OUT/" 2>/dev/null

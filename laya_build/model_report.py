@@ -69,10 +69,15 @@ def sections(recs: dict) -> list[str]:
     return out
 
 
-def _ok_programs(record, field: str) -> dict:
+def _ok_programs(record, field: str | None) -> dict:
+    """Program name -> ``program[field]`` (the whole program with ``field=None``) of an ok record."""
     if not record or record["status"] != "ok":
         return {}
-    return {p["name"]: p[field] for p in record["programs"]}
+    return {p["name"]: p if field is None else p[field] for p in record["programs"]}
+
+
+def _sha256_of(program: dict | None, field: str) -> str | None:
+    return program and program[field]["sha256"]
 
 
 def _latencies(record) -> dict:
@@ -89,17 +94,16 @@ def diff(records_fn, old_dir, new_dir) -> dict:
     result = {"packages": [], "verify": [], "latency": []}
     old_p, new_p = both("aoti_package")
     for key in sorted(set(old_p) | set(new_p)):
-        po, pn = _ok_programs(old_p.get(key), "package"), _ok_programs(new_p.get(key), "package")
-        eo, en = _ok_programs(old_p.get(key), "exported"), _ok_programs(new_p.get(key), "exported")
+        po, pn = _ok_programs(old_p.get(key), None), _ok_programs(new_p.get(key), None)
         for name in sorted(set(po) | set(pn)):
             o, n = po.get(name), pn.get(name)
-            xo, xn = eo.get(name), en.get(name)
             result["packages"].append({
-                "build": key, "program": name, "old_bytes": o and o["bytes"], "new_bytes": n and n["bytes"],
-                "old_sha256": o and o["sha256"], "new_sha256": n and n["sha256"],
-                "identical": bool(o and n and o["sha256"] == n["sha256"]),
-                "old_exported_sha256": xo and xo["sha256"], "new_exported_sha256": xn and xn["sha256"],
-                "exported_identical": bool(xo and xn and xo["sha256"] == xn["sha256"])})
+                "build": key, "program": name,
+                "old_bytes": o and o["package"]["bytes"], "new_bytes": n and n["package"]["bytes"],
+                "old_sha256": _sha256_of(o, "package"), "new_sha256": _sha256_of(n, "package"),
+                "identical": bool(o and n and _sha256_of(o, "package") == _sha256_of(n, "package")),
+                "old_exported_sha256": _sha256_of(o, "exported"), "new_exported_sha256": _sha256_of(n, "exported"),
+                "exported_identical": bool(o and n and _sha256_of(o, "exported") == _sha256_of(n, "exported"))})
     old_v, new_v = both("verify")
     for key in sorted(set(old_v) | set(new_v)):
         so, sn = _ok_programs(old_v.get(key), "summary"), _ok_programs(new_v.get(key), "summary")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fcntl
 import functools
 import importlib.metadata
 import os
@@ -204,26 +205,15 @@ def device_snapshot(target: str) -> dict:
 # ------------------------------------------------------------------------ child processes
 
 @contextlib.contextmanager
-def temp_inductor_cache(label: str):
-    """A new, empty Inductor cache directory outside the artifacts; removed afterwards."""
-    path = Path(tempfile.mkdtemp(prefix=f"laya-{label}-inductor-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def stable_inductor_cache(key: str):
-    """An empty Inductor cache at a path that depends only on ``key`` and the user.
+def inductor_cache(key: str):
+    """A child process's own empty Inductor cache, at a path that depends only on ``key``
+    (stage, target, dtype) and the user, outside the artifacts.
 
     AOTInductor writes its cache path into the package (compile-command comments, kernel
-    file names, debug info), so a random ``mkdtemp`` name alone makes two builds of one
+    file names, debug info), so a random ``mkdtemp`` name would make two builds of one
     exported program differ.  The directory is emptied before and removed after use; an
     exclusive ``flock`` on a sibling lock file serialises concurrent builds of one key.
     """
-    import fcntl
-
     root = Path(tempfile.gettempdir()) / f"laya-build-{os.getuid()}" / "inductor"
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = root / key

@@ -17,7 +17,7 @@ from ..atomic import write_json, write_text
 from ..errors import PackageIntegrityError, StageError
 from ..records import check_record, sha256_file
 from ._model_common import (child_env, device_snapshot, finish, log_tail, run_child, section,
-                            skip, temp_inductor_cache, unsupported_reason, upstream, versions)
+                            skip, inductor_cache, unsupported_reason, upstream, versions)
 
 CHILD_MODULE = "laya_build.stages._latency_child"
 DESCRIPTIONS = {
@@ -85,7 +85,7 @@ def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_p
         "preload": cfg["preload"].get(target, []),
     })
     result_path.unlink(missing_ok=True)
-    with temp_inductor_cache("latency") as cache:
+    with inductor_cache(f"latency-{target}-{pkg['dtype']}") as cache:
         rc = run_child(["-m", CHILD_MODULE, str(job_path)], timeout=cfg["timeout_s"], log_path=log,
                        env=child_env(TORCHINDUCTOR_CACHE_DIR=str(cache)), what="latency measurement")
     if rc != 0 or not result_path.is_file():

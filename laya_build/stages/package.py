@@ -22,7 +22,7 @@ from ..atomic import write_json
 from ..errors import ConfigError, PackageIntegrityError, StageError
 from ..records import file_entry, sha256_file
 from ._model_common import (check_target, child_env, device_snapshot, finish, log_tail,
-                            record_path, run_child, section, skip, stable_inductor_cache,
+                            record_path, run_child, section, skip, inductor_cache,
                             unsupported_reason, upstream, versions)
 
 CHILD_MODULE = "laya_build.stages._package_child"
@@ -64,7 +64,7 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
     job_path = write_json(out / "package_job.json", job)
     Path(job["result"]).unlink(missing_ok=True)
     log = out / "package_child.log"
-    with stable_inductor_cache(f"package-{target}-{exp['dtype']}") as cache:
+    with inductor_cache(f"package-{target}-{exp['dtype']}") as cache:
         rc = run_child(["-m", CHILD_MODULE, str(job_path)], timeout=cfg["timeout_s"], log_path=log,
                        env=child_env(TORCHINDUCTOR_CACHE_DIR=str(cache)), what="AOTInductor compile")
     if rc != 0 or not Path(job["result"]).is_file():

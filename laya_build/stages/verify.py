@@ -30,7 +30,7 @@ from ..errors import (ArgmaxMismatchError, ConfigError, InputsMismatchError, Log
 from ..records import sha256_file
 from ._aoti_runtime import HEADS, summarize
 from ._model_common import (child_env, finish, log_tail, run_child, section, skip,
-                            temp_inductor_cache, unsupported_reason, upstream)
+                            inductor_cache, unsupported_reason, upstream)
 
 CHILD_SCRIPT = Path(__file__).with_name("_verify_child.py")
 FAILURE_KINDS = {"integrity": PackageIntegrityError, "inputs": InputsMismatchError,
@@ -114,7 +114,7 @@ def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, o
            "result": str(result_path)}
     job_path = write_json(out / "verify_job.json", job)
     result_path.unlink(missing_ok=True)
-    with temp_inductor_cache("verify") as cache:
+    with inductor_cache(f"verify-{target}-{pkg['dtype']}") as cache:
         rc = run_child([str(CHILD_SCRIPT), str(job_path)], timeout=cfg["timeout_s"], log_path=log,
                        env=child_env(TORCHINDUCTOR_CACHE_DIR=str(cache), AOTI_RUNTIME_CHECK_INPUTS="1"),
                        what=f"verification process for {programs[0]['package']}",
