@@ -29,14 +29,13 @@ import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_kernels import time_ms  # noqa: E402  (one CUDA-event timer for every benchmark)
+from benchmarks.bench_kernels import Case, time_ms  # noqa: E402  (one CUDA-event timer for every benchmark)
 from kernels import attn_kernel  # noqa: E402
 from kernels.attention import TILE_DEFAULTS  # noqa: E402
 
@@ -46,15 +45,9 @@ TILE_KEYS = ("block_M", "block_N", "num_stages", "threads")
 
 
 @dataclass
-class AttnCase:
-    """One TileLang configuration against SDPA on the same inputs (the fields of
-    ``bench_kernels.Case`` plus the attention-specific ones)."""
+class AttnCase(Case):
+    """One TileLang configuration against SDPA on the same inputs."""
 
-    kernel: str
-    shape: str
-    flops: float
-    tilelang: Callable[[], object]
-    torch: Callable[[], object]
     window: int
     tiles: dict
     max_abs_diff_vs_sdpa: float
@@ -110,7 +103,7 @@ def attention_cases(M: int, dtype: str) -> list[AttnCase]:
     return make_cases(**shape, dtype=dtype)
 
 
-def time_ms(fn, graph: bool = False, warmup: int = 25, burst: int = 50, repeats: int = 15) -> float:
+def burst_ms(fn, graph: bool = False, warmup: int = 25, burst: int = 50, repeats: int = 15) -> float:
     """Time of one ``fn()`` in milliseconds: the median over ``repeats`` of the mean of
     ``burst`` back-to-back calls between two CUDA events.  ``graph=True`` captures the
     burst in a CUDA graph and times its replays, which takes the host's launch cost out."""
@@ -144,7 +137,7 @@ def bench_attention(B: int, L: int, H: int, Dh: int, windows=WINDOWS, dtype: str
             sdpa_timed.add(case.window)
             runs.insert(0, ("sdpa", None, case.torch, 0.0))
         for impl, tiles_, fn, diff in runs:
-            ms = time_ms(fn, graph)
+            ms = burst_ms(fn, graph)
             rows.append(dict(common, impl=impl, tiles=tiles_, ms=ms, tflops=case.flops / (ms * 1e-3) / 1e12,
                              max_abs_diff_vs_sdpa=diff))
     return rows

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 
+import tilelang
+
 from ._common import GPU_DTYPES, GPU_PASS_CONFIGS
 from .attention import PROBE_ARGS as ATTN_PROBE_ARGS
 
@@ -80,7 +82,6 @@ def normalise_message(exc: BaseException) -> str:
     """The first non-empty line of ``str(exc)``, stable across runs and machines: temporary
     paths become ``<tmp>``, the TileLang installation directory ``<tilelang>`` and long hex
     addresses ``0x?``."""
-    import tilelang
 
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     first = lines[0] if lines else ""
@@ -103,7 +104,6 @@ def probe(factory, args=(), kwargs=None, dtype: str = "bfloat16", cpu: bool = Fa
     the PrimFunc are reported the same way (they are failures of the probe, not of the
     caller).
     """
-    import tilelang
 
     try:
         prim_func = factory.get_tir(*args, dtype=dtype, cpu=cpu, **(kwargs or {}))
@@ -159,7 +159,6 @@ def matches_pin(result: dict, pin: dict) -> bool:
 
 def cuda_source(factory, args=(), kwargs=None, dtype: str = "bfloat16", arch: str = "sm_90") -> str:
     """CUDA C++ source of the GPU specialisation, lowered without a GPU."""
-    import tilelang
     import tvm
     from tilelang.transform.pass_config import normalize_pass_configs
     from tvm.target import Target

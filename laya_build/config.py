@@ -10,15 +10,15 @@ from __future__ import annotations
 import ast
 import copy
 import functools
-import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from . import PROJECT_ROOT, SCHEMA_DIR
+from . import PROJECT_ROOT
 from .errors import ConfigError  # noqa: F401  (re-exported: config.ConfigError)
-from .records import RecordError, validate
+from .records import RecordError, load_schema, validate
 
 ARTIFACTS_DIRNAME = "artifacts"
 
@@ -150,9 +150,7 @@ def _merge_model_defaults(data: dict, path: Path) -> None:
 
 def check_version(value: str, what: str) -> str:
     """A version given outside pipeline.yaml (a doit argument) must match the schema's pattern."""
-    import re
-
-    pattern = json.loads((SCHEMA_DIR / "pipeline.schema.json").read_text())["$defs"]["version"]["pattern"]
+    pattern = load_schema("pipeline")["$defs"]["version"]["pattern"]
     if not isinstance(value, str) or not re.fullmatch(pattern, value):
         raise ConfigError(f"{what}: {value!r} is not a version (expected e.g. 1.2.0)")
     return value

@@ -55,7 +55,7 @@ def run(module: str, function: str, spec: dict, *, record: str | os.PathLike | N
     """Run ``module.function(spec)`` (``function(**spec)`` with ``kwargs=True``) in a new
     interpreter; raise :class:`StageFailed` on failure."""
     payload = json.dumps({"module": module, "function": function,
-                          "spec": {"kwargs": spec} if kwargs else spec, "call": "kwargs" if kwargs else "spec",
+                          "spec": spec, "call": "kwargs" if kwargs else "spec",
                           "record": str(record) if record else None, "sys_path": list(extra_path or [])})
     proc = subprocess.Popen([sys.executable, "-m", "laya_build.isolate"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=PROJECT_ROOT,
@@ -92,7 +92,7 @@ def _main() -> int:
     try:
         func = getattr(importlib.import_module(request["module"]), request["function"])
         spec = request["spec"]
-        record = func(**spec["kwargs"]) if request.get("call") == "kwargs" else func(spec)
+        record = func(**spec) if request["call"] == "kwargs" else func(spec)
         if request.get("record"):
             from .records import write_record
 

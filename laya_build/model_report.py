@@ -86,10 +86,11 @@ def _latencies(record) -> dict:
     return {(v["name"], b["batch"]): b["latency"]["median_ms"] for v in record["variants"] for b in v["batches"]}
 
 
-def diff(records_fn, old_dir, new_dir) -> dict:
-    """Packages, verification deltas and latencies of two releases, side by side."""
+def diff(old_recs: dict, new_recs: dict) -> dict:
+    """Packages, verification deltas and latencies of two releases (their
+    ``report.records_by_stage``), side by side."""
     def both(stage):
-        return (_by_key(records_fn(d, stage).items()) for d in (old_dir, new_dir))
+        return (_by_key(recs.get(stage, [])) for recs in (old_recs, new_recs))
 
     result = {"packages": [], "verify": [], "latency": []}
     old_p, new_p = both("aoti_package")

@@ -13,8 +13,9 @@ import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .atomic import dump_json, write_text
+from .atomic import write_json, write_text
 from .records import file_entry, read_record, sha256_file
+from .stages._model_common import dist_version, nvidia_smi_q
 
 MANIFEST = "manifest.json"
 REPORT = "REPORT.md"
@@ -77,8 +78,6 @@ def _first_line(cmd: list[str], last: bool = False) -> str | None:
 
 def environment() -> dict:
     """The build environment: torch's own ``collect_env`` plus TileLang/TVM, compilers, GPU."""
-    import importlib.metadata
-
     from torch.utils import collect_env
 
     env = {k: v for k, v in collect_env.get_env_info()._asdict().items()}
@@ -90,25 +89,15 @@ def environment() -> dict:
     except ImportError:
         tvm_version = None
 
-    def version_of(dist):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    smi = None
-    if shutil.which("nvidia-smi"):
-        proc = subprocess.run(["nvidia-smi", "-q"], capture_output=True, text=True)
-        smi = proc.stdout if proc.returncode == 0 else None
     return {
         "collect_env": env,
         "python": platform.python_version(),
-        "packages": {d: version_of(d) for d in ("torch", "tilelang", "transformers", "tokenizers", "doit", "jsonschema")},
+        "packages": {d: dist_version(d) for d in ("torch", "tilelang", "transformers", "tokenizers", "doit", "jsonschema")},
         "tvm": tvm_version,
         "cc": _first_line(["cc", "--version"]),
         "cxx": _first_line(["c++", "--version"]),
         "nvcc": _first_line(["nvcc", "--version"], last=True),
-        "nvidia_smi": smi,
+        "nvidia_smi": nvidia_smi_q(),
     }
 
 
@@ -133,7 +122,7 @@ def build_manifest(spec: dict) -> dict:
     if leftovers:
         raise ReleasedVersionError(f"{vdir} holds unfinished writes ({', '.join(leftovers)}): rebuild before releasing")
     refuse_if_released(vdir, "release")
-    write_text(vdir / EFFECTIVE_CONFIG, dump_json(spec["config"]))
+    write_json(vdir / EFFECTIVE_CONFIG, spec["config"])
     env = environment()
     git = git_state(Path(spec["root"]))
     write_text(vdir / REPORT, render_report(vdir, spec["config"], env, git))
@@ -172,8 +161,8 @@ def check_files(version_dir: Path) -> dict:
         path = vdir / rel
         if not path.is_file():
             problems.append(f"missing: {rel}")
-        elif path.stat().st_size != entry["bytes"] or sha256_file(path) != entry["sha256"]:
-            problems.append(f"altered: {rel} (sha256 {sha256_file(path)} != manifest {entry['sha256']})")
+        elif (actual := sha256_file(path)) != entry["sha256"] or path.stat().st_size != entry["bytes"]:
+            problems.append(f"altered: {rel} (sha256 {actual} != manifest {entry['sha256']})")
     for path in release_files(vdir):
         rel = path.relative_to(vdir).as_posix()
         if rel not in listed:

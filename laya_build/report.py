@@ -6,6 +6,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from .stages._kernel_common import tir_flavour
+
 
 def records_by_stage(vdir: Path) -> dict[str, list[tuple[str, dict]]]:
     by_stage: dict[str, list[tuple[str, dict]]] = defaultdict(list)
@@ -53,7 +55,7 @@ def _kernel_sections(recs) -> list[str]:
         if changed:
             out += [table(["file", "first differing byte", "diff"], changed)]
     if recs.get("tir"):
-        rows = [[r["variant"], ("cpu-" if r["cpu"] else "") + r["dtype"], r["structural_hash"], r["script_sha256"][:16]]
+        rows = [[r["variant"], tir_flavour(r["dtype"], r["cpu"]), r["structural_hash"], r["script_sha256"][:16]]
                 for _, r in recs["tir"]]
         out += ["## TIR\n", table(["variant", "flavour", "structural hash", "script sha256"], rows)]
     return out

@@ -18,8 +18,9 @@ from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
 from . import PROJECT_ROOT, config as config_mod, gitrev, isolate, release
-from .records import RecordError
-from .stages.cuda_diff import CudaSourceMismatch
+from .records import RecordError, write_record
+from .stages._kernel_common import tir_flavour
+from .stages.cuda_diff import CudaSourceMismatch, run_cuda_diff
 
 # Failures a task reports by their own message (a TaskFailed), not with a traceback.
 EXPECTED_FAILURES = (isolate.StageFailed, release.ReleasedVersionError, release.ManifestMismatch, RecordError,
@@ -125,7 +126,7 @@ def tir_tasks(p: config_mod.Pipeline):
         kdeps = [_factory_module(p, vspec["factory"]), *KERNEL_COMMON_DEPS]
         flavours = [(d, False) for d in p.data["cuda"]["dtypes"]] + [("float32", True)]
         for dtype, cpu in flavours:
-            flavour = f"cpu-{dtype}" if cpu else dtype
+            flavour = tir_flavour(dtype, cpu)
             script = p.version_dir / "tir" / variant / f"{flavour}.tir.py"
             record = script.with_name(f"{flavour}.json")
             target = "c" if cpu else p.data["cuda"]["archs"][0]
@@ -295,9 +296,6 @@ def _extract_action(root: Path, sha: str, dest: Path):
 
 @_reported("cuda_diff: ", FileNotFoundError)
 def _compare_action(spec: dict, record: Path):
-    from .records import write_record
-    from .stages.cuda_diff import run_cuda_diff
-
     release.refuse_if_released(Path(record).parent.parent, "cuda_diff")
     rec = run_cuda_diff(spec)
     write_record(record, rec)
@@ -349,6 +347,13 @@ def model_builds(p: config_mod.Pipeline) -> list[tuple[str, str]]:
 
 def _build_dir(p: config_mod.Pipeline, stage: str, target: str, dtype: str) -> Path:
     return p.version_dir / stage / f"{target}-{dtype}"
+
+
+def _verify_spec(p: config_mod.Pipeline, cfg: dict, build: str) -> dict:
+    """run_verify's arguments for one build (``<target>-<dtype>``) of ``p``'s version folder."""
+    v = p.version_dir
+    return {"verify_cfg": cfg, "package_record_path": str(v / "aoti_package" / build / "aoti_package.json"),
+            "inputs_path": str(model_dirs(p)["inputs"]), "eager_path": str(v / "export" / build / "eager.pt")}
 
 
 CHECKPOINT_FILES = ("rl_agent_config.json", "model.safetensors", "encoder/config.json")
@@ -433,10 +438,9 @@ def verify_tasks(p: config_mod.Pipeline):
     d = model_dirs(p)
     cfg = p.section("verify")
     for target, dtype in model_builds(p):
-        pkg = _build_dir(p, "aoti_package", target, dtype) / "aoti_package.json"
-        spec = {"verify_cfg": cfg, "package_record_path": str(pkg), "inputs_path": str(d["inputs"]),
-                "eager_path": str(_build_dir(p, "export", target, dtype) / "eager.pt")}
-        deps = _model_deps(p, "verify", "verify", "laya_build/stages/_verify_child.py") + [str(pkg), str(d["inputs"])]
+        spec = _verify_spec(p, cfg, f"{target}-{dtype}")
+        deps = _model_deps(p, "verify", "verify", "laya_build/stages/_verify_child.py") + [
+            spec["package_record_path"], str(d["inputs"])]
         yield _build_task(p, "verify", "verify", "run_verify", target, dtype, spec, deps, "verify_cfg",
                           "fresh-process verification of the package")
 
@@ -452,9 +456,7 @@ def _verify_release_task(p: config_mod.Pipeline) -> dict:
         packages = sorted(f["path"] for f in manifest["files"] if f["path"].endswith("/aoti_package.json"))
         for rel in packages:
             build = rel.split("/")[1]
-            spec = {"verify_cfg": config.get("verify", {}), "package_record_path": str(vdir / rel),
-                    "inputs_path": str(vdir / "model" / "inputs.pt"),
-                    "eager_path": str(vdir / "export" / build / "eager.pt"), "out_dir": str(out_root / build)}
+            spec = {**_verify_spec(p, config.get("verify", {}), build), "out_dir": str(out_root / build)}
             isolate.run("laya_build.stages.verify", "run_verify", spec, label=f"verify {p.version} {build}",
                         env=_stage_env(p), kwargs=True)
             result = json.loads((out_root / build / "verify.json").read_text())

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..atomic import write_json, write_text
+from ..atomic import atomic_path, write_json, write_text
 from ..errors import CheckpointError
 from .decision import DecisionModel
 from .tokenizer import DEFAULT_VOCAB_SIZE, build_tokenizer, special_token_ids
@@ -73,11 +73,10 @@ def generate_checkpoint(out_dir: str | os.PathLike, spec: dict) -> Path:
                               n_act=len(act_costs) + 1,
                               temperature=float(spec.get("temperature", 3.0)))
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    tmp = out / f".{WEIGHTS}.tmp"
     # One metadata key only: safetensors writes the metadata map in hash order, so two
     # keys would make the header (and the file's sha256) differ from run to run.
-    save_file(state, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, out / WEIGHTS)
+    with atomic_path(out / WEIGHTS) as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
     write_text(out / ENCODER_CONFIG, config.to_json_string())
     write_json(out / AGENT_CONFIG, {
         "encoder": spec.get("encoder_name", "laya-tiny-modernbert"),
@@ -99,6 +98,13 @@ def read_agent_config(path: Path) -> dict:
     return agent
 
 
+def require_complete(path: Path) -> None:
+    """Raise :class:`CheckpointError` naming every file of the layout missing under ``path``."""
+    missing = [name for name in REQUIRED if not (path / name).is_file()]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is incomplete: missing {', '.join(missing)}")
+
+
 def load_checkpoint(path: str | os.PathLike, attn_implementation: str = DEFAULT_ATTN):
     """Build ``(model, tokenizer, agent_config)`` from a checkpoint directory, strictly.
 
@@ -109,9 +115,7 @@ def load_checkpoint(path: str | os.PathLike, attn_implementation: str = DEFAULT_
     from transformers import ModernBertConfig, PreTrainedTokenizerFast
 
     path = Path(path)
-    missing = [name for name in REQUIRED if not (path / name).is_file()]
-    if missing:
-        raise CheckpointError(f"checkpoint {path} is incomplete: missing {', '.join(missing)}")
+    require_complete(path)
     agent = read_agent_config(path)
     config = ModernBertConfig.from_dict(json.loads((path / ENCODER_CONFIG).read_text()),
                                         attn_implementation=attn_implementation)
@@ -151,10 +155,7 @@ def install_checkpoint(source: str | os.PathLike | None, spec: dict,
             source = Path(source)
             if not source.is_dir():
                 raise CheckpointError(f"model.path {source} is not a directory")
-            missing = [name for name in REQUIRED if not (source / name).is_file()]
-            if missing:
-                raise CheckpointError(f"checkpoint {source} is incomplete: missing "
-                                      f"{', '.join(missing)}")
+            require_complete(source)
             shutil.copytree(source, tmp, dirs_exist_ok=True)
         if target.exists():
             shutil.rmtree(target)

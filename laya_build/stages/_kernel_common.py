@@ -7,6 +7,11 @@ import importlib.metadata
 import platform
 
 
+def tir_flavour(dtype: str, cpu: bool) -> str:
+    """How a TIR specialisation is named in task names, reports and release diffs."""
+    return f"cpu-{dtype}" if cpu else dtype
+
+
 def load_factory(name: str):
     """The factory ``name`` from the ``kernels`` package on ``sys.path`` (the project's, or a
     baseline revision's when the stage process was started with that on its path)."""

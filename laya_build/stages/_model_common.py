@@ -23,8 +23,8 @@ from pathlib import Path
 
 from .. import PROJECT_ROOT
 from ..atomic import atomic_path
-from ..errors import ChildCrashError, ConfigError, StageError
-from ..records import RecordError, read_record, validate, write_record
+from ..errors import ChildCrashError, ConfigError, PackageIntegrityError, StageError
+from ..records import RecordError, read_record, sha256_file, validate, write_record
 
 DEFAULTS_PATH = PROJECT_ROOT / "laya_build" / "model" / "defaults.yaml"
 DTYPES = ("float32", "bfloat16", "float16")
@@ -105,6 +105,25 @@ def skip(stage: str, out_dir, reason: str, **fields) -> dict:
     return finish(out_dir, {"stage": stage, "status": "skipped", "reason": reason, **fields})
 
 
+def skip_if_blocked(stage: str, out_dir, up: dict, target: str, *, aoti: bool = False) -> dict | None:
+    """The skip record of ``stage`` when its upstream record ``up`` was skipped or ``target``
+    cannot run here (:func:`unsupported_reason`); ``None`` when the stage can run."""
+    if up["status"] == "skipped":
+        reason = f"{up['stage']} skipped: {up['reason']}"
+    elif not (reason := unsupported_reason(target, aoti=aoti)):
+        return None
+    return skip(stage, out_dir, reason, target=target, **({"dtype": up["dtype"]} if "dtype" in up else {}))
+
+
+def check_sha256(path, expected: str, record: str, consequence: str = "") -> str:
+    """``path``'s sha256, which must be ``expected`` (from ``record``) before anything uses it."""
+    actual = sha256_file(path)
+    if actual != expected:
+        raise PackageIntegrityError(f"{path}: sha256 {actual} does not match the {record}'s "
+                                    f"{expected}{consequence}")
+    return actual
+
+
 def upstream(path, stage: str) -> dict:
     """Read and validate an upstream record, checking it is the expected stage's."""
     record = read_record(path)
@@ -162,7 +181,7 @@ def unsupported_reason(target: str, *, aoti: bool = False) -> str | None:
 
 # ---------------------------------------------------------------------------- snapshots
 
-def _version(dist: str) -> str | None:
+def dist_version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -182,24 +201,28 @@ def versions() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
-        "transformers": _version("transformers"),
-        "tokenizers": _version("tokenizers"),
-        "safetensors": _version("safetensors"),
-        "tilelang": _version("tilelang"),
+        "transformers": dist_version("transformers"),
+        "tokenizers": dist_version("tokenizers"),
+        "safetensors": dist_version("safetensors"),
+        "tilelang": dist_version("tilelang"),
         "platform": platform.platform(),
         "cxx": cxx_version,
     }
 
 
+def nvidia_smi_q() -> str | None:
+    """``nvidia-smi -q`` where there is one (None without a GPU driver or on failure)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    out = subprocess.run([smi, "-q"], capture_output=True, text=True, check=False, timeout=60)
+    return out.stdout if out.returncode == 0 else None
+
+
 def device_snapshot(target: str) -> dict:
     """The machine the artifact was built on: CPU, and ``nvidia-smi -q`` where there is one."""
-    smi = shutil.which("nvidia-smi")
-    nvidia = None
-    if smi:
-        out = subprocess.run([smi, "-q"], capture_output=True, text=True, check=False, timeout=60)
-        nvidia = out.stdout if out.returncode == 0 else None
     return {"target": target, "cpu": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count() or 1, "nvidia_smi_q": nvidia}
+            "cpu_count": os.cpu_count() or 1, "nvidia_smi_q": nvidia_smi_q()}
 
 
 # ------------------------------------------------------------------------ child processes

@@ -100,7 +100,7 @@ def export_program(model, inputs: dict, program: Program, cfg: dict, device: str
 
 def run_export(export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: str,
                dtype: str) -> dict:
-    from ..model.checkpoint import load_checkpoint
+    from ..model.checkpoint import WEIGHTS, load_checkpoint
     from ..model.decision import eval_copy
     from ..model.inputs import check_dims_reached, load_inputs
 
@@ -135,7 +135,7 @@ def run_export(export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: s
                                     "max": 16 * dims["tokens16"]["max"]}},
         "single_slot": cfg["single_slot"],
         "inputs": {"sha256": meta["inputs_sha256"], "bytes": Path(inputs_path).stat().st_size},
-        "checkpoint": {"weights_sha256": sha256_file(Path(checkpoint_dir) / "model.safetensors")},
+        "checkpoint": {"weights_sha256": sha256_file(Path(checkpoint_dir) / WEIGHTS)},
         "programs": records,
         "versions": versions(),
         "elapsed_s": round(time.perf_counter() - start, 4),

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 from ..atomic import write_json, write_text
-from ..errors import PackageIntegrityError, StageError
+from ..errors import StageError
 from ..records import check_record, sha256_file
-from ._model_common import (child_env, device_snapshot, finish, log_tail, run_child, section,
-                            skip, inductor_cache, unsupported_reason, upstream, versions)
+from ._model_common import (check_sha256, child_env, device_snapshot, finish, inductor_cache, log_tail,
+                            run_child, section, skip_if_blocked, upstream, versions)
 
 CHILD_MODULE = "laya_build.stages._latency_child"
 DESCRIPTIONS = {
@@ -64,18 +64,13 @@ def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_p
     pkg = upstream(package_record_path, "aoti_package")
     if pkg["target"] != target:
         raise StageError(f"{package_record_path} is for target {pkg['target']}, not {target}")
-    dtype_field = {"dtype": pkg["dtype"]} if "dtype" in pkg else {}
-    if pkg["status"] == "skipped":
-        return skip("latency", out, f"aoti_package skipped: {pkg['reason']}", target=target, **dtype_field)
-    if reason := unsupported_reason(target, aoti=True):
-        return skip("latency", out, reason, target=target, **dtype_field)
+    if (skipped := skip_if_blocked("latency", out, pkg, target, aoti=True)) is not None:
+        return skipped
 
     main = next(p for p in pkg["programs"] if p["name"] == "decision")
     package_path = package_record_path.parent / main["package"]["path"]
-    actual = sha256_file(package_path)
-    if actual != main["package"]["sha256"]:
-        raise PackageIntegrityError(f"{package_path}: sha256 {actual} does not match the package "
-                                    f"record's {main['package']['sha256']}; refusing to load it")
+    actual = check_sha256(package_path, main["package"]["sha256"], "package record",
+                          "; refusing to load it")
     out.mkdir(parents=True, exist_ok=True)
     result_path, log = out / "latency_child.json", out / "latency_child.log"
     job_path = write_json(out / "latency_job.json", {

@@ -158,9 +158,9 @@ def run_lower_c(spec: dict) -> dict:
     for i, shape in enumerate(spec["shapes"]):
         case = make_case(args, kwargs, shape, gen)
         kernel(*case.inputs)
+        # check_case raises NumericalCheckFailed on any failure: a recorded check has passed
         result = check_case(case, spec["atol"], f"{spec['variant']} shape {i} {shape}")
-        checks.append({"shape": shape, **result, "atol": spec["atol"],
-                       "passed": result["max_abs_err"] <= spec["atol"] and result["exact"] and result["finite"]})
+        checks.append({"shape": shape, **result, "atol": spec["atol"], "passed": True})
     record = {
         "stage": "lower_c",
         "variant": spec["variant"],
@@ -175,7 +175,7 @@ def run_lower_c(spec: dict) -> dict:
         "seed": spec["seed"],
         "checks": checks,
         "max_abs_err": max(c["max_abs_err"] for c in checks),
-        "passed": all(c["passed"] for c in checks),
+        "passed": True,
         "compile_s": round(compile_s, 4),
         "toolchain": toolchain(),
         "elapsed_s": round(time.perf_counter() - start, 4),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..records import file_entry, sha256_file
+from ..records import file_entry
 from ._model_common import finish, section, versions
 
 CHECKPOINT_DIRNAME = "checkpoint"
@@ -17,7 +17,7 @@ INPUTS_NAME = "inputs.pt"
 
 
 def run_model(model_cfg: dict, out_dir) -> dict:
-    from ..model.checkpoint import DEFAULT_ATTN, install_checkpoint, load_checkpoint
+    from ..model.checkpoint import DEFAULT_ATTN, WEIGHTS, install_checkpoint, load_checkpoint
     from ..model.inputs import batch_shape, build_inputs, save_inputs
 
     start = time.perf_counter()
@@ -33,16 +33,14 @@ def run_model(model_cfg: dict, out_dir) -> dict:
         return [{**batch_shape(b), "decisions": b["decisions"], "valid_tokens": b["valid_tokens"],
                  "options": b["options"]} for b in inputs[key]]
 
+    files = [file_entry(p, out) for p in sorted(ckpt.rglob("*")) if p.is_file()]
+    weights_sha256 = next(f["sha256"] for f in files if f["path"] == f"{CHECKPOINT_DIRNAME}/{WEIGHTS}")
     return finish(out, {
         "stage": "model",
         "status": "ok",
         "source": "local" if cfg["path"] else "generated",
         "config": cfg,
-        "checkpoint": {
-            "dir": CHECKPOINT_DIRNAME,
-            "files": [file_entry(p, out) for p in sorted(ckpt.rglob("*")) if p.is_file()],
-            "weights_sha256": sha256_file(ckpt / "model.safetensors"),
-        },
+        "checkpoint": {"dir": CHECKPOINT_DIRNAME, "files": files, "weights_sha256": weights_sha256},
         "architecture": {
             "encoder": agent["encoder"], "hidden_size": enc.hidden_size,
             "num_hidden_layers": enc.num_hidden_layers,

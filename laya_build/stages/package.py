@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 from ..atomic import write_json
-from ..errors import ConfigError, PackageIntegrityError, StageError
-from ..records import file_entry, sha256_file
-from ._model_common import (check_target, child_env, device_snapshot, finish, log_tail,
-                            record_path, run_child, section, skip, inductor_cache,
-                            unsupported_reason, upstream, versions)
+from ..errors import ConfigError, StageError
+from ..records import file_entry
+from ._model_common import (check_sha256, check_target, child_env, device_snapshot, finish,
+                            inductor_cache, log_tail, record_path, run_child, section,
+                            skip_if_blocked, upstream, versions)
 
 CHILD_MODULE = "laya_build.stages._package_child"
 
@@ -42,18 +42,12 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
     exp = upstream(record_path(export_dir, "export"), "export")
     if exp["target"] != target:
         raise ConfigError(f"{export_dir}: export record is for target {exp['target']}, not {target}")
-    if exp["status"] == "skipped":
-        return skip("aoti_package", out, f"export skipped: {exp['reason']}", target=target,
-                    **({"dtype": exp["dtype"]} if "dtype" in exp else {}))
-    if reason := unsupported_reason(target, aoti=True):
-        return skip("aoti_package", out, reason, target=target, dtype=exp["dtype"])
+    if (skipped := skip_if_blocked("aoti_package", out, exp, target, aoti=True)) is not None:
+        return skipped
 
     programs = exp["programs"]
     for p in programs:  # what gets compiled must be what the export stage recorded
-        exported = export_dir / p["exported"]["path"]
-        if (actual := sha256_file(exported)) != p["exported"]["sha256"]:
-            raise PackageIntegrityError(f"{exported}: sha256 {actual} does not match the export "
-                                        f"record's {p['exported']['sha256']}")
+        check_sha256(export_dir / p["exported"]["path"], p["exported"]["sha256"], "export record")
     out.mkdir(parents=True, exist_ok=True)
     job = {
         "inductor_configs": cfg["inductor_configs"], "preload": cfg["preload"].get(target, []),

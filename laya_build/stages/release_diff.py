@@ -15,11 +15,8 @@ from ..atomic import write_text
 from ..records import check_record
 from ..release import check_files
 from ..report import records_by_stage, table
+from ._kernel_common import tir_flavour
 from .cuda_diff import compare_file
-
-
-def _records(vdir: Path, stage: str) -> dict[str, dict]:
-    return dict(records_by_stage(vdir).get(stage, []))
 
 
 def _sources(old_dir: Path, new_dir: Path, old_files: dict, new_files: dict, folder: str, suffix: str, out: Path,
@@ -42,12 +39,12 @@ def _sources(old_dir: Path, new_dir: Path, old_files: dict, new_files: dict, fol
     return rows
 
 
-def _tir(old_dir: Path, new_dir: Path) -> list[dict]:
-    def by_key(vdir):
-        return {f"{r['variant']}.{'cpu-' if r['cpu'] else ''}{r['dtype']}": r["structural_hash"]
-                for r in _records(vdir, "tir").values()}
+def _tir(old_recs: dict, new_recs: dict) -> list[dict]:
+    def by_key(recs):
+        return {f"{r['variant']}.{tir_flavour(r['dtype'], r['cpu'])}": r["structural_hash"]
+                for _, r in recs.get("tir", [])}
 
-    old, new = by_key(old_dir), by_key(new_dir)
+    old, new = by_key(old_recs), by_key(new_recs)
     return [{"kernel": k, "old": old.get(k), "new": new.get(k), "changed": old.get(k) != new.get(k)}
             for k in sorted(set(old) | set(new))]
 
@@ -57,6 +54,7 @@ def run_release_diff(spec: dict) -> dict:
     root = Path(spec["artifacts"])
     old_dir, new_dir, out = root / spec["old"], root / spec["new"], Path(spec["out"])
     old_m, new_m = check_files(old_dir), check_files(new_dir)
+    old_recs, new_recs = records_by_stage(old_dir), records_by_stage(new_dir)  # each folder read once
     shutil.rmtree(out, ignore_errors=True)  # a fresh report, no diff of an earlier one
     old_files = {f["path"]: f for f in old_m["files"]}
     new_files = {f["path"]: f for f in new_m["files"]}
@@ -75,8 +73,8 @@ def run_release_diff(spec: dict) -> dict:
         "files": files,
         "cuda_sources": cuda,
         "c_sources": csrc,
-        "tir": _tir(old_dir, new_dir),
-        "model": model_report.diff(_records, old_dir, new_dir),
+        "tir": _tir(old_recs, new_recs),
+        "model": model_report.diff(old_recs, new_recs),
     }
     record["summary"] = {
         "cuda_changed": [r["file"] for r in cuda if r["status"] != "identical"],

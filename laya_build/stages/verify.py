@@ -29,8 +29,8 @@ from ..errors import (ArgmaxMismatchError, ConfigError, InputsMismatchError, Log
                       VerifyChildCrashError)
 from ..records import sha256_file
 from ._aoti_runtime import HEADS, summarize
-from ._model_common import (child_env, finish, log_tail, run_child, section, skip,
-                            inductor_cache, unsupported_reason, upstream)
+from ._model_common import (child_env, finish, inductor_cache, log_tail, run_child, section,
+                            skip_if_blocked, upstream)
 
 CHILD_SCRIPT = Path(__file__).with_name("_verify_child.py")
 FAILURE_KINDS = {"integrity": PackageIntegrityError, "inputs": InputsMismatchError,
@@ -91,11 +91,8 @@ def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, o
     package_record_path, eager_path, out = Path(package_record_path), Path(eager_path), Path(out_dir)
     pkg = upstream(package_record_path, "aoti_package")
     target = pkg["target"]
-    dtype_field = {"dtype": pkg["dtype"]} if "dtype" in pkg else {}
-    if pkg["status"] == "skipped":
-        return skip("verify", out, f"aoti_package skipped: {pkg['reason']}", target=target, **dtype_field)
-    if reason := unsupported_reason(target):
-        return skip("verify", out, reason, target=target, **dtype_field)
+    if (skipped := skip_if_blocked("verify", out, pkg, target)) is not None:
+        return skipped
     thresholds = cfg["thresholds"].get(target, {}).get(pkg["dtype"])
     if thresholds is None:
         raise ConfigError(f"verify.thresholds.{target}.{pkg['dtype']} is not configured")
