@@ -227,6 +227,22 @@ def device_snapshot(target: str) -> dict:
 
 # ------------------------------------------------------------------------ child processes
 
+class InductorCache:
+    """The path a child uses as ``TORCHINDUCTOR_CACHE_DIR``; ``removed`` is set when the
+    context exits, checked while the lock is still held (another build of the same key may
+    re-create the folder the moment the lock is released)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.removed: bool | None = None
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+
 @contextlib.contextmanager
 def inductor_cache(key: str):
     """A child process's own empty Inductor cache, at a path that depends only on ``key``
@@ -235,19 +251,21 @@ def inductor_cache(key: str):
     AOTInductor writes its cache path into the package (compile-command comments, kernel
     file names, debug info), so a random ``mkdtemp`` name would make two builds of one
     exported program differ.  The directory is emptied before and removed after use; an
-    exclusive ``flock`` on a sibling lock file serialises concurrent builds of one key.
+    exclusive ``flock`` on a sibling lock file serialises concurrent builds of one key (of
+    any checkout of this user), and every check about the folder happens under that lock.
     """
     root = Path(tempfile.gettempdir()) / f"laya-build-{os.getuid()}" / "inductor"
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = root / key
+    cache = InductorCache(root / key)
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        shutil.rmtree(path, ignore_errors=True)
-        path.mkdir()
+        shutil.rmtree(cache.path, ignore_errors=True)
+        cache.path.mkdir()
         try:
-            yield path
+            yield cache
         finally:
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(cache.path, ignore_errors=True)
+            cache.removed = not cache.path.exists()
 
 
 def child_env(**extra: str) -> dict:

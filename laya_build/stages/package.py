@@ -84,7 +84,7 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
         "stage": "aoti_package", "status": "ok", "target": target, "dtype": exp["dtype"],
         "dims": exp["dims"], "inputs": exp["inputs"], "programs": entries,
         "inductor_configs": cfg["inductor_configs"],
-        "compile_cache": {**result["cache"], "removed": not cache.exists()}, "preload": result["preload"],
+        "compile_cache": {**result["cache"], "removed": cache.removed}, "preload": result["preload"],
         "device": device_snapshot(target), "versions": versions(), "env_info": result["env_info"],
         "elapsed_s": round(time.perf_counter() - start, 4),
     })

@@ -141,7 +141,7 @@ def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, o
                       "argmax_ties": program_ties, "load_s": round(p["load_s"], 4)}
                      for p, spec, program_ties in zip(result["programs"], programs, ties)],
         "inductor_cache": {"initial": result["cache_initial"], "after_run": result["cache_after_run"],
-                           "removed": not cache.exists()},
+                           "removed": cache.removed},
         "child": result["child"],
         "elapsed_s": round(time.perf_counter() - start, 4),
     })
