@@ -22,6 +22,7 @@ import tilelang
 
 from ._common import GPU_DTYPES, GPU_PASS_CONFIGS
 from .attention import PROBE_ARGS as ATTN_PROBE_ARGS
+from .lowering import cuda_source  # noqa: F401  (public here too: the probe's CUDA-lowering check)
 
 __all__ = [
     "ProbeCase",
@@ -155,20 +156,6 @@ def matches_pin(result: dict, pin: dict) -> bool:
     if how == "regex":
         return re.search(want, got) is not None
     raise ValueError(f"unknown match mode {how!r} in a probe pin")
-
-
-def cuda_source(factory, args=(), kwargs=None, dtype: str = "bfloat16", arch: str = "sm_90") -> str:
-    """CUDA C++ source of the GPU specialisation, lowered without a GPU."""
-    import tvm
-    from tilelang.transform.pass_config import normalize_pass_configs
-    from tvm.target import Target
-
-    prim_func = factory.get_tir(*args, dtype=dtype, cpu=False, **(kwargs or {}))
-    target = Target({"kind": "cuda", "arch": arch})
-    # Same context as tilelang.compile: the pass configuration, and the target that layout
-    # inference asks for.
-    with tvm.transform.PassContext(opt_level=3, config=normalize_pass_configs(GPU_PASS_CONFIGS)), target:
-        return tilelang.lower(prim_func, target=target).kernel_source
 
 
 # A message that starts with one of these is pinned by the prefix alone: the rest is the

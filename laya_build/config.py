@@ -18,6 +18,7 @@ import yaml
 
 from . import PROJECT_ROOT
 from .errors import ConfigError  # noqa: F401  (re-exported: config.ConfigError)
+from .layout import ArtifactsLayout, VersionLayout
 from .records import RecordError, load_schema, validate
 
 ARTIFACTS_DIRNAME = "artifacts"
@@ -42,6 +43,15 @@ class Pipeline:
     @property
     def version_dir(self) -> Path:
         return self.output_root / self.version
+
+    @property
+    def artifacts(self) -> ArtifactsLayout:
+        return ArtifactsLayout(self.output_root)
+
+    @property
+    def layout(self) -> VersionLayout:
+        """Every path of the version being built (:mod:`laya_build.layout`)."""
+        return self.artifacts.version(self.version)
 
     def section(self, key: str, default=None):
         return copy.deepcopy(self.data.get(key, default))

@@ -1,6 +1,8 @@
 """Kernels at a git revision, extracted into an isolated folder (for ``cuda_diff`` baselines)."""
 from __future__ import annotations
 
+from .errors import LayaBuildError
+
 import io
 import shutil
 import subprocess
@@ -9,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 
-class GitRefError(ValueError):
+class GitRefError(LayaBuildError, ValueError):
     """The baseline git revision cannot be resolved or holds no kernels/."""
 
 
@@ -55,3 +57,10 @@ def extract_kernels(root: Path, sha: str, dest: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dest
+
+
+def lowering_module(root: Path, sha: str) -> str:
+    """The module of ``kernels`` at ``sha`` that lowers to CUDA: ``kernels.lowering``, or
+    ``kernels.probe`` at revisions from before it was split out."""
+    proc = subprocess.run(["git", "cat-file", "-e", f"{sha}:kernels/lowering.py"], cwd=root, capture_output=True)
+    return "kernels.lowering" if proc.returncode == 0 else "kernels.probe"

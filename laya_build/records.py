@@ -5,6 +5,8 @@ before writing (atomically), so an invalid record fails its task and leaves noth
 """
 from __future__ import annotations
 
+from .errors import LayaBuildError
+
 import functools
 import hashlib
 import json
@@ -15,7 +17,7 @@ from . import SCHEMA_DIR
 from .atomic import write_json
 
 
-class RecordError(ValueError):
+class RecordError(LayaBuildError, ValueError):
     """A record (or config) does not match its schema."""
 
 

@@ -6,6 +6,8 @@ name, which files are missing, extra or altered, on any machine that has only th
 """
 from __future__ import annotations
 
+from .errors import LayaBuildError
+
 import json
 import platform
 import shutil
@@ -14,19 +16,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .atomic import write_json, write_text
+from .layout import EFFECTIVE_CONFIG_NAME, MANIFEST_NAME, RELEASE_FILES, REPORT_NAME
 from .records import file_entry, read_record, sha256_file
 from .stages._model_common import dist_version, nvidia_smi_q
 
-MANIFEST = "manifest.json"
-REPORT = "REPORT.md"
-EFFECTIVE_CONFIG = "pipeline.effective.json"
+MANIFEST, REPORT, EFFECTIVE_CONFIG = MANIFEST_NAME, REPORT_NAME, EFFECTIVE_CONFIG_NAME
+# Present while `doit release` publishes (from REPORT.md to the manifest): a folder with
+# release files, no manifest and this marker is an interrupted release, which the next
+# release may finish; without the marker it is a damaged release (its manifest was removed).
+PENDING = ".release-pending"
 
 
-class ReleasedVersionError(RuntimeError):
+class ReleasedVersionError(LayaBuildError):
     """A task would write into a released (immutable) version."""
 
 
-class ManifestMismatch(RuntimeError):
+class ManifestMismatch(LayaBuildError):
     """Release files do not match the manifest; the message names every offending file."""
 
     def __init__(self, version_dir: Path, problems: list[str]):
@@ -42,12 +47,39 @@ def is_released(version_dir: Path) -> bool:
     return manifest_path(version_dir).is_file()
 
 
+def release_files_present(version_dir: Path) -> list[str]:
+    return [name for name in RELEASE_FILES if (Path(version_dir) / name).exists()]
+
+
+def state(version_dir: Path) -> str:
+    """``released`` (has its manifest), ``damaged`` (a release's files without a manifest,
+    and no interrupted publication), ``interrupted`` (a release publication was killed) or
+    ``build`` (a version being built)."""
+    vdir = Path(version_dir)
+    if is_released(vdir):
+        return "released"
+    if release_files_present(vdir):
+        return "interrupted" if (vdir / PENDING).is_file() else "damaged"
+    return "build"
+
+
+def damaged_message(version_dir: Path) -> str:
+    vdir = Path(version_dir)
+    return (f"{vdir} is a damaged release: it has {', '.join(release_files_present(vdir))} but no {MANIFEST}, so "
+            f"none of its files can be checked; restore {MANIFEST} from the release, or build a new version")
+
+
 def refuse_if_released(version_dir: Path, what: str) -> None:
-    if is_released(version_dir):
+    """Nothing writes into a released version, nor into a damaged one (a release whose
+    manifest is missing must not turn into a rebuilt, passing one)."""
+    kind = state(version_dir)
+    if kind == "released":
         raise ReleasedVersionError(
             f"{what}: version {Path(version_dir).name} is released ({manifest_path(version_dir)} exists) and is never "
             f"modified; build a new version instead, e.g. `doit version=<new> ...`"
         )
+    if kind == "damaged":
+        raise ReleasedVersionError(f"{what}: {damaged_message(version_dir)}")
 
 
 def config_digest(data: dict) -> str:
@@ -102,9 +134,9 @@ def environment() -> dict:
 
 
 def release_files(version_dir: Path) -> list[Path]:
-    """Every file of the version folder except its manifest."""
+    """Every file of the version folder except its manifest (and the publication marker)."""
     vdir = Path(version_dir)
-    return sorted(p for p in vdir.rglob("*") if p.is_file() and p != vdir / MANIFEST)
+    return sorted(p for p in vdir.rglob("*") if p.is_file() and p not in (vdir / MANIFEST, vdir / PENDING))
 
 
 def build_manifest(spec: dict) -> dict:
@@ -118,10 +150,12 @@ def build_manifest(spec: dict) -> dict:
     from .report import render_report
 
     vdir = Path(spec["version_dir"])
+    refuse_if_released(vdir, "release")
     leftovers = [p.relative_to(vdir).as_posix() for p in vdir.rglob("*.tmp")]
     if leftovers:
-        raise ReleasedVersionError(f"{vdir} holds unfinished writes ({', '.join(leftovers)}): rebuild before releasing")
-    refuse_if_released(vdir, "release")
+        raise ReleasedVersionError(f"{vdir} holds unfinished writes that no task owns ({', '.join(leftovers)}): "
+                                   f"remove them or rebuild before releasing")
+    write_text(vdir / PENDING, "release publication in progress\n")
     write_json(vdir / EFFECTIVE_CONFIG, spec["config"])
     env = environment()
     git = git_state(Path(spec["root"]))
@@ -147,13 +181,26 @@ def build_manifest(spec: dict) -> dict:
         write_record(manifest_path(vdir), manifest, exclusive=True)
     except FileExistsError:
         raise ReleasedVersionError(f"release: version {spec['version']} was released concurrently") from None
+    (vdir / PENDING).unlink(missing_ok=True)
     return manifest
+
+
+def clear_interrupted(version_dir: Path) -> None:
+    """Undo a killed publication (release files written, no manifest): the next release
+    writes them again."""
+    vdir = Path(version_dir)
+    if state(vdir) == "interrupted":
+        for name in RELEASE_FILES:
+            (vdir / name).unlink(missing_ok=True)
+        (vdir / PENDING).unlink(missing_ok=True)
 
 
 def check_files(version_dir: Path) -> dict:
     """Compare the version folder with its manifest; raise :class:`ManifestMismatch` naming
     every missing, extra or altered file.  Returns the (validated) manifest."""
     vdir = Path(version_dir)
+    if state(vdir) != "released":
+        raise ManifestMismatch(vdir, [f"missing: {MANIFEST} ({damaged_message(vdir) if state(vdir) == 'damaged' else 'not a release'})"])
     manifest = read_record(manifest_path(vdir))
     problems = []
     listed = {f["path"]: f for f in manifest["files"]}

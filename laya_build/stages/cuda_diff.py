@@ -6,6 +6,8 @@ unified diff written next to the record when they differ.  The summary reads lik
 """
 from __future__ import annotations
 
+from ..errors import LayaBuildError
+
 import difflib
 import shutil
 from pathlib import Path
@@ -14,7 +16,7 @@ from ..atomic import write_text
 from ..records import sha256_file
 
 
-class CudaSourceMismatch(RuntimeError):
+class CudaSourceMismatch(LayaBuildError):
     """Generated CUDA source differs from the baseline while ``expect: identical``."""
 
 

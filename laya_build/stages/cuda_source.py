@@ -7,17 +7,23 @@ only on the kernel and its arguments, not on what else the process generated bef
 """
 from __future__ import annotations
 
+import importlib
 import time
 from pathlib import Path
 
 from ._kernel_common import call_args, load_factory, publish, sha256_text, toolchain
 
 
-def generate(factory_name: str, args: list, kwargs: dict, dtype: str, target: dict) -> str:
-    """CUDA source of the GPU specialisation: ``kernels.probe.cuda_source``, the same lowering
-    (GPU pass config, target context) that the kernel tests check."""
-    from kernels.probe import cuda_source
+# The module of ``kernels`` that lowers to CUDA (a baseline revision from before it existed
+# names its own, ``kernels.probe``: see laya_build.gitrev.lowering_module).
+LOWERING_MODULE = "kernels.lowering"
 
+
+def generate(factory_name: str, args: list, kwargs: dict, dtype: str, target: dict,
+             lowering: str = LOWERING_MODULE) -> str:
+    """CUDA source of the GPU specialisation: ``cuda_source`` of the kernels' lowering module,
+    the same lowering (GPU pass config, target context) that the kernel tests check."""
+    cuda_source = importlib.import_module(lowering).cuda_source
     return cuda_source(load_factory(factory_name), args, kwargs, dtype, arch=target["arch"])
 
 
@@ -40,7 +46,8 @@ def run_cuda_source(spec: dict) -> dict:
     start = time.perf_counter()
     origin = kernels_origin(spec)
     args, kwargs = call_args(spec)
-    source = generate(spec["factory"], args, kwargs, spec["dtype"], spec["target"])
+    source = generate(spec["factory"], args, kwargs, spec["dtype"], spec["target"],
+                      spec.get("lowering", LOWERING_MODULE))
     record = {
         "stage": "cuda_source",
         "variant": spec["variant"],

@@ -8,6 +8,8 @@ untouched with ``residual=False``; RoPE must leave V bit for bit unchanged).
 """
 from __future__ import annotations
 
+from ..errors import LayaBuildError
+
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -15,7 +17,7 @@ from typing import Callable
 from ._kernel_common import call_args, load_factory, publish, sha256_text, toolchain
 
 
-class NumericalCheckFailed(AssertionError):
+class NumericalCheckFailed(LayaBuildError, AssertionError):
     """A CPU kernel disagrees with its reference."""
 
 

@@ -1,0 +1,256 @@
+"""What a stage can read, derived from the sources: the dependencies of its tasks.
+
+A stage task depends on every project file its process can import or read: the import
+closure of its entry modules (``import`` statements anywhere in a module, function bodies
+included), the project modules and files its code names in string constants (a child
+module run with ``-m laya_build.stages._package_child``, a script ``_verify_child.py``, a
+data file ``probe_pins.json``), the JSON Schemas it validates against (with their ``$ref``
+closure) and the third-party distributions it imports (for the toolchain check).  Nothing
+is imported to find this: sources are parsed with :mod:`ast`, once per process.
+
+Standard-library and installed modules are not files of the project; they enter the
+up-to-date check through the installed versions instead (:mod:`laya_build.toolchain`).
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import PROJECT_ROOT
+
+# The project's own top-level packages: their modules are files of the build.
+PROJECT_PACKAGES = ("laya_build", "kernels")
+SOURCE_SUFFIXES = (".py",)
+# Non-Python files a module can name (data, pinned diagnostics, configuration defaults).
+DATA_SUFFIXES = (".json", ".yaml", ".yml", ".txt")
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """What one source file imports and names, as parsed."""
+
+    path: Path
+    imports: frozenset[str]  # absolute dotted names (project and third-party)
+    strings: frozenset[str]  # string constants (candidate module and file names)
+    names: frozenset[tuple[str, str]]  # (package, name): ``from package import name``, ``package.name``
+    exports: dict  # a package's name -> defining module (its imports and lazy export tables)
+
+
+class Project:
+    """The sources of one project root, parsed lazily and cached."""
+
+    def __init__(self, root: Path = PROJECT_ROOT):
+        self.root = Path(root).resolve()
+        self._modules: dict[str, Path] | None = None
+        self._files_by_name: dict[str, list[Path]] | None = None
+
+    # ----------------------------------------------------------------------- inventory
+    @property
+    def modules(self) -> dict[str, Path]:
+        """Dotted module name -> source file, for every module of the project packages."""
+        if self._modules is None:
+            found: dict[str, Path] = {}
+            for pkg in PROJECT_PACKAGES:
+                for path in sorted((self.root / pkg).rglob("*.py")):
+                    rel = path.relative_to(self.root).with_suffix("")
+                    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+                    if "__pycache__" not in parts:
+                        found[".".join(parts)] = path
+            self._modules = found
+        return self._modules
+
+    @property
+    def files_by_name(self) -> dict[str, list[Path]]:
+        """Base name -> project files (sources and data) of that name."""
+        if self._files_by_name is None:
+            index: dict[str, list[Path]] = {}
+            for pkg in PROJECT_PACKAGES:
+                for path in sorted((self.root / pkg).rglob("*")):
+                    if path.is_file() and path.suffix in SOURCE_SUFFIXES + DATA_SUFFIXES \
+                            and "__pycache__" not in path.parts:
+                        index.setdefault(path.name, []).append(path)
+            self._files_by_name = index
+        return self._files_by_name
+
+    def module_of(self, path: Path) -> str | None:
+        for name, p in self.modules.items():
+            if p == path:
+                return name
+        return None
+
+    # ------------------------------------------------------------------------- parsing
+    @functools.lru_cache(maxsize=None)
+    def info(self, module: str) -> ModuleInfo:
+        path = self.modules[module]
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+        is_pkg = path.name == "__init__.py"
+        package = module if is_pkg else module.rpartition(".")[0]
+        imports: set[str] = set()
+        strings: set[str] = set()
+        names: set[tuple[str, str]] = set()
+        exports: dict[str, str] = {}
+        aliases: dict[str, str] = {}  # local name -> project package bound by ``import``
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imports.update(alias.name for alias in node.names)
+                aliases.update({(a.asname or a.name).split(".")[0]: (a.name if a.asname else a.name.split(".")[0])
+                                for a in node.names if a.name.split(".")[0] in PROJECT_PACKAGES})
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve_from(package, node.module, node.level)
+                if base is None:
+                    continue
+                imports.add(base)
+                for alias in node.names:
+                    if alias.name != "*":
+                        names.add((base, alias.name))
+                        exports[alias.asname or alias.name] = base
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 200:
+                strings.add(node.value)
+            elif isinstance(node, ast.Dict) and is_pkg:
+                # a lazy export table (PEP 562 ``__getattr__``): {"name": ".submodule", ...}
+                for key, value in zip(node.keys, node.values):
+                    if isinstance(key, ast.Constant) and isinstance(value, ast.Constant) \
+                            and isinstance(key.value, str) and isinstance(value.value, str):
+                        sub = value.value.lstrip(".")
+                        if f"{module}.{sub}" in self.modules:
+                            exports.setdefault(key.value, f"{module}.{sub}")
+        for node in ast.walk(tree):  # ``pkg.name`` through a package bound by ``import pkg``
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+                names.add((aliases[node.value.id], node.attr))
+        return ModuleInfo(path, frozenset(imports), frozenset(strings), frozenset(names), exports)
+
+    # ------------------------------------------------------------------------- closure
+    def _with_parents(self, name: str) -> list[str]:
+        """``a.b.c`` -> the project modules ``a``, ``a.b``, ``a.b.c`` that exist (importing a
+        submodule runs every parent package's ``__init__``)."""
+        parts = name.split(".")
+        return [m for i in range(1, len(parts) + 1) if (m := ".".join(parts[:i])) in self.modules]
+
+    def _sibling(self, module: str, top: str) -> str | None:
+        """The project module ``top`` names when imported from a script run beside it."""
+        path = self.modules[module].parent / f"{top}.py"
+        return self.module_of(path) if path.is_file() else None
+
+    def _named_files(self, module: str, value: str) -> list[Path]:
+        """Project files a string constant of ``module`` names: a path relative to the
+        module's folder or to the project root, or the base name of exactly one file."""
+        if "\n" in value or not value or value.startswith("."):
+            return []
+        here = self.modules[module].parent
+        for base in (here, self.root):
+            candidate = (base / value)
+            try:
+                if candidate.is_file() and candidate.resolve().is_relative_to(self.root) \
+                        and candidate.suffix in SOURCE_SUFFIXES + DATA_SUFFIXES:
+                    return [candidate.resolve()]
+            except (OSError, ValueError):
+                continue
+        named = self.files_by_name.get(value, [])
+        return named if len(named) == 1 else []
+
+    @functools.lru_cache(maxsize=None)
+    def closure(self, entries: tuple[str, ...]) -> tuple[frozenset[Path], frozenset[str]]:
+        """(project files, third-party top-level imports) reachable from ``entries``."""
+        files: set[Path] = set()
+        third_party: set[str] = set()
+        todo = [m for e in entries for m in self._with_parents(e)]
+        missing = [e for e in entries if e not in self.modules]
+        if missing:
+            raise LookupError(f"not project modules: {', '.join(missing)}")
+        seen: set[str] = set()
+        while todo:
+            module = todo.pop()
+            if module in seen:
+                continue
+            seen.add(module)
+            info = self.info(module)
+            files.add(info.path)
+            for name in info.imports:
+                top = name.split(".")[0]
+                if top in PROJECT_PACKAGES:
+                    todo.extend(self._with_parents(name))
+                elif (sibling := self._sibling(module, top)) is not None:
+                    todo.append(sibling)  # a script's ``import helper`` of a module beside it
+                elif top not in sys.stdlib_module_names:
+                    third_party.add(top)
+            for pkg, name in info.names:  # ``from pkg import name``: the module defining name
+                if f"{pkg}.{name}" in self.modules:
+                    todo.extend(self._with_parents(f"{pkg}.{name}"))
+                elif pkg in self.modules and (origin := self.info(pkg).exports.get(name)) \
+                        and origin in self.modules and origin != pkg:
+                    todo.extend(self._with_parents(origin))
+            for value in info.strings:
+                if value.split(".")[0] in PROJECT_PACKAGES and value in self.modules:
+                    todo.extend(self._with_parents(value))  # a module run as ``-m <name>``
+                    continue
+                for path in self._named_files(module, value):
+                    if path.suffix == ".py":
+                        if (named := self.module_of(path)) is not None:
+                            todo.extend(self._with_parents(named))
+                    else:
+                        files.add(path)
+        return frozenset(files), frozenset(third_party)
+
+
+def _resolve_from(package: str, module: str | None, level: int) -> str | None:
+    if level == 0:
+        return module
+    parts = package.split(".") if package else []
+    if level - 1 > len(parts):
+        return None
+    base = parts[: len(parts) - (level - 1)]
+    if module:
+        base.append(module)
+    return ".".join(base) or None
+
+
+@functools.lru_cache(maxsize=None)
+def schema_closure(schema_dir: Path, names: tuple[str, ...]) -> frozenset[Path]:
+    """``schemas/<name>.schema.json`` of each name and every schema they ``$ref``."""
+    by_id: dict[str, Path] = {}
+    for path in schema_dir.glob("*.schema.json"):
+        by_id[json.loads(path.read_text()).get("$id", path.name)] = path
+        by_id[path.name] = path
+    out: set[Path] = set()
+    todo = [schema_dir / f"{n}.schema.json" for n in names]
+    while todo:
+        path = todo.pop()
+        if path in out or not path.is_file():
+            continue
+        out.add(path)
+        for ref in _refs(json.loads(path.read_text())):
+            target = ref.split("#", 1)[0]
+            if target and (found := by_id.get(target) or by_id.get(target.rsplit("/", 1)[-1])):
+                todo.append(found)
+    return frozenset(out)
+
+
+def _refs(node):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                yield value
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _refs(item)
+
+
+@functools.lru_cache(maxsize=None)
+def project(root: Path = PROJECT_ROOT) -> Project:
+    return Project(root)
+
+
+def module_constant(module: str, name: str, default=None, root: Path = PROJECT_ROOT):
+    """The literal value of a module-level ``NAME = <literal>`` of a project module, read
+    without importing it (e.g. a stage's ``TOOLS``)."""
+    path = project(root).modules[module]
+    for node in ast.parse(path.read_bytes()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    return default

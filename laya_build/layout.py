@@ -1,0 +1,135 @@
+"""Where every artifact lives: the one place that names folders and files under ``artifacts/``.
+
+Naming convention (as in PyTorch's ``pt2_archive/constants.py``): ``*_DIR`` a folder name,
+``*_NAME`` a file name; :class:`VersionLayout` turns them into the paths of one version.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+ARTIFACTS_DIR = "artifacts"
+CACHE_DIR = ".cache"  # compiler caches and extracted baselines: never part of a version
+DOIT_DB_DIR = ".doit"  # doit's task state, one sqlite3 database per version
+VERIFICATIONS_DIR = "verifications"  # results of `doit verify` on a released version
+RELEASE_DIFF_DIR = "release_diff"
+
+TIR_DIR, PROBE_C_DIR, LOWER_C_DIR, CUDA_DIR, CUDA_DIFF_DIR = "tir", "probe_c", "lower_c", "cuda", "cuda_diff"
+MODEL_DIR, CHECKPOINT_DIR, INPUTS_NAME, MODEL_RECORD_NAME = "model", "checkpoint", "inputs.pt", "model.json"
+MANIFEST_NAME, REPORT_NAME, EFFECTIVE_CONFIG_NAME = "manifest.json", "REPORT.md", "pipeline.effective.json"
+# Files a release adds to a version folder besides the manifest (a folder with them but no
+# manifest is a damaged release, not a build in progress).
+RELEASE_FILES = (REPORT_NAME, EFFECTIVE_CONFIG_NAME)
+# Stages of the model builds: one folder per (target, dtype), record ``<stage>.json``.
+BUILD_STAGES = ("export", "aoti_package", "verify", "latency")
+# An atomic write's temporary file beside its target (laya_build.atomic).
+TMP_GLOB = ".{name}.*.tmp"
+
+
+def tir_flavour(dtype: str, cpu: bool) -> str:
+    """How a TIR specialisation is named in task names, reports and release diffs."""
+    return f"cpu-{dtype}" if cpu else dtype
+
+
+def build_name(target: str, dtype: str) -> str:
+    return f"{target}-{dtype}"
+
+
+def cuda_name(variant: str, dtype: str, arch: str) -> str:
+    """The relative name of a generated CUDA source (under ``cuda/``)."""
+    return f"{variant}/{dtype}-{arch}.cu"
+
+
+@dataclass(frozen=True)
+class ArtifactsLayout:
+    root: Path  # the artifacts folder
+
+    def version(self, version: str) -> VersionLayout:
+        return VersionLayout(self.root / version)
+
+    def cache(self, *parts: str) -> Path:
+        return self.root.joinpath(CACHE_DIR, *parts)
+
+    def doit_db(self, version: str) -> Path:
+        return self.root / DOIT_DB_DIR / f"{version}.sqlite3"
+
+    def verifications(self, version: str) -> Path:
+        return self.root / VERIFICATIONS_DIR / version
+
+    def release_diff(self, old: str, new: str) -> Path:
+        return self.root / RELEASE_DIFF_DIR / f"{old}..{new}"
+
+
+@dataclass(frozen=True)
+class VersionLayout:
+    root: Path  # artifacts/<version>
+
+    def rel(self, path: Path) -> str:
+        return Path(path).relative_to(self.root).as_posix()
+
+    # kernel stages
+    def tir_script(self, variant: str, flavour: str) -> Path:
+        return self.root / TIR_DIR / variant / f"{flavour}.tir.py"
+
+    def tir_record(self, variant: str, flavour: str) -> Path:
+        return self.root / TIR_DIR / variant / f"{flavour}.json"
+
+    def probe_record(self, variant: str, flavour: str) -> Path:
+        return self.root / PROBE_C_DIR / variant / f"{flavour}.json"
+
+    def lower_c_source(self, variant: str) -> Path:
+        return self.root / LOWER_C_DIR / f"{variant}.c"
+
+    def cuda_source(self, name: str) -> Path:
+        return self.root / CUDA_DIR / name
+
+    @property
+    def cuda_diff_dir(self) -> Path:
+        return self.root / CUDA_DIFF_DIR
+
+    def cuda_baseline(self, name: str) -> Path:
+        return self.cuda_diff_dir / "baseline" / name
+
+    # model stages
+    @property
+    def model_dir(self) -> Path:
+        return self.root / MODEL_DIR
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.model_dir / CHECKPOINT_DIR
+
+    @property
+    def inputs(self) -> Path:
+        return self.model_dir / INPUTS_NAME
+
+    @property
+    def model_record(self) -> Path:
+        return self.model_dir / MODEL_RECORD_NAME
+
+    def build_dir(self, stage: str, target: str, dtype: str) -> Path:
+        return self.root / stage / build_name(target, dtype)
+
+    def build_record(self, stage: str, target: str, dtype: str) -> Path:
+        return self.build_dir(stage, target, dtype) / f"{stage}.json"
+
+    def eager(self, target: str, dtype: str) -> Path:
+        return self.build_dir("export", target, dtype) / "eager.pt"
+
+    # releases
+    @property
+    def manifest(self) -> Path:
+        return self.root / MANIFEST_NAME
+
+    @property
+    def report(self) -> Path:
+        return self.root / REPORT_NAME
+
+    @property
+    def effective_config(self) -> Path:
+        return self.root / EFFECTIVE_CONFIG_NAME
+
+
+def tmp_leftovers(path: Path) -> list[Path]:
+    """Temporary files an interrupted atomic write of ``path`` may have left beside it."""
+    return sorted(path.parent.glob(TMP_GLOB.format(name=path.name))) if path.parent.is_dir() else []

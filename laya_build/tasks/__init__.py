@@ -1,0 +1,48 @@
+"""The doit task graph, built from a validated :class:`~laya_build.config.Pipeline`.
+
+This package is the only code that knows doit: :mod:`.common` (the one stage-task builder,
+derived dependencies, actions), :mod:`.checks` (outputs and toolchain up-to-date checks),
+:mod:`.kernels`, :mod:`.model` and :mod:`.release` (the task generators).  Building the
+graph imports no torch, tilelang or transformers.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from doit import get_var
+
+from .. import PROJECT_ROOT, config as config_mod
+from .kernels import cuda_diff_tasks, cuda_source_tasks, lower_c_tasks, probe_c_tasks, tir_tasks
+from .model import aoti_package_tasks, export_tasks, latency_tasks, model_builds, model_tasks, verify_tasks
+from .release import STAGE_GENERATORS, release_diff_task, release_task
+
+__all__ = ["load_pipeline", "doit_config", "tir_tasks", "probe_c_tasks", "lower_c_tasks", "cuda_source_tasks",
+           "cuda_diff_tasks", "model_tasks", "export_tasks", "aoti_package_tasks", "verify_tasks", "latency_tasks",
+           "release_task", "release_diff_task", "model_builds", "STAGE_GENERATORS"]
+
+DEFAULT_TASKS = ["tir", "probe_c", "lower_c", "cuda_source", "cuda_diff"]
+
+
+def load_pipeline(root: Path = PROJECT_ROOT) -> config_mod.Pipeline:
+    """The pipeline of ``root``, with ``doit config=... version=...`` applied."""
+    return config_mod.load(get_var("config", None), root=root, overrides={"version": get_var("version", None)})
+
+
+def default_processes() -> int:
+    """``doit -n`` when none is given: every core (stages are separate processes)."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+def doit_config(p: config_mod.Pipeline) -> dict:
+    db = p.artifacts.doit_db(p.version)
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return {
+        # sqlite3: transactional, unlike dbm (locks and corrupts under concurrent runs) and json
+        # (rewritten whole with a plain open(): an interrupted dump leaves it truncated).  One
+        # database per version: the task state of one version never answers for another.
+        "backend": "sqlite3",
+        "dep_file": str(db),
+        "default_tasks": DEFAULT_TASKS,
+        "num_process": default_processes(),
+    }

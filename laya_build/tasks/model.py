@@ -1,0 +1,147 @@
+"""Model stage tasks: model -> export -> aoti_package -> verify, latency.
+
+Each runs in a fresh interpreter (they start CUDA or compilers of their own), one folder per
+(target, dtype) build, emptied before the stage writes into it.
+"""
+from __future__ import annotations
+
+import json
+
+from .. import isolate, release
+from ..layout import build_name
+from .common import reported, stage_env, stage_task
+
+CHECKPOINT_FILES = ("rl_agent_config.json", "model.safetensors", "encoder/config.json")
+
+
+def model_builds(p) -> list[tuple[str, str]]:
+    """(target, dtype) of every package the config asks for."""
+    targets = p.data["export"]["targets"]
+    return [(t, d) for t in p.data["package"]["targets"] for d in targets.get(t, [])]
+
+
+def verify_spec(p, cfg: dict, target: str, dtype: str) -> dict:
+    """run_verify's arguments for one build of ``p``'s version folder."""
+    v = p.layout
+    return {"verify_cfg": cfg, "package_record_path": str(v.build_record("aoti_package", target, dtype)),
+            "inputs_path": str(v.inputs), "eager_path": str(v.eager(target, dtype))}
+
+
+def model_tasks(p):
+    """The decision-model checkpoint (generated from a seed, or a local one) and inputs.pt."""
+    v = p.layout
+    cfg = p.section("model")
+    local = cfg.get("path")
+    inputs = [(p.root / local / f).resolve() for f in CHECKPOINT_FILES] if local else []
+    yield {"name": None, "doc": "decision-model checkpoint and the saved, tokenised inputs"}
+    yield stage_task(p, name="build", doc="checkpoint (generated or local) + inputs.pt",
+                     module="laya_build.stages.model", function="run_model",
+                     spec={"model_cfg": cfg, "out_dir": str(v.model_dir)}, kwargs=True, label="model",
+                     record=v.model_record, dirs=[v.model_dir], inputs=inputs,
+                     schemas=("model", "model_sections"), config={"model": cfg})
+
+
+def _build_task(p, stage: str, module: str, function: str, target: str, dtype: str, spec: dict, *,
+                config_key: str, doc: str, inputs, schemas, always: bool = False) -> dict:
+    """One model-stage sub-task for a (target, dtype) build: its record is ``<stage>.json`` in
+    ``artifacts/<version>/<stage>/<target>-<dtype>/``; long, so its progress lines are shown."""
+    out = p.layout.build_dir(stage, target, dtype)
+    return stage_task(p, name=build_name(target, dtype), doc=f"{doc} ({target}, {dtype})",
+                      module=f"laya_build.stages.{module}", function=function,
+                      spec={**spec, "out_dir": str(out)}, kwargs=True, label=f"{stage} {target}-{dtype}",
+                      record=p.layout.build_record(stage, target, dtype), dirs=[out], inputs=inputs,
+                      schemas=(stage, *schemas, "model_sections"),
+                      config={config_key: spec[config_key], "target": target, "dtype": dtype},
+                      always=always, verbosity=2)
+
+
+def export_tasks(p):
+    """torch.export of the decision model per target x dtype, and eager.pt."""
+    v = p.layout
+    cfg = p.section("export")
+    for target, dtype in model_builds(p):
+        spec = {"export_cfg": cfg, "checkpoint_dir": str(v.checkpoint_dir), "inputs_path": str(v.inputs),
+                "target": target, "dtype": dtype}
+        yield _build_task(p, "export", "export", "run_export", target, dtype, spec, config_key="export_cfg",
+                          doc="torch.export of the decision model", inputs=[v.model_record, v.inputs],
+                          schemas=("model",))
+
+
+def aoti_package_tasks(p):
+    """AOTInductor .pt2 package per target x dtype (explicit skip record where unsupported)."""
+    v = p.layout
+    cfg = p.section("package")
+    for target, dtype in model_builds(p):
+        spec = {"package_cfg": cfg, "export_dir": str(v.build_dir("export", target, dtype)), "target": target}
+        yield _build_task(p, "aoti_package", "package", "run_package", target, dtype, spec,
+                          config_key="package_cfg", doc="AOTInductor package",
+                          inputs=[v.build_record("export", target, dtype)], schemas=("export",))
+
+
+def verify_tasks(p):
+    """Each package, alone, in a fresh process: sha256 first, then parity with eager.pt.
+
+    Never answered from doit's cache: the package's bytes are checked every time verify is
+    asked for.  For a released version: every file against the manifest first, then the
+    same verification of each package with the release's own configuration; results go to
+    ``artifacts/verifications/<version>/`` (a release is never written to).  A damaged
+    release (release files, no manifest) is refused."""
+    kind = release.state(p.version_dir)
+    if kind == "released":
+        yield _verify_release_task(p)
+        return
+    if kind == "damaged":
+        message = f"verify {p.version}: {release.damaged_message(p.version_dir)}"
+        yield {"name": "release", "doc": f"verify version {p.version} (damaged release)",
+               "actions": [lambda: _failed(message)], "uptodate": [False]}
+        return
+    v = p.layout
+    cfg = p.section("verify")
+    for target, dtype in model_builds(p):
+        spec = verify_spec(p, cfg, target, dtype)
+        yield _build_task(p, "verify", "verify", "run_verify", target, dtype, spec, config_key="verify_cfg",
+                          doc="fresh-process verification of the package", always=True,
+                          inputs=[spec["package_record_path"], v.inputs], schemas=("aoti_package", "export"))
+
+
+def _failed(message: str):
+    from doit.exceptions import TaskFailed
+
+    return TaskFailed(message)
+
+
+def _verify_release_task(p) -> dict:
+    vdir, out_root = p.version_dir, p.artifacts.verifications(p.version)
+
+    @reported(f"verify {p.version}: ")
+    def act():
+        manifest = release.check_files(vdir)
+        print(f"verify {p.version}: {manifest['totals']['files']} files match {release.MANIFEST}", flush=True)
+        config = json.loads((vdir / manifest["pipeline"]["effective"]).read_text())
+        packages = sorted(f["path"] for f in manifest["files"] if f["path"].endswith("/aoti_package.json"))
+        for rel in packages:
+            build = rel.split("/")[1]
+            target, dtype = build.split("-", 1)
+            spec = {**verify_spec(p, config.get("verify", {}), target, dtype), "out_dir": str(out_root / build)}
+            isolate.run("laya_build.stages.verify", "run_verify", spec, label=f"verify {p.version} {build}",
+                        env=stage_env(p), kwargs=True)
+            result = json.loads((out_root / build / "verify.json").read_text())
+            print(f"verify {p.version} {build}: {result['status']}"
+                  + (f" ({result['reason']})" if result["status"] == "skipped" else ""), flush=True)
+        return None
+
+    return {"name": "release", "doc": f"verify released version {p.version}: manifest, then every package",
+            "actions": [act], "uptodate": [False], "verbosity": 2}
+
+
+def latency_tasks(p):
+    """Eager AMP / eager bf16 / torch.compile bf16 / package latency on the saved inputs."""
+    v = p.layout
+    cfg = p.section("latency")
+    for target, dtype in model_builds(p):
+        pkg = v.build_record("aoti_package", target, dtype)
+        spec = {"latency_cfg": cfg, "checkpoint_dir": str(v.checkpoint_dir), "inputs_path": str(v.inputs),
+                "package_record_path": str(pkg), "target": target}
+        yield _build_task(p, "latency", "latency", "run_latency", target, dtype, spec, config_key="latency_cfg",
+                          doc="latency table of the package", inputs=[pkg, v.model_record],
+                          schemas=("aoti_package", "model"))

@@ -1,0 +1,84 @@
+"""Release tasks: ``release`` (REPORT.md + manifest.json, last) and ``release_diff``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from doit import get_var
+from doit.exceptions import TaskFailed
+
+from .. import config as config_mod, isolate, release
+from . import kernels, model
+from .common import reported
+
+STAGE_GENERATORS = (kernels.tir_tasks, kernels.probe_c_tasks, kernels.lower_c_tasks, kernels.cuda_source_tasks,
+                    kernels.cuda_diff_tasks, model.model_tasks, model.export_tasks, model.aoti_package_tasks,
+                    model.verify_tasks, model.latency_tasks)
+
+
+def stage_name(gen) -> str:
+    return gen.__name__.removesuffix("_tasks")
+
+
+def owners(p) -> dict[str, str]:
+    """Relative path of every file a task produces -> that task (declared targets, and the
+    files of the folders a task owns)."""
+    out = {}
+    for gen in STAGE_GENERATORS:
+        for task in gen(p):
+            for target in task.get("targets", []):
+                path = Path(target)
+                if p.version_dir in path.parents:
+                    out[path.relative_to(p.version_dir).as_posix()] = f"{stage_name(gen)}:{task['name']}"
+    return out
+
+
+def release_task(p) -> dict:
+    """Build every stage for the version, then write REPORT.md and manifest.json (last)."""
+    stages = [stage_name(gen) for gen in STAGE_GENERATORS]
+    if release.state(p.version_dir) in ("released", "damaged"):
+        stages = []  # nothing may run against a released version; the action refuses
+
+    @reported()
+    def act():
+        release.refuse_if_released(p.version_dir, "release")
+        release.clear_interrupted(p.version_dir)
+        spec = {"version": p.version, "version_dir": str(p.version_dir), "root": str(p.root),
+                "config": p.data, "owners": owners(p)}
+        print(f"release {p.version}: writing REPORT.md and {release.MANIFEST} (environment snapshot)", flush=True)
+        isolate.run("laya_build.release", "build_manifest", spec, label="release")
+        print(f"release {p.version}: {release.manifest_path(p.version_dir)}")
+
+    return {
+        "actions": [act],
+        "task_dep": stages,
+        "uptodate": [False],  # always checked: a second release into this version is refused
+        "verbosity": 2,
+        "doc": f"build every stage, then REPORT.md + manifest.json: releases version {p.version}",
+    }
+
+
+def release_diff_task(p) -> dict:
+    """``doit release_diff old=A new=B``: both versions must be released."""
+    old, new = get_var("old", None), get_var("new", None)
+    doc = "what changed between two releases: doit release_diff old=<version> new=<version>"
+    if old is None or new is None:
+        return {"actions": [lambda: TaskFailed("release_diff needs two released versions: doit release_diff old=<v> new=<v>")],
+                "doc": doc, "uptodate": [False]}
+    try:
+        for name, value in (("old", old), ("new", new)):
+            config_mod.check_version(value, f"doit argument {name}")
+    except config_mod.ConfigError as exc:
+        message = str(exc)
+        return {"actions": [lambda: TaskFailed(message)], "doc": doc, "uptodate": [False]}
+    out = p.artifacts.release_diff(old, new)
+    spec = {"artifacts": str(p.output_root), "old": old, "new": new, "out": str(out),
+            "out_rel": out.relative_to(p.output_root).as_posix()}
+
+    @reported()
+    def act():
+        isolate.run("laya_build.stages.release_diff", "run_release_diff", spec, record=out / "release_diff.json",
+                    label="release_diff")
+        print((out / "release_diff.md").read_text())
+
+    return {"actions": [act], "doc": doc, "uptodate": [False], "verbosity": 2,
+            "targets": [str(out / "release_diff.json"), str(out / "release_diff.md")]}
