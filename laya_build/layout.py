@@ -53,6 +53,10 @@ class ArtifactsLayout:
     def doit_db(self, version: str) -> Path:
         return self.root / DOIT_DB_DIR / f"{version}.sqlite3"
 
+    def outputs_record(self, version: str, task: str) -> Path:
+        """The digest of a task's outputs after its last complete run (outside the version)."""
+        return self.root / DOIT_DB_DIR / "outputs" / version / f"{task}.json"
+
     def verifications(self, version: str) -> Path:
         return self.root / VERIFICATIONS_DIR / version
 

@@ -6,9 +6,11 @@ check fails, its ``repr`` says what changed, which is what ``doit info <task>`` 
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from .. import toolchain
+from ..errors import LayaBuildError
 from ..layout import tmp_leftovers
 from ..records import sha256_file
 
@@ -31,32 +33,77 @@ def outputs_digest(files: tuple[Path, ...], dirs: tuple[Path, ...]) -> dict[str,
     return digest
 
 
-class outputs_unchanged:  # noqa: N801  (named like doit's config_changed)
-    """Up to date only while every output still has the bytes the last successful run left
-    (a tampered, truncated, extra or missing output re-runs the task that owns it)."""
+class OutputsTampered(LayaBuildError):
+    """An output was changed after the task that owns it wrote it."""
 
-    KEY = "_outputs"
 
-    def __init__(self, files=(), dirs=()):
+class Outputs:
+    """The outputs a task owns (files, and folders with everything in them) and the digest
+    its last successful run left, kept beside doit's state
+    (``artifacts/.doit/outputs/<version>/<task>.json``, written by the action itself once the
+    outputs are complete, removed when a run starts)."""
+
+    def __init__(self, files=(), dirs=(), sidecar: Path | None = None):
         self.files = tuple(Path(f) for f in files)
         self.dirs = tuple(Path(d) for d in dirs)
-        self.changes: list[str] = []
+        self.sidecar = Path(sidecar) if sidecar else None
 
-    def configure_task(self, task):
-        task.value_savers.append(lambda: {self.KEY: outputs_digest(self.files, self.dirs)})
+    def digest(self) -> dict[str, str | None]:
+        return outputs_digest(self.files, self.dirs)
+
+    def saved(self) -> dict | None:
+        try:
+            return json.loads(self.sidecar.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def changes(self) -> list[str]:
+        saved = self.saved()
+        if saved is None:
+            return ["no complete run recorded"]
+        now = self.digest()
+        return [f"{path}: {_what(saved.get(path), now.get(path))}"
+                for path in sorted(set(saved) | set(now)) if saved.get(path) != now.get(path)]
+
+    def check_untampered(self, task: str) -> None:
+        """Refuse to build over outputs that were modified after this task wrote them (an
+        interrupted run never leaves a record, so this is never a kill's leftover)."""
+        saved = self.saved()
+        if saved is None:
+            return
+        now = self.digest()
+        altered = [p for p, h in saved.items() if h is not None and now.get(p) not in (None, h)]
+        if altered:
+            raise OutputsTampered(
+                f"{task}: {', '.join(altered)} changed after {task} wrote {'them' if len(altered) > 1 else 'it'} "
+                f"(sha256 {now[altered[0]]} != {saved[altered[0]]}); nothing builds on or verifies altered "
+                f"outputs. `doit clean {task}` removes them so that the next run rebuilds them")
+
+    def save(self) -> None:
+        from ..atomic import write_json
+
+        write_json(self.sidecar, self.digest())
+
+    def forget(self) -> None:
+        if self.sidecar is not None:
+            self.sidecar.unlink(missing_ok=True)
+
+
+class outputs_unchanged:  # noqa: N801  (named like doit's config_changed)
+    """Up to date only while every output still has the bytes the last complete run left:
+    a missing output, an extra file in an owned folder or an interrupted write's leftover
+    re-runs the task; an output whose bytes changed fails it, naming the file."""
+
+    def __init__(self, outputs: Outputs):
+        self.outputs = outputs
+        self.found: list[str] = []
 
     def __call__(self, task, values):
-        saved = values.get(self.KEY)
-        if saved is None:
-            self.changes = ["no record of a successful run"]
-            return False
-        now = outputs_digest(self.files, self.dirs)
-        self.changes = [f"{path}: {_what(saved.get(path), now.get(path))}"
-                        for path in sorted(set(saved) | set(now)) if saved.get(path) != now.get(path)]
-        return not self.changes
+        self.found = self.outputs.changes()
+        return not self.found
 
     def __repr__(self):
-        return "outputs_unchanged: " + ("; ".join(self.changes) if self.changes else "unchanged")
+        return "outputs_unchanged: " + ("; ".join(self.found) if self.found else "unchanged")
 
 
 def _what(before, after) -> str:

@@ -18,7 +18,7 @@ from doit.tools import config_changed
 from .. import SCHEMA_DIR, deps, isolate, release
 from ..errors import LayaBuildError
 from ..layout import tmp_leftovers
-from .checks import outputs_unchanged, toolchain_unchanged
+from .checks import Outputs, outputs_unchanged, toolchain_unchanged
 
 log = logging.getLogger("laya_build")
 
@@ -54,17 +54,23 @@ def clear_outputs(files=(), dirs=()) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def clean_action(p, files=(), dirs=()) -> list:
-    """``clean``: remove a task's outputs, never in a released (or damaged) version."""
+def clean_action(p, outputs: Outputs) -> list:
+    """``clean``: remove a task's outputs (and its record of them), never in a released (or
+    damaged) version."""
 
     def clean(task):
-        if (state := release.state(p.version_dir)) != "build":
+        if (state := release.state(p.version_dir)) in ("released", "damaged"):
             print(f"laya-build: not cleaning {task.name}: version {p.version} is {state} and immutable")
             return None
-        clear_outputs(files, dirs)
+        outputs.forget()
+        clear_outputs(outputs.files, outputs.dirs)
         return None
 
     return [clean]
+
+
+def task_outputs(p, task_name: str, files=(), dirs=()) -> Outputs:
+    return Outputs(files, dirs, p.artifacts.outputs_record(p.version, task_name))
 
 
 def stage_env(p) -> dict:
@@ -72,20 +78,25 @@ def stage_env(p) -> dict:
     return {"TILELANG_CACHE_DIR": str(p.artifacts.cache("tilelang"))}
 
 
-def stage_action(p, module: str, function: str, spec: dict, *, record: Path | None = None, files=(), dirs=(),
-                 kwargs: bool = False, label: str | None = None, extra_path=None, fork: bool = False):
+def stage_action(p, task_name: str, module: str, function: str, spec: dict, outputs: Outputs, *,
+                 record: Path | None = None, kwargs: bool = False, label: str | None = None, extra_path=None,
+                 fork: bool = False):
     """A doit python-action running ``module.function`` in a process of its own (a fork of a
     pre-imported server with ``fork``, else a fresh interpreter).  Refuses to write into a
-    released or damaged version; clears the task's outputs first, so nothing of an earlier
-    or interrupted run survives into a release."""
+    released or damaged version, or over outputs altered since they were written; clears
+    the task's outputs first (nothing of an earlier or interrupted run survives into a
+    release) and records their digest once they are complete."""
     env = stage_env(p)
 
     @reported()
     def action():
         release.refuse_if_released(p.version_dir, label or module)
-        clear_outputs(files, dirs)
+        outputs.check_untampered(task_name)
+        outputs.forget()
+        clear_outputs(outputs.files, outputs.dirs)
         isolate.run(module, function, spec, record=record, extra_path=extra_path, label=label, env=env,
                     kwargs=kwargs, fork=fork)
+        outputs.save()
 
     action.__name__ = f"{module.rsplit('.', 1)[-1]}:{label or function}"
     return action
@@ -101,7 +112,7 @@ def derived_deps(p, entries: tuple[str, ...], schemas: tuple[str, ...]) -> tuple
 def stage_task(p, *, name, doc, module: str, function: str, spec: dict, config: dict, record: Path | None = None,
                files=(), dirs=(), inputs=(), schemas=(), kernel_module: str | None = None, kwargs: bool = False,
                label: str | None = None, extra_path=None, fork: bool = False, always: bool = False,
-               **extra) -> dict:
+               basename: str, **extra) -> dict:
     """One sub-task dict of a stage: ``module.function(spec)`` writing ``record`` and the
     output ``files`` / ``dirs``; ``inputs`` are the files it reads besides its code;
     ``schemas`` the stages whose records it validates (its own first)."""
@@ -109,19 +120,20 @@ def stage_task(p, *, name, doc, module: str, function: str, spec: dict, config: 
     code, third_party = derived_deps(p, entries, schemas)
     tools = tuple(deps.module_constant(module, "TOOLS", (), root=p.root))
     outs = [*files, *([record] if record else [])]
+    outputs = task_outputs(p, f"{basename}:{name}", outs, dirs)
     uptodate = [False] if always else [
         config_changed({**config, "version": p.version}),
         toolchain_unchanged(third_party, tools),
-        outputs_unchanged(outs, dirs),
+        outputs_unchanged(outputs),
     ]
     return {
         "name": name,
         "doc": doc,
-        "actions": [stage_action(p, module, function, spec, record=record, files=outs, dirs=dirs, kwargs=kwargs,
-                                 label=label, extra_path=extra_path, fork=fork)],
+        "actions": [stage_action(p, f"{basename}:{name}", module, function, spec, outputs, record=record,
+                                 kwargs=kwargs, label=label, extra_path=extra_path, fork=fork)],
         "file_dep": code + [str(i) for i in inputs],
         "targets": [str(t) for t in outs],
         "uptodate": uptodate,
-        "clean": clean_action(p, outs, dirs),
+        "clean": clean_action(p, outputs),
         **extra,
     }

@@ -15,7 +15,7 @@ from .. import config as config_mod, gitrev, release
 from ..layout import cuda_name, tir_flavour
 from ..records import write_record
 from .checks import outputs_unchanged
-from .common import clean_action, clear_outputs, derived_deps, reported, stage_task
+from .common import clean_action, clear_outputs, derived_deps, reported, stage_task, task_outputs
 
 
 def _variants(p):
@@ -37,7 +37,7 @@ def tir_tasks(p):
             target = "c" if cpu else p.data["cuda"]["archs"][0]
             spec = {"variant": variant, **vspec, "dtype": dtype, "cpu": cpu, "target": target,
                     "script": str(script), "script_rel": v.rel(script)}
-            yield stage_task(p, name=f"{variant}.{flavour}", doc=f"TIR of {variant} ({flavour})",
+            yield stage_task(p, basename="tir", name=f"{variant}.{flavour}", doc=f"TIR of {variant} ({flavour})",
                              module="laya_build.stages.tir", function="run_tir", spec=spec, record=record,
                              files=[script], schemas=("tir",), kernel_module=_factory_module(p, vspec["factory"]),
                              config={"variant": vspec, "dtype": dtype, "cpu": cpu, "target": target}, fork=True)
@@ -51,7 +51,7 @@ def probe_c_tasks(p):
         for dtype, cpu in flavours:
             flavour = f"{'cpu' if cpu else 'gpu'}-{dtype}"
             spec = {"variant": variant, **vspec, "dtype": dtype, "cpu": cpu}
-            yield stage_task(p, name=f"{variant}.{flavour}", doc=f"probe {variant} for target c ({flavour})",
+            yield stage_task(p, basename="probe_c", name=f"{variant}.{flavour}", doc=f"probe {variant} for target c ({flavour})",
                              module="laya_build.stages.probe_c", function="run_probe_c", spec=spec,
                              record=p.layout.probe_record(variant, flavour), schemas=("probe_c",),
                              kernel_module=_factory_module(p, vspec["factory"]),
@@ -67,7 +67,7 @@ def lower_c_tasks(p):
         check = {"seed": checks["seed"], "atol": checks.get("atol_overrides", {}).get(variant, checks["atol"]),
                  "shapes": checks["shapes"][variant]}
         spec = {"variant": variant, **vspec, **check, "source": str(source), "source_rel": v.rel(source)}
-        yield stage_task(p, name=variant, doc=f"C lowering + numerical check of {variant}",
+        yield stage_task(p, basename="lower_c", name=variant, doc=f"C lowering + numerical check of {variant}",
                          module="laya_build.stages.lower_c", function="run_lower_c", spec=spec,
                          record=source.with_suffix(".json"), files=[source], schemas=("lower_c",),
                          kernel_module=_factory_module(p, vspec["factory"]), config={"variant": vspec, **check},
@@ -91,7 +91,7 @@ def cuda_source_tasks(p):
     """CUDA source per kernel x dtype x arch, generated without a GPU, one process each."""
     for variant, vspec, dtype, target, name in cuda_source_paths(p):
         source = p.layout.cuda_source(name)
-        yield stage_task(p, name=name.removesuffix(".cu").replace("/", "."),
+        yield stage_task(p, basename="cuda_source", name=name.removesuffix(".cu").replace("/", "."),
                          doc=f"CUDA source of {variant} ({dtype}, {target['arch']})",
                          module="laya_build.stages.cuda_source", function="run_cuda_source",
                          spec=_cuda_spec(p, variant, vspec, dtype, target, source), record=source.with_suffix(".json"),
@@ -140,7 +140,7 @@ def cuda_diff_tasks(p):
                     "kernels_root": str(kernels_root), "kernels_commit": sha}
             # The kernels come from the revision (keyed by its tree); the code that runs them
             # is this checkout's stage, whose closure is taken without kernels/.
-            task = stage_task(p, name=task_name,
+            task = stage_task(p, basename="cuda_diff", name=task_name,
                               doc=f"CUDA source of {variant} ({dtype}, {target['arch']}) from kernels at {sha[:12]}",
                               module="laya_build.stages.cuda_source", function="run_cuda_source", spec=spec,
                               record=base.with_suffix(".json"), files=[base], schemas=("cuda_source",),
@@ -160,10 +160,11 @@ def cuda_diff_tasks(p):
     spec = {"files": files, "diff_dir": str(diff_dir), "diff_dir_rel": v.rel(diff_dir),
             "expect": cuda.get("expect", "identical"), "baseline": describe}
     code, _ = derived_deps(p, ("laya_build.stages.cuda_diff",), ("cuda_diff",))
+    outputs = task_outputs(p, "cuda_diff:compare", [record], [diff_dir])
     yield {
         "name": "compare",
         "doc": f"byte-level diff of CUDA sources against {describe['describe']}",
-        "actions": [(_compare_action, [p, spec, record, diff_dir])],
+        "actions": [(_compare_action, [p, spec, record, outputs])],
         # Both sides: a rebuilt baseline re-runs the comparison (a missing baseline file is a
         # difference the record reports, not a missing dependency).
         "file_dep": [f["current"] for f in files]
@@ -172,8 +173,8 @@ def cuda_diff_tasks(p):
         "targets": [str(record)],
         "uptodate": [config_changed({"baseline": describe, "expect": spec["expect"],
                                      "files": [f["name"] for f in files], "version": p.version}),
-                     outputs_unchanged([record], [diff_dir])],
-        "clean": clean_action(p, [record], [diff_dir]),
+                     outputs_unchanged(outputs)],
+        "clean": clean_action(p, outputs),
         "verbosity": 2,
     }
 
@@ -184,12 +185,15 @@ def _extract_action(root: Path, sha: str, dest: Path):
 
 
 @reported("cuda_diff: ", FileNotFoundError)
-def _compare_action(p, spec: dict, record: Path, diff_dir: Path):
+def _compare_action(p, spec: dict, record: Path, outputs):
     from ..stages.cuda_diff import run_cuda_diff
 
     release.refuse_if_released(p.version_dir, "cuda_diff")
-    clear_outputs([record], [diff_dir])
+    outputs.check_untampered("cuda_diff:compare")
+    outputs.forget()
+    clear_outputs(outputs.files, outputs.dirs)
     rec = run_cuda_diff(spec)
     write_record(record, rec)
+    outputs.save()
     print(f"cuda_diff: {rec['summary']} against {spec['baseline']['describe']}")
     return None

@@ -34,7 +34,7 @@ def model_tasks(p):
     local = cfg.get("path")
     inputs = [(p.root / local / f).resolve() for f in CHECKPOINT_FILES] if local else []
     yield {"name": None, "doc": "decision-model checkpoint and the saved, tokenised inputs"}
-    yield stage_task(p, name="build", doc="checkpoint (generated or local) + inputs.pt",
+    yield stage_task(p, basename="model", name="build", doc="checkpoint (generated or local) + inputs.pt",
                      module="laya_build.stages.model", function="run_model",
                      spec={"model_cfg": cfg, "out_dir": str(v.model_dir)}, kwargs=True, label="model",
                      record=v.model_record, dirs=[v.model_dir], inputs=inputs,
@@ -46,7 +46,7 @@ def _build_task(p, stage: str, module: str, function: str, target: str, dtype: s
     """One model-stage sub-task for a (target, dtype) build: its record is ``<stage>.json`` in
     ``artifacts/<version>/<stage>/<target>-<dtype>/``; long, so its progress lines are shown."""
     out = p.layout.build_dir(stage, target, dtype)
-    return stage_task(p, name=build_name(target, dtype), doc=f"{doc} ({target}, {dtype})",
+    return stage_task(p, basename=stage, name=build_name(target, dtype), doc=f"{doc} ({target}, {dtype})",
                       module=f"laya_build.stages.{module}", function=function,
                       spec={**spec, "out_dir": str(out)}, kwargs=True, label=f"{stage} {target}-{dtype}",
                       record=p.layout.build_record(stage, target, dtype), dirs=[out], inputs=inputs,
