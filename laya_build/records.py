@@ -9,6 +9,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 from . import SCHEMA_DIR
@@ -39,14 +40,61 @@ def _registry():
     return Registry().with_resources(resources)
 
 
+def ecma_regex(pattern: str) -> str:
+    """A JSON Schema ``pattern`` (an ECMA-262 regular expression) for Python's ``re``.
+
+    Without the multiline flag, ECMA's ``$`` matches only at the very end of the string;
+    Python's also matches before a final newline, so ``^[0-9.]+$`` would accept
+    ``"1.2.0\\n"`` (a YAML block scalar's value) and a version folder would end in a newline.
+    Every ``$`` outside a character class becomes ``\\Z``.
+    """
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "$":
+            c = r"\Z"
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _pattern(validator, pattern, instance, schema):
+    from jsonschema.exceptions import ValidationError
+
+    if validator.is_type(instance, "string") and not re.search(ecma_regex(pattern), instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _ascending(validator, keys, instance, schema):
+    """``"ascending": ["min", "max"]``: the listed properties, where present, never decrease
+    (a rule JSON Schema cannot state; a range with min > max is empty)."""
+    from jsonschema.exceptions import ValidationError
+
+    if not validator.is_type(instance, "object"):
+        return
+    present = [(k, instance[k]) for k in keys if k in instance]
+    for (a, va), (b, vb) in zip(present, present[1:]):
+        if validator.is_type(va, "number") and validator.is_type(vb, "number") and va > vb:
+            yield ValidationError(f"{a} {va!r} is greater than {b} {vb!r}: the range is empty")
+
+
 @functools.lru_cache(maxsize=None)
 def _validator(name: str):
     import jsonschema
 
     schema = load_schema(name)
-    cls = jsonschema.validators.validator_for(schema)
-    cls.check_schema(schema)
-    return cls(schema, registry=_registry(), format_checker=cls.FORMAT_CHECKER)
+    base = jsonschema.validators.validator_for(schema)
+    base.check_schema(schema)
+    cls = jsonschema.validators.extend(base, {"pattern": _pattern, "ascending": _ascending})
+    return cls(schema, registry=_registry(), format_checker=base.FORMAT_CHECKER)
 
 
 def key_path(error) -> str:

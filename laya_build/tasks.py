@@ -43,12 +43,12 @@ def _reported(prefix: str = "", *extra: type[BaseException]):
 
     return wrap
 
-KERNEL_COMMON_DEPS = ("kernels/__init__.py", "kernels/_common.py")
+KERNEL_COMMON_DEPS = ("kernels/__init__.py", "kernels/_common.py", "kernels/registry.py")
 
 
 def load_pipeline(root: Path = PROJECT_ROOT) -> config_mod.Pipeline:
     """The pipeline of ``root``, with ``doit config=... version=...`` applied."""
-    return config_mod.load(get_var("config", None), root=root, overrides={"version": get_var("version", None)})
+    return config_mod.from_command_line(get_var, root=root)
 
 
 def doit_config(p: config_mod.Pipeline) -> dict:
@@ -324,7 +324,8 @@ def _clean(p: config_mod.Pipeline, directory: Path | None = None) -> list:
 # model stages: model -> export -> aoti_package -> verify, latency
 
 MODEL_CODE = ("laya_build/model/__init__.py", "laya_build/model/decision.py", "laya_build/model/checkpoint.py",
-              "laya_build/model/tokenizer.py", "laya_build/model/inputs.py", "laya_build/model/corpus.txt",
+              "laya_build/model/tokenizer.py", "laya_build/model/inputs.py", "laya_build/model/batches.py",
+              "laya_build/model/corpus.txt",
               "laya_build/model/defaults.yaml", "laya_build/stages/_model_common.py",
               "laya_build/stages/_aoti_runtime.py", "laya_build/errors.py")
 
