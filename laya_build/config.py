@@ -171,11 +171,12 @@ def _check_values(value, key: str, label: str) -> None:
 
 
 def check_version(value: str, what: str) -> str:
-    """A version given outside pipeline.yaml (a doit argument) must match the schema's
-    pattern in full: no whitespace, newline or control character anywhere."""
+    """A version given on the command line (``what``: e.g. ``doit argument version``) must
+    match the schema's pattern in full: no whitespace, newline or control character anywhere."""
     pattern = load_schema("pipeline")["$defs"]["version"]["pattern"]
     if not isinstance(value, str) or not re.fullmatch(ecma_regex(pattern), value):
-        raise ConfigError(f"{what}: {value!r} is not a version (expected e.g. 1.2.0; pattern {pattern})")
+        raise ConfigError(f"{what}={_shown(str(value))}: not a version (expected e.g. 1.2.0 or 1.2.0-rc.1; "
+                          f"the schema's pattern {pattern}, in full)")
     return value
 
 
@@ -212,7 +213,7 @@ def load(path: str | Path | None = None, *, root: str | Path = PROJECT_ROOT, ove
     for key, value in given.items():
         if key != "version":
             raise ConfigError(f"{_argument(key, str(value))}: not a setting that can be given on the command line")
-        data[key] = check_version(value, _argument(key, value))
+        data[key] = check_version(value, f"doit argument {key}")
     try:
         validate("pipeline", data, what=str(path))
     except RecordError as exc:

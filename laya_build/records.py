@@ -70,7 +70,10 @@ def _pattern(validator, pattern, instance, schema):
     from jsonschema.exceptions import ValidationError
 
     if validator.is_type(instance, "string") and not re.search(ecma_regex(pattern), instance):
-        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+        hint = ""
+        if re.search(pattern, instance):  # matched only thanks to Python's "$ before a final newline"
+            hint = " (it ends in a newline: a YAML block scalar such as `key: |` keeps one; write it on one line)"
+        yield ValidationError(f"{instance!r} does not match {pattern!r}{hint}")
 
 
 def _ascending(validator, keys, instance, schema):
