@@ -113,7 +113,19 @@ def validate(name: str, doc, *, what: str | None = None) -> None:
     error = jsonschema.exceptions.best_match(_validator(name).iter_errors(doc))
     if error is not None:
         label = what or f"{name} record"
-        raise RecordError(f"{label}: invalid at {key_path(error)}: {error.message}")
+        raise RecordError(f"{label}: invalid at {key_path(error)}: {error.message}{_hint(error)}")
+
+
+def _hint(error) -> str:
+    """A number YAML read as text: YAML 1.1 needs a dot in a float's mantissa (1.0e-5, not 1e-5)."""
+    expected = error.validator_value if error.validator == "type" else ()
+    if isinstance(error.instance, str) and "number" in expected:
+        try:
+            float(error.instance)
+        except ValueError:
+            return ""
+        return f" (YAML reads {error.instance} as text: write it with a dot, e.g. 1.0e-5)"
+    return ""
 
 
 def check_record(path: str | os.PathLike, record: dict) -> None:
