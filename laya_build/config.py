@@ -142,35 +142,35 @@ def _read(path: Path, argument: str = "") -> str:
 def _parse(text: str, label: str) -> dict:
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
+        if not isinstance(data, dict):
+            raise ConfigError(f"the top level must be a mapping, got {type(data).__name__}")
+        _check_values(data, "")
     except ConfigError as exc:
         raise ConfigError(f"{label}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{label}: not valid YAML: {exc}") from None
     except RecursionError:
-        raise ConfigError(f"{label}: nested too deeply (a recursive alias?)") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{label}: the top level must be a mapping, got {type(data).__name__}")
-    _check_values(data, "", label)
+        raise ConfigError(f"{label}: nested too deeply") from None
     return data
 
 
-def _check_values(value, key: str, label: str, _inside: frozenset = frozenset()) -> None:
+def _check_values(value, key: str, _inside: frozenset = frozenset()) -> None:
     """Only what JSON carries (records and ``pipeline.effective.json`` are JSON): mappings,
     lists, strings, booleans, integers, finite numbers and null, and no list that contains
     itself (a recursive YAML alias)."""
     here = key or "<root>"
     if isinstance(value, (dict, list)):
         if id(value) in _inside:
-            raise ConfigError(f"{label}: invalid at {here}: a recursive alias (the value contains itself)")
+            raise ConfigError(f"invalid at {here}: a recursive alias (the value contains itself)")
         inside = _inside | {id(value)}
         items = value.items() if isinstance(value, dict) else enumerate(value)
         for k, v in items:
-            _check_values(v, f"{key}.{k}" if key else str(k), label, inside)
+            _check_values(v, f"{key}.{k}" if key else str(k), inside)
     elif isinstance(value, float):
         if not math.isfinite(value):
-            raise ConfigError(f"{label}: invalid at {here}: {value!r} is not a finite number")
+            raise ConfigError(f"invalid at {here}: {value!r} is not a finite number")
     elif not (value is None or isinstance(value, (str, bool, int))):
-        raise ConfigError(f"{label}: invalid at {here}: YAML read {value!r} as a {type(value).__name__}, "
+        raise ConfigError(f"invalid at {here}: YAML read {value!r} as a {type(value).__name__}, "
                           "which a configuration cannot hold (quote it if it is text)")
 
 
