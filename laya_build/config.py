@@ -179,7 +179,7 @@ def check_version(value: str, what: str) -> str:
     match the schema's pattern in full: no whitespace, newline or control character anywhere."""
     pattern = load_schema("pipeline")["$defs"]["version"]["pattern"]
     if not isinstance(value, str) or not re.fullmatch(ecma_regex(pattern), value):
-        raise ConfigError(f"{what}={_shown(str(value))}: not a version (expected e.g. 1.2.0 or 1.2.0-rc.1; "
+        raise ConfigError(f"{what}={_shown(str(value))}: is not a version (expected e.g. 1.2.0 or 1.2.0-rc.1; "
                           f"the schema's pattern {pattern}, in full)")
     return value
 

@@ -87,7 +87,7 @@ def test_not_yaml(tmp_path):
 
 def test_version_override_is_validated(tmp_path):
     """An override is a command-line value: reported as the doit argument, not as pipeline.yaml."""
-    with pytest.raises(config.ConfigError, match=r"^doit argument version=1\.0/\.\./\.\./x: not a version"):
+    with pytest.raises(config.ConfigError, match=r"^doit argument version=1\.0/\.\./\.\./x: is not a version"):
         _load(tmp_path, GOOD, overrides={"version": "1.0/../../x"})
     assert config.load(tmp_path / "pipeline.yaml", root=tmp_path, overrides={"version": "1.2.0"}).version == "1.2.0"
 
@@ -114,7 +114,7 @@ def test_doit_stops_before_any_task(project, case):
 
 def test_doit_version_override_on_command_line(project):
     run = project.doit("list", "version=1..2")
-    assert run.returncode != 0 and "laya-build: doit argument version=1..2: not a version" in run.stderr
+    assert run.returncode != 0 and "laya-build: doit argument version=1..2: is not a version" in run.stderr
     assert "pipeline.yaml" not in run.stderr
     assert project.doit("list", "version=1.2.0").returncode == 0
 

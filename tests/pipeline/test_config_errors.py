@@ -341,7 +341,7 @@ def test_command_line_version_is_reported_as_an_argument(tmp_path):
         with pytest.raises(config.ConfigError) as info:
             config.from_command_line({"version": bad}.get, root=tmp_path)
         message = str(info.value)
-        assert message.startswith("doit argument version=") and ": not a version" in message, message
+        assert message.startswith("doit argument version=") and ": is not a version" in message, message
         assert "pipeline.yaml" not in message
     assert config.from_command_line({"version": "1.2.0-rc.1"}.get, root=tmp_path).version == "1.2.0-rc.1"
 
@@ -415,6 +415,6 @@ def test_doit_list_refuses_a_bad_file(project, cid):
 @pytest.mark.parametrize("bad", ["1.0.0\n", "1.0.0 ", "1..2", "1.0.0\t"])
 def test_doit_list_reports_a_bad_version_argument_as_an_argument(project, bad):
     message = _doit_fails(project, f"version={bad}")
-    assert message.startswith(f"laya-build: doit argument version={bad!r}: not a version") or \
-        message.startswith(f"laya-build: doit argument version={bad}: not a version"), message
+    assert message.startswith(f"laya-build: doit argument version={bad!r}: is not a version") or \
+        message.startswith(f"laya-build: doit argument version={bad}: is not a version"), message
     assert "pipeline.yaml" not in message
