@@ -11,7 +11,7 @@ import tilelang.language as T
 
 # The argument rules (and the dtypes and epilogues they allow) live in the registry, which
 # laya_build.config runs on pipeline.yaml without importing TileLang.
-from .registry import ACTIVATIONS, CPU_DTYPE, GPU_DTYPES, check_args, check_choice, check_dtype, check_positive  # noqa: F401
+from .registry import CPU_DTYPE, GPU_DTYPES, check_args  # noqa: F401  (used by the kernel modules)
 
 ACCUM_DTYPE = "float32"
 
