@@ -13,16 +13,15 @@ Factories (``@tilelang.jit``, lazy: ``factory.get_tir(...)`` returns the PrimFun
 """
 import importlib
 
-# Public name -> defining submodule.  Resolved lazily (PEP 562): ``import kernels`` stays
-# cheap and does not import tilelang.  That matters beyond start-up time: transformers
-# probes for Hugging Face's own ``kernels`` package by importing whatever ``kernels`` is on
-# sys.path, so a process that only loads the model must not pay for (or need) tilelang.
+from .registry import KERNELS  # plain Python: no tilelang
+
+# Public name -> defining submodule (the factories' from the registry).  Resolved lazily
+# (PEP 562): ``import kernels`` stays cheap and does not import tilelang.  That matters
+# beyond start-up time: transformers probes for Hugging Face's own ``kernels`` package by
+# importing whatever ``kernels`` is on sys.path, so a process that only loads the model must
+# not pay for (or need) tilelang.
 _EXPORTS = {
-    "gemm_kernel": "gemm",
-    "gemm_geglu_kernel": "geglu",
-    "add_ln_kernel": "add_ln",
-    "rope_kernel": "rope",
-    "attn_kernel": "attention",
+    **{name: kernel.module for name, kernel in KERNELS.items()},
     "compile_cpu": "cpu",
     "CpuKernel": "cpu",
 }

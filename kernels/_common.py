@@ -1,4 +1,4 @@
-"""Pieces shared by the five kernels: dtype rules, the GPU/CPU scope switch, pass configs.
+"""Pieces shared by the five kernels: the GPU/CPU scope switch, pass configs, epilogues.
 
 Every kernel is written once. ``cpu=True`` changes only *where* buffers live and *how*
 loops are scheduled (see :func:`alloc` and :func:`loop`); tiling, padding predicates,
@@ -9,10 +9,10 @@ from __future__ import annotations
 import tilelang
 import tilelang.language as T
 
-from .reference import ACTIVATIONS  # the GEMM epilogues, shared with the references
+# The argument rules (and the dtypes and epilogues they allow) live in the registry, which
+# laya_build.config runs on pipeline.yaml without importing TileLang.
+from .registry import CPU_DTYPE, GPU_DTYPES, check_args  # noqa: F401  (used by the kernel modules)
 
-GPU_DTYPES = ("bfloat16", "float16")
-CPU_DTYPE = "float32"
 ACCUM_DTYPE = "float32"
 
 # Pass configuration of the GPU build ("FAST" in the spec).
@@ -24,24 +24,6 @@ CPU_PASS_CONFIGS = {
     tilelang.PassConfigKey.TIR_DISABLE_VECTORIZE: True,
     tilelang.PassConfigKey.TL_DISABLE_VECTORIZE_256: True,
 }
-
-
-def check_dtype(dtype: str, cpu: bool) -> str:
-    """Validate a kernel's storage dtype.
-
-    The GPU path takes bf16/fp16 only.  ``cpu=True`` builds TIR for any float dtype so the
-    probe can show what the C target rejects; :func:`kernels.compile_cpu` forces fp32.
-    """
-    if cpu:
-        if dtype not in (CPU_DTYPE, *GPU_DTYPES):
-            raise ValueError(f"dtype={dtype!r} is not supported with cpu=True; allowed: float32 (compile_cpu), bfloat16, float16")
-        return dtype
-    if dtype not in GPU_DTYPES:
-        raise ValueError(
-            f"dtype={dtype!r} is not supported on the GPU path; allowed dtypes: {', '.join(GPU_DTYPES)} "
-            f"(fp32 runs only on the CPU specialisation: compile_cpu(...) or cpu=True)"
-        )
-    return dtype
 
 
 def alloc(shape, dtype, cpu: bool, scope: str = "fragment"):
@@ -75,18 +57,6 @@ def rasterize(panel_size: int, cpu: bool):
 
 
 _INV_SQRT2 = 0.7071067811865476
-
-
-def check_choice(name: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not supported; allowed: {', '.join(map(str, allowed))}")
-
-
-def check_positive(**dims) -> None:
-    """Compile-time shape arguments must be positive Python ints."""
-    for name, value in dims.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def gelu(x):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import tilelang
 import tilelang.language as T
 
-from ._common import ACCUM_DTYPE, GPU_PASS_CONFIGS, alloc, check_dtype, check_positive, loop
+from ._common import ACCUM_DTYPE, GPU_PASS_CONFIGS, alloc, check_args, loop
 from ._common import threads as launch_threads
 
 
@@ -33,10 +33,8 @@ def add_ln_kernel(
     cpu: bool = False,
 ):
     """Build the PrimFunc ``add_ln(X, R, w, b, Y)`` (see the module docstring)."""
-    check_dtype(dtype, cpu)
-    check_positive(D=D, block_M=block_M, threads=threads)
-    if not eps > 0:
-        raise ValueError(f"eps must be positive, got {eps!r}")
+    check_args("add_ln_kernel", D=D, residual=residual, bias=bias, eps=eps, block_M=block_M, threads=threads,
+               dtype=dtype, cpu=cpu)
     f32 = ACCUM_DTYPE
     M = T.dynamic("M")
 

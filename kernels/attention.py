@@ -149,9 +149,8 @@ def attn_kernel(
     kernel as ``k(QKV, Lens, O)``.  ``cpu=True`` builds the scalar CPU specialisation;
     compile it with :func:`kernels.compile_cpu`, which also forces fp32.
     """
-    dtype = _common.check_dtype(dtype, cpu)
-    if window < 0:
-        raise ValueError(f"window must be >= 0 (0 = full attention), got {window}")
+    _common.check_args("attn_kernel", B=B, L=L, H=H, Dh=Dh, window=window, block_M=block_M, block_N=block_N,
+                       num_stages=num_stages, threads=threads, dtype=dtype, cpu=cpu)
     batch = T.dynamic("B") if B is None else B
     seq = T.dynamic("L") if L is None else L
     accum = ACCUM_DTYPE

@@ -15,7 +15,7 @@ from __future__ import annotations
 import tilelang
 import tilelang.language as T
 
-from ._common import ACCUM_DTYPE, GPU_PASS_CONFIGS, alloc, check_dtype, check_positive, gelu, loop, rasterize, stages
+from ._common import ACCUM_DTYPE, GPU_PASS_CONFIGS, alloc, check_args, gelu, loop, rasterize, stages
 from ._common import threads as launch_threads
 
 
@@ -37,8 +37,8 @@ def gemm_geglu_kernel(
     Default tiles: the best of a small sweep on an H200 at M=8192, F=2624, K=1024
     (two 128x128 fp32 accumulators per block).
     """
-    check_dtype(dtype, cpu)
-    check_positive(F=F, K=K, block_M=block_M, block_N=block_N, block_K=block_K, threads=threads)
+    check_args("gemm_geglu_kernel", F=F, K=K, block_M=block_M, block_N=block_N, block_K=block_K,
+               num_stages=num_stages, threads=threads, dtype=dtype, cpu=cpu)
     M = T.dynamic("M")
 
     @T.prim_func

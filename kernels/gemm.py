@@ -14,19 +14,7 @@ from __future__ import annotations
 import tilelang
 import tilelang.language as T
 
-from ._common import (
-    ACCUM_DTYPE,
-    ACTIVATIONS,
-    GPU_PASS_CONFIGS,
-    activation,
-    alloc,
-    check_choice,
-    check_dtype,
-    check_positive,
-    loop,
-    rasterize,
-    stages,
-)
+from ._common import ACCUM_DTYPE, GPU_PASS_CONFIGS, activation, alloc, check_args, loop, rasterize, stages
 from ._common import threads as launch_threads
 
 
@@ -50,9 +38,8 @@ def gemm_kernel(
     Default tiles: the best of a small sweep on an H200 at ModernBERT-large shapes
     (M=8192, N x K = 3072x1024 and 1024x2624), see ``benchmarks/bench_kernels.py``.
     """
-    check_dtype(dtype, cpu)
-    check_choice("act", act, ACTIVATIONS)
-    check_positive(N=N, K=K, block_M=block_M, block_N=block_N, block_K=block_K, threads=threads)
+    check_args("gemm_kernel", N=N, K=K, bias=bias, act=act, block_M=block_M, block_N=block_N, block_K=block_K,
+               num_stages=num_stages, threads=threads, dtype=dtype, cpu=cpu)
     M = T.dynamic("M")
 
     @T.prim_func

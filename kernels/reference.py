@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from .registry import ACTIVATIONS  # the GEMM epilogues the kernels accept
+
 __all__ = [
     "ACTIVATIONS",
     "activation",
@@ -21,8 +23,6 @@ __all__ = [
     "rope_tables",
     "attn_reference",
 ]
-
-ACTIVATIONS = ("none", "gelu", "relu")
 
 
 def _f64(t: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import tilelang
 import tilelang.language as T
 
-from ._common import ACCUM_DTYPE, GPU_PASS_CONFIGS, check_dtype, check_positive, loop
+from ._common import ACCUM_DTYPE, GPU_PASS_CONFIGS, check_args, loop
 from ._common import threads as launch_threads
 
 
@@ -34,10 +34,7 @@ def rope_kernel(
     cpu: bool = False,
 ):
     """Build the in-place PrimFunc ``rope(QKV, cos, sin)`` (see the module docstring)."""
-    check_dtype(dtype, cpu)
-    check_positive(H=H, Dh=Dh, block_M=block_M, threads=threads)
-    if Dh % 2:
-        raise ValueError(f"Dh must be even for rotate-half RoPE, got {Dh}")
+    check_args("rope_kernel", H=H, Dh=Dh, block_M=block_M, threads=threads, dtype=dtype, cpu=cpu)
     half = Dh // 2
     f32 = ACCUM_DTYPE
     M = T.dynamic("M")

@@ -1,25 +1,40 @@
 """Load and validate ``pipeline.yaml``.
 
-Validation happens before any task exists: schema errors (unknown key, wrong type, missing
-field, bad target, bad version) and semantic errors (unknown kernel factory, an output path
-outside ``artifacts/``, checks for variants that do not exist) raise :class:`ConfigError`
-with the offending key path.  Nothing here imports torch, tilelang or transformers.
+Everything decidable from the configuration is decided here, before any task exists, and
+refused with :class:`ConfigError` naming the file (or the ``doit`` argument) and the key path:
+
+* the file itself: missing, a directory, unreadable, not UTF-8, not YAML, duplicate or
+  non-string keys, values JSON cannot carry (timestamps, NaN, ...);
+* the schemas (``schemas/pipeline.schema.json``, ``model_sections.schema.json``): unknown
+  keys, types, versions and names matched in full (:func:`laya_build.records.ecma_regex`),
+  ranges with ``min <= max`` (the ``ascending`` keyword);
+* the kernel variants, through the kernel registry (:mod:`kernels.registry`): a known factory,
+  its arguments bound as the call would bind them (required ones present) and checked by the
+  factory's own argument rules, and check shapes that give exactly the runtime sizes;
+* the model sections over their defaults: the decision batches as laid out in the config
+  (:mod:`laya_build.model.batches`: known decisions, export ranges reached, the example
+  batch) and verification thresholds for every target x dtype that is built.
+
+Command-line values (``doit config=... version=...``) are reported as such.  Nothing here
+imports torch, tilelang or transformers, and nothing is written.
 """
 from __future__ import annotations
 
-import ast
 import copy
-import functools
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from kernels.registry import CPU_DTYPE, KERNELS
+
 from . import PROJECT_ROOT
 from .errors import ConfigError  # noqa: F401  (re-exported: config.ConfigError)
 from .layout import ArtifactsLayout, VersionLayout
-from .records import RecordError, load_schema, validate
+from .model.batches import LayoutError, check_export_layout, planned_shapes
+from .records import RecordError, ecma_regex, load_schema, validate
 
 ARTIFACTS_DIRNAME = "artifacts"
 
@@ -57,16 +72,28 @@ class Pipeline:
         return copy.deepcopy(self.data.get(key, default))
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+def model_builds(data: dict) -> list[tuple[str, str]]:
+    """(target, dtype) of every package an (effective) configuration builds."""
+    targets = data["export"]["targets"]
+    return [(t, d) for t in data["package"]["targets"] for d in targets.get(t, [])]
+
+
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser when built: ~9x faster
     """SafeLoader that refuses duplicate mapping keys (YAML silently keeps the last one)."""
 
 
 def _construct_mapping(loader, node, deep=False):
     seen = set()
     for key_node, _ in node.value:
+        line = key_node.start_mark.line + 1
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`, merged by construct_mapping
+            continue
         key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key, str):
+            raise ConfigError(f"key {key!r} at line {line}: keys must be strings "
+                              "(YAML reads an unquoted yes/no/on/off as a boolean and 1 as a number: quote it)")
         if key in seen:
-            raise ConfigError(f"duplicate key {key!r} at line {key_node.start_mark.line + 1}")
+            raise ConfigError(f"duplicate key {key!r} at line {line}")
         seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 
@@ -83,63 +110,133 @@ class Factory:
     keyword: frozenset[str]  # every parameter name
 
 
-@functools.lru_cache(maxsize=None)
-def kernel_factories(kernels_dir: Path) -> dict[str, Factory]:
-    """The ``@tilelang.jit`` ``*_kernel`` factories of ``kernels/*.py``, found by parsing the
-    sources without importing them (building the task graph must stay light)."""
-    found: dict[str, Factory] = {}
-    for path in sorted(kernels_dir.glob("*.py")):
-        if path.name.startswith("_"):
-            continue
-        tree = ast.parse(path.read_text(), filename=str(path))
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel") and any(
-                "jit" in ast.unparse(d) for d in node.decorator_list
-            ):
-                a = node.args
-                positional = tuple(x.arg for x in a.posonlyargs + a.args)
-                keyword = frozenset(positional) | {x.arg for x in a.kwonlyargs}
-                found[node.name] = Factory(f"kernels/{path.name}", positional, keyword)
-    return found
+def kernel_factories(kernels_dir: Path | None = None) -> dict[str, Factory]:
+    """The kernel factories of :data:`kernels.registry.KERNELS` (``kernels_dir`` is ignored:
+    the registry reads the sources of the ``kernels`` package it belongs to)."""
+    return {name: Factory(f"kernels/{k.module}.py", tuple(p.name for p in k.params if not p.keyword_only),
+                          frozenset(p.name for p in k.params))
+            for name, k in KERNELS.items()}
 
 
-# Runtime sizes each factory's numerical check needs (laya_build/stages/lower_c.py).
-CHECK_SHAPE_KEYS = {
-    "gemm_kernel": {"M"},
-    "gemm_geglu_kernel": {"M"},
-    "add_ln_kernel": {"M"},
-    "rope_kernel": {"M", "L"},
-    "attn_kernel": {"B", "L"},
-}
+# ----------------------------------------------------------------------------------- loading
+
+def _shown(value: str) -> str:
+    """A command-line value as typed, or its repr when it holds whitespace or control characters."""
+    return value if value.isprintable() and not any(c.isspace() for c in value) else repr(value)
 
 
-def load(path: str | Path | None = None, *, root: str | Path = PROJECT_ROOT, overrides: dict | None = None) -> Pipeline:
-    """Read, override (``version``), validate and return the pipeline configuration."""
-    root = Path(root).resolve()
-    path = Path(path) if path is not None else root / "pipeline.yaml"
-    if not path.is_absolute():
-        path = root / path
+def _argument(name: str, value: str) -> str:
+    return f"doit argument {name}={_shown(value)}"
+
+
+def _read(path: Path, argument: str = "") -> str:
+    """The text of a configuration file; every way it cannot be read is one ConfigError.
+    ``argument`` (``doit argument config=...: ``) prefixes the errors about the path."""
+    label = f"{argument}{path}"
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"{path}: configuration file not found") from None
+        raise ConfigError(f"{label}: configuration file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{label}: is a directory, not a configuration file") from None
+    except OSError as exc:
+        raise ConfigError(f"{label}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}, "
+                          f"line {line})") from None
+
+
+def _parse(text: str, label: str) -> dict:
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
+        if not isinstance(data, dict):
+            raise ConfigError(f"the top level must be a mapping, got {type(data).__name__}")
+        _check_values(data, "")
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        raise ConfigError(f"{label}: {exc}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
-    for key, value in (overrides or {}).items():
-        if value is not None:
-            data[key] = value
+        raise ConfigError(f"{label}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{label}: nested too deeply") from None
+    return data
+
+
+def _check_values(value, key: str, _inside: frozenset = frozenset()) -> None:
+    """Only what JSON carries (records and ``pipeline.effective.json`` are JSON): mappings,
+    lists, strings, booleans, integers, finite numbers and null, and no list that contains
+    itself (a recursive YAML alias)."""
+    here = key or "<root>"
+    if isinstance(value, (dict, list)):
+        if id(value) in _inside:
+            raise ConfigError(f"invalid at {here}: a recursive alias (the value contains itself)")
+        inside = _inside | {id(value)}
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for k, v in items:
+            _check_values(v, f"{key}.{k}" if key else str(k), inside)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"invalid at {here}: {value!r} is not a finite number")
+    elif not (value is None or isinstance(value, (str, bool, int))):
+        raise ConfigError(f"invalid at {here}: YAML read {value!r} as a {type(value).__name__}, "
+                          "which a configuration cannot hold (quote it if it is text)")
+
+
+def check_version(value: str, what: str) -> str:
+    """A version given on the command line (``what``: e.g. ``doit argument version``) must
+    match the schema's pattern in full: no whitespace, newline or control character anywhere."""
+    pattern = load_schema("pipeline")["$defs"]["version"]["pattern"]
+    if not isinstance(value, str) or not re.fullmatch(ecma_regex(pattern), value):
+        raise ConfigError(f"{what}={_shown(str(value))}: is not a version (expected e.g. 1.2.0 or 1.2.0-rc.1; "
+                          f"the schema's pattern {pattern}, in full)")
+    return value
+
+
+def from_command_line(get_var, *, root: str | Path = PROJECT_ROOT) -> Pipeline:
+    """The pipeline as ``doit config=... version=...`` asks for it (``get_var``: doit's)."""
+    return load(get_var("config", None), root=root, overrides={"version": get_var("version", None)},
+                path_argument="config")
+
+
+def load(path: str | Path | None = None, *, root: str | Path = PROJECT_ROOT, overrides: dict | None = None,
+         path_argument: str | None = None) -> Pipeline:
+    """Read, override, validate and return the pipeline configuration.
+
+    ``overrides`` are command-line values (``doit version=X``): an error in one is reported
+    as ``doit argument version=X: ...``.  ``path_argument`` names the doit argument a given
+    ``path`` came from, for the same purpose.
+    """
+    root = Path(root).resolve()
+    label_prefix = ""
+    if path is None:
+        path = root / "pipeline.yaml"
+    else:
+        if path_argument:
+            label_prefix = f"{_argument(path_argument, str(path))}: "
+        if str(path) == "":
+            raise ConfigError(f"{label_prefix}empty; expected the path of a configuration file "
+                              f"(e.g. {path_argument or 'config'}=pipeline.h200.yaml)")
+        path = Path(path)
+        if not path.is_absolute():
+            path = root / path
+    data = _parse(_read(path, label_prefix), str(path))
+
+    given = {key: value for key, value in (overrides or {}).items() if value is not None}
+    for key, value in given.items():
+        if key != "version":
+            raise ConfigError(f"{_argument(key, str(value))}: not a setting that can be given on the command line")
+        data[key] = check_version(value, f"doit argument {key}")
     try:
         validate("pipeline", data, what=str(path))
     except RecordError as exc:
         raise ConfigError(str(exc)) from None
-    _check_semantics(data, path, root)
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply (a recursive alias?)") from None
+    _check_kernels(data, path, root, version_from=_argument("version", given["version"]) if "version" in given else None)
     _merge_model_defaults(data, path)
+    _check_model(data, path)
     return Pipeline(data=data, path=path, root=root)
 
 
@@ -158,43 +255,22 @@ def _merge_model_defaults(data: dict, path: Path) -> None:
             raise ConfigError(f"{path}: {exc}") from None
 
 
-def check_version(value: str, what: str) -> str:
-    """A version given outside pipeline.yaml (a doit argument) must match the schema's pattern."""
-    pattern = load_schema("pipeline")["$defs"]["version"]["pattern"]
-    if not isinstance(value, str) or not re.fullmatch(pattern, value):
-        raise ConfigError(f"{what}: {value!r} is not a version (expected e.g. 1.2.0)")
-    return value
-
-
 def _fail(path: Path, key: str, message: str):
     raise ConfigError(f"{path}: invalid at {key}: {message}")
 
 
-def _check_semantics(data: dict, path: Path, root: Path) -> None:
+# ------------------------------------------------------------------------------- the checks
+
+def _check_kernels(data: dict, path: Path, root: Path, version_from: str | None) -> None:
     artifacts = (root / ARTIFACTS_DIRNAME).resolve()
     out = (root / data["output_root"]).resolve()
     if out != artifacts:  # a subfolder could be a (released) version folder
         _fail(path, "output_root", f"{data['output_root']!r} resolves to {out}; outputs must go to {artifacts}")
 
-    factories = kernel_factories(root / "kernels")
     variants = data["kernels"]["variants"]
+    bound = {}
     for name, variant in variants.items():
-        factory = factories.get(variant["factory"])
-        if factory is None:
-            known = ", ".join(sorted(factories)) or "none found"
-            _fail(path, f"kernels.variants.{name}.factory", f"unknown kernel {variant['factory']!r}; known: {known}")
-        shape_args = [a for a in factory.positional if a not in ("dtype", "cpu")]
-        args = variant.get("args", [])
-        if len(args) > len(shape_args):
-            _fail(path, f"kernels.variants.{name}.args",
-                  f"{variant['factory']} takes at most {len(shape_args)} positional arguments ({', '.join(shape_args)}), "
-                  f"got {len(args)}")
-        for key in variant.get("kwargs", {}):
-            if key not in factory.keyword:
-                _fail(path, f"kernels.variants.{name}.kwargs.{key}",
-                      f"{variant['factory']} has no parameter {key!r}; parameters: {', '.join(sorted(factory.keyword))}")
-            if key in shape_args[:len(args)]:
-                _fail(path, f"kernels.variants.{name}.kwargs.{key}", f"{key!r} is already given in args")
+        bound[name] = _check_variant(path, name, variant)
 
     checks = data["cpu_checks"]
     for section in ("shapes", "atol_overrides"):
@@ -204,15 +280,62 @@ def _check_semantics(data: dict, path: Path, root: Path) -> None:
     for name, variant in variants.items():
         if name not in checks["shapes"]:
             _fail(path, "cpu_checks.shapes", f"kernel variant {name!r} has no check shapes")
-        bound = dict(zip(factories[variant["factory"]].positional, variant.get("args", [])))
-        needed = {k for k in CHECK_SHAPE_KEYS.get(variant["factory"], set()) if bound.get(k) is None}
+        kernel = KERNELS[variant["factory"]]
         for i, shape in enumerate(checks["shapes"][name]):
-            missing = sorted(needed - set(shape))
-            if missing:
-                _fail(path, f"cpu_checks.shapes.{name}.{i}", f"{variant['factory']} checks need {', '.join(missing)}")
-            if "lens" in shape and "B" in shape and len(shape["lens"]) != shape["B"]:
-                _fail(path, f"cpu_checks.shapes.{name}.{i}.lens", f"{len(shape['lens'])} lengths for B={shape['B']}")
+            try:
+                kernel.check_shape(bound[name], shape)
+            except ValueError as exc:
+                param = getattr(exc, "param", None)
+                _fail(path, f"cpu_checks.shapes.{name}.{i}" + (f".{param}" if param else ""), str(exc))
 
     baseline = data["cuda"].get("baseline")
     if baseline and baseline.get("version") == data["version"]:
-        _fail(path, "cuda.baseline.version", f"the baseline cannot be the version being built ({data['version']})")
+        built = f"{data['version']}, from {version_from}" if version_from else data["version"]
+        _fail(path, "cuda.baseline.version", f"the baseline cannot be the version being built ({built})")
+
+
+def _check_variant(path: Path, name: str, variant: dict) -> dict:
+    """Bind a variant's arguments as its factory would and run the factory's own argument
+    rules (:mod:`kernels.registry`) for the GPU and the fp32 CPU specialisation; return the
+    CPU binding (what ``lower_c``'s numerical checks call)."""
+    base = f"kernels.variants.{name}"
+    kernel = KERNELS.get(variant["factory"])
+    if kernel is None:
+        _fail(path, f"{base}.factory", f"unknown kernel {variant['factory']!r}; known: {', '.join(sorted(KERNELS))}")
+    args, kwargs = variant.get("args", []), variant.get("kwargs", {})
+
+    def key_of(param: str | None) -> str:
+        if param in kwargs:
+            return f"{base}.kwargs.{param}"
+        if param in kernel.positional[:len(args)]:
+            return f"{base}.args.{kernel.positional.index(param)}"
+        if param is None or any(p.name == param and p.required for p in kernel.params):
+            return f"{base}.args"
+        return base  # a default, refused together with a given argument
+
+    bound = None
+    for stage in ({"cpu": False}, {"cpu": True, "dtype": CPU_DTYPE}):
+        try:
+            bound = kernel.bind(args, kwargs, **stage)
+        except ValueError as exc:
+            _fail(path, key_of(getattr(exc, "param", None)), str(exc))
+        try:
+            kernel.check(bound)
+        except ValueError as exc:
+            _fail(path, key_of(getattr(exc, "param", None)), f"{kernel.factory}: {exc}")
+    return bound
+
+
+def _check_model(data: dict, path: Path) -> None:
+    """The effective model sections: the batch layout against the export ranges, and
+    verification thresholds for every package that is built."""
+    try:
+        check_export_layout(planned_shapes(data["model"]["inputs"]), data["export"])
+    except LayoutError as exc:
+        _fail(path, exc.key, exc.message)
+    thresholds = data["verify"]["thresholds"]
+    for target, dtype in model_builds(data):
+        if dtype not in thresholds.get(target, {}):
+            _fail(path, f"verify.thresholds.{target}.{dtype}",
+                  f"no verification thresholds for the {target} {dtype} package, which is built "
+                  f"(package.targets has {target}, export.targets.{target} has {dtype})")

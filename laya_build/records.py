@@ -11,6 +11,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 from . import SCHEMA_DIR
@@ -41,14 +42,64 @@ def _registry():
     return Registry().with_resources(resources)
 
 
+def ecma_regex(pattern: str) -> str:
+    """A JSON Schema ``pattern`` (an ECMA-262 regular expression) for Python's ``re``.
+
+    Without the multiline flag, ECMA's ``$`` matches only at the very end of the string;
+    Python's also matches before a final newline, so ``^[0-9.]+$`` would accept
+    ``"1.2.0\\n"`` (a YAML block scalar's value) and a version folder would end in a newline.
+    Every ``$`` outside a character class becomes ``\\Z``.
+    """
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "$":
+            c = r"\Z"
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _pattern(validator, pattern, instance, schema):
+    from jsonschema.exceptions import ValidationError
+
+    if validator.is_type(instance, "string") and not re.search(ecma_regex(pattern), instance):
+        hint = ""
+        if re.search(pattern, instance):  # matched only thanks to Python's "$ before a final newline"
+            hint = " (it ends in a newline: a YAML block scalar such as `key: |` keeps one; write it on one line)"
+        yield ValidationError(f"{instance!r} does not match {pattern!r}{hint}")
+
+
+def _ascending(validator, keys, instance, schema):
+    """``"ascending": ["min", "max"]``: the listed properties, where present, never decrease
+    (a rule JSON Schema cannot state; a range with min > max is empty)."""
+    from jsonschema.exceptions import ValidationError
+
+    if not validator.is_type(instance, "object"):
+        return
+    present = [(k, instance[k]) for k in keys if k in instance]
+    for (a, va), (b, vb) in zip(present, present[1:]):
+        if validator.is_type(va, "number") and validator.is_type(vb, "number") and va > vb:
+            yield ValidationError(f"{a} {va!r} is greater than {b} {vb!r}: the range is empty")
+
+
 @functools.lru_cache(maxsize=None)
 def _validator(name: str):
     import jsonschema
 
     schema = load_schema(name)
-    cls = jsonschema.validators.validator_for(schema)
-    cls.check_schema(schema)
-    return cls(schema, registry=_registry(), format_checker=cls.FORMAT_CHECKER)
+    base = jsonschema.validators.validator_for(schema)
+    base.check_schema(schema)
+    cls = jsonschema.validators.extend(base, {"pattern": _pattern, "ascending": _ascending})
+    return cls(schema, registry=_registry(), format_checker=base.FORMAT_CHECKER)
 
 
 def key_path(error) -> str:
@@ -64,7 +115,19 @@ def validate(name: str, doc, *, what: str | None = None) -> None:
     error = jsonschema.exceptions.best_match(_validator(name).iter_errors(doc))
     if error is not None:
         label = what or f"{name} record"
-        raise RecordError(f"{label}: invalid at {key_path(error)}: {error.message}")
+        raise RecordError(f"{label}: invalid at {key_path(error)}: {error.message}{_hint(error)}")
+
+
+def _hint(error) -> str:
+    """A number YAML read as text: YAML 1.1 needs a dot in a float's mantissa (1.0e-5, not 1e-5)."""
+    expected = error.validator_value if error.validator == "type" else ()
+    if isinstance(error.instance, str) and "number" in expected:
+        try:
+            float(error.instance)
+        except ValueError:
+            return ""
+        return f" (YAML reads {error.instance} as text: write it with a dot, e.g. 1.0e-5)"
+    return ""
 
 
 def check_record(path: str | os.PathLike, record: dict) -> None:

@@ -12,8 +12,10 @@ the right to the batch's ``tokens`` (a multiple of ``pad_multiple``; by default 
 row rounded up).
 
 The batch layout is config-driven (``model.inputs.batches``): which decisions share a batch
-and each batch's padded length.  The export stage checks that the saved batches reach both
-ends of every export range (:func:`check_dims_reached`).
+and each batch's padded length.  The decisions and the layout rules are plain Python in
+:mod:`laya_build.model.batches` (checked when pipeline.yaml is loaded, and here again on the
+tensors); the export stage checks that the saved batches reach both ends of every export
+range (:func:`check_dims_reached`).
 
 ``inputs.pt`` (``torch.load(weights_only=True)``-safe: plain tensors, lists, strings, ints)::
 
@@ -27,71 +29,17 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 
 import torch
 
 from ..errors import ConfigError, InputsMismatchError
+from .batches import DECISIONS, Decision, DimsError, batch_layout, check_dims, planned_shapes
 from ..stages._aoti_runtime import INPUTS_FORMAT, load_weights_only
 from .decision import QUESTION_TYPES
 from .tokenizer import special_token_ids
 
 ARG_NAMES = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
 DIM_AXES = {"rows": ("input_ids", 0), "tokens": ("input_ids", 1), "slots": ("marker_pos", 1)}
-
-
-@dataclass(frozen=True)
-class Decision:
-    qtype: str
-    question: str
-    options: tuple[str, ...]
-    state: str
-
-
-DECISIONS: dict[str, Decision] = {
-    "second-charge-hold": Decision(
-        "choice", "Is the second charge a real payment?", ("yes", "no"),
-        "Charge status: pending."),
-    "duplicate-likelihood": Decision(
-        "score", "How likely is it that the charge is a duplicate?",
-        ("unlikely", "likely", "very likely"),
-        "Customer: you charged me twice. Charge status: settled. Duplicate suspected: yes. "
-        "Matching authorization: voided."),
-    "forgotten-cancellation": Decision(
-        "noul", "Which refund reason matches this request?",
-        ("forgotten cancellation", "none of these"),
-        "The customer wants a refund because they forgot to cancel before the renewal. "
-        "Usage logs show no logins since the renewal date."),
-    "annual-refund": Decision(
-        "choice", "Which refund option fits the customer request best?",
-        ("full refund", "partial refund", "account credit", "no refund"),
-        "Customer asks for a refund of an annual plan bought nine days ago. Usage is low. "
-        "Refund requested: 119.00, plan: annual, days since charge: 9, prior refunds: 0. "
-        "Annual plans can be refunded in full within fourteen days and pro rata within "
-        "thirty days. The customer is polite and only wants to understand the charge."),
-    "urgency": Decision(
-        "score", "Rate how urgent this billing issue is on a scale from one to five.",
-        ("one", "two", "three", "four", "five"),
-        "Dear support, I have written three times about the same double charge and nobody "
-        "has answered. Ticket priority: high. Channel: email. Sentiment: negative. "
-        "The customer is upset and mentions the word fraud."),
-    "failed-payment-step": Decision(
-        "choice", "What is the best next step for this billing ticket?",
-        ("retry the payment", "update the card", "escalate to a specialist"),
-        "The payment processor returned the error expired card. "
-        "Subscription status: past due. Failed payments: 2. Grace period: 9 days left."),
-    "late-fee-noul": Decision(
-        "noul", "Should the agent waive the late fee or correct the invoice?",
-        ("waive the late fee", "send the corrected invoice", "none of these"),
-        "Why was my account charged a late fee when the payment went through on time? "
-        "The invoice is overdue by twelve days and a reminder was sent."),
-    "only-cancel": Decision(
-        "choice", "Confirm the only available action.", ("cancel the subscription",),
-        "Subscription status: active. Auto renewal: enabled."),
-    "only-credit": Decision(
-        "noul", "Is account credit the answer?", ("account credit",),
-        "Refunds to a closed card are issued as account credit instead."),
-}
 
 
 def encode_decision(tokenizer, decision: Decision) -> tuple[list[int], list[int]]:
@@ -108,21 +56,15 @@ def encode_decision(tokenizer, decision: Decision) -> tuple[list[int], list[int]
 
 
 def build_batch(tokenizer, names: list[str], tokens: int | None, pad_multiple: int,
-                slots: int | None = None) -> dict:
-    unknown = [n for n in names if n not in DECISIONS]
-    if unknown:
-        raise ConfigError(f"model.inputs: unknown decisions {unknown}; known: {sorted(DECISIONS)}")
+                slots: int | None = None, *, key: str = "model.inputs", single_slot: bool = False) -> dict:
+    layout = batch_layout(names, tokens, pad_multiple, slots, key=key, single_slot=single_slot)
     encoded = [encode_decision(tokenizer, DECISIONS[n]) for n in names]
     longest = max(len(ids) for ids, _ in encoded)
     width = tokens or math.ceil(longest / pad_multiple) * pad_multiple
-    if width % pad_multiple or width < longest:
-        raise ConfigError(f"model.inputs: batch {names} needs {longest} tokens; padded length "
+    if width < longest:  # the one layout rule that needs the tokenizer
+        raise ConfigError(f"{key}: batch {names} needs {longest} tokens; padded length "
                           f"{width} must be a multiple of {pad_multiple} and at least that")
-    most = max(len(m) for _, m in encoded)
-    n_slots = slots or most
-    if n_slots < most:
-        raise ConfigError(f"model.inputs: batch {names} has a row with {most} options; slots={n_slots} is too few")
-    rows = len(names)
+    rows, n_slots = layout["rows"], layout["slots"]
     batch = {
         "input_ids": torch.full((rows, width), tokenizer.pad_token_id, dtype=torch.long),
         "attention_mask": torch.zeros(rows, width, dtype=torch.long),
@@ -142,20 +84,17 @@ def build_batch(tokenizer, names: list[str], tokens: int | None, pad_multiple: i
 
 def build_inputs(tokenizer, spec: dict) -> dict:
     """Tokenise the configured decision batches (``model.inputs``) into the saved layout."""
+    planned_shapes(spec)  # every layout rule first, each error with its key path
     pad = int(spec.get("pad_multiple", 16))
 
-    def batches(key, slots=None):
-        return [build_batch(tokenizer, b["decisions"], b.get("tokens"), pad, slots or b.get("slots"))
-                for b in spec.get(key, [])]
+    def batches(key):
+        return [build_batch(tokenizer, b["decisions"], b.get("tokens"), pad, b.get("slots"),
+                            key=f"model.inputs.{key}.{i}", single_slot=key == "single_slot_batches")
+                for i, b in enumerate(spec.get(key, []))]
 
-    single = batches("single_slot_batches", slots=1)
-    for batch in single:
-        if any(n != 1 for n in batch["options"]):
-            raise ConfigError(f"model.inputs.single_slot_batches: {batch['decisions']} must "
-                              f"have exactly one option each, got {batch['options']}")
     return {"format": INPUTS_FORMAT, "arg_names": list(ARG_NAMES),
             "special_ids": special_token_ids(tokenizer),
-            "batches": batches("batches"), "single_slot_batches": single}
+            "batches": batches("batches"), "single_slot_batches": batches("single_slot_batches")}
 
 
 def save_inputs(inputs: dict, path: str | os.PathLike) -> None:
@@ -177,24 +116,9 @@ def batch_shape(batch: dict) -> dict[str, int]:
 
 def check_dims_reached(batches: list[dict], dims: dict, *, reach: bool = True) -> None:
     """Every batch lies inside the export ranges; with ``reach``, the batches together hit
-    both the minimum and the maximum of rows, tokens (``16 * tokens16``) and slots."""
-    ranges = {"rows": (dims["rows"]["min"], dims["rows"]["max"]),
-              "tokens": (16 * dims["tokens16"]["min"], 16 * dims["tokens16"]["max"]),
-              "slots": (dims["slots"]["min"], dims["slots"]["max"])}
-    shapes = [batch_shape(b) for b in batches]
-    for i, shape in enumerate(shapes):
-        if shape["tokens"] % 16:
-            raise InputsMismatchError(f"batch {i}: {shape['tokens']} tokens is not a multiple of 16")
-        for dim, (lo, hi) in ranges.items():
-            if dim == "slots" and not reach:
-                continue
-            if not lo <= shape[dim] <= hi:
-                raise InputsMismatchError(f"batch {i}: {dim} = {shape[dim]} is outside the "
-                                          f"export range {lo}..{hi}")
-    if reach:
-        for dim, (lo, hi) in ranges.items():
-            seen = sorted({s[dim] for s in shapes})
-            if not seen or seen[0] != lo or seen[-1] != hi:
-                raise InputsMismatchError(
-                    f"the saved batches do not reach both ends of the export range of {dim} "
-                    f"{lo}..{hi} (seen {seen}); change export.dims or model.inputs.batches")
+    both the minimum and the maximum of rows, tokens (``16 * tokens16``) and slots
+    (:func:`laya_build.model.batches.check_dims` on the saved tensors' shapes)."""
+    try:
+        check_dims([batch_shape(b) for b in batches], dims, reach=reach)
+    except DimsError as exc:
+        raise InputsMismatchError(exc.message) from None

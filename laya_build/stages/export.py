@@ -65,14 +65,8 @@ def export_program(model, inputs: dict, program: Program, cfg: dict, device: str
     from ..model.inputs import batch_shape
 
     batches = inputs[program.batches_key]
-    index = 0 if program.single_slot else cfg["example_batch"]
-    if index >= len(batches):
-        raise ConfigError(f"export.example_batch {index}: inputs have {len(batches)} "
-                          f"{program.batches_key}")
+    index = 0 if program.single_slot else cfg["example_batch"]  # checked by check_export_layout
     example = batch_args(batches[index], inputs["arg_names"], device)
-    if example[0].shape[0] < 2:
-        raise ConfigError(f"export example ({program.batches_key}[{index}]) has one row; "
-                          "torch.export would specialise rows to 1: pick a batch with >= 2 rows")
     start = time.perf_counter()
     with torch.inference_mode():
         ep = torch.export.export(model, example,
@@ -102,7 +96,8 @@ def run_export(export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: s
                dtype: str) -> dict:
     from ..model.checkpoint import WEIGHTS, load_checkpoint
     from ..model.decision import eval_copy
-    from ..model.inputs import check_dims_reached, load_inputs
+    from ..model.batches import BATCH_KEYS, DimsError, check_export_layout
+    from ..model.inputs import batch_shape, load_inputs
 
     start = time.perf_counter()
     cfg = section("export", export_cfg)
@@ -115,13 +110,11 @@ def run_export(export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: s
         return skip("export", out, reason, target=target, dtype=dtype)
 
     inputs = load_inputs(inputs_path)
-    check_dims_reached(inputs["batches"], cfg["dims"])
+    try:  # the rules pipeline.yaml was checked against at load, now on the saved tensors
+        check_export_layout({key: [batch_shape(b) for b in inputs[key]] for key in BATCH_KEYS}, cfg)
+    except DimsError as exc:
+        raise InputsMismatchError(f"{inputs_path}: {exc.message}") from None
     programs = [p for p in PROGRAMS if cfg["single_slot"] or not p.single_slot]
-    if cfg["single_slot"]:
-        if not inputs["single_slot_batches"]:
-            raise InputsMismatchError(f"{inputs_path}: export.single_slot is set but the inputs "
-                                      "have no single_slot_batches")
-        check_dims_reached(inputs["single_slot_batches"], cfg["dims"], reach=False)
 
     model, _, _ = load_checkpoint(checkpoint_dir)
     model = eval_copy(model, torch_dtype(dtype), target)

@@ -36,48 +36,49 @@ def _rand(gen, *shape, scale=1.0):
     return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).float()
 
 
-def _gemm_case(args, kwargs, shape, gen):
+# Each case builder takes the factory's full arguments (kernels.registry's bind: defaults
+# filled in, however the variant passed them) and one check shape.
+def _gemm_case(a, shape, gen):
     import torch
     from kernels.reference import gemm_reference
 
-    N, K = args[0], args[1]
+    N, K = a["N"], a["K"]
     M = shape["M"]
     A, W, b = _rand(gen, M, K), _rand(gen, N, K, scale=K ** -0.5), _rand(gen, N)
     C = torch.empty(M, N)
-    bias = kwargs.get("bias", False)
-    ref = gemm_reference(A, W, b if bias else None, kwargs.get("act", "none"))
+    ref = gemm_reference(A, W, b if a["bias"] else None, a["act"])
     return Case((A, W, b, C), compare=[("C", lambda: C, ref, None)])
 
 
-def _geglu_case(args, kwargs, shape, gen):
+def _geglu_case(a, shape, gen):
     import torch
     from kernels.reference import geglu_reference
 
-    F, K = args[0], args[1]
+    F, K = a["F"], a["K"]
     M = shape["M"]
     A, W = _rand(gen, M, K), _rand(gen, 2 * F, K, scale=K ** -0.5)
     C = torch.empty(M, F)
     return Case((A, W, C), compare=[("C", lambda: C, geglu_reference(A, W), None)])
 
 
-def _add_ln_case(args, kwargs, shape, gen):
+def _add_ln_case(a, shape, gen):
     import torch
     from kernels.reference import add_ln_reference
 
-    D = args[0]
+    D = a["D"]
     M = shape["M"]
-    residual, bias = kwargs.get("residual", True), kwargs.get("bias", False)
+    residual, bias = a["residual"], a["bias"]
     X, R = _rand(gen, M, D, scale=3e4), _rand(gen, M, D)
     w, b = _rand(gen, D), _rand(gen, D)
     Y = torch.empty(M, D)
-    x_new, ref = add_ln_reference(X, R, w, b if bias else None, kwargs.get("eps", 1e-5), residual)
+    x_new, ref = add_ln_reference(X, R, w, b if bias else None, a["eps"], residual)
     return Case((X, R, w, b, Y), compare=[("Y", lambda: Y, ref, None)], exact=[("X (residual stream)", lambda: X, x_new)])
 
 
-def _rope_case(args, kwargs, shape, gen):
+def _rope_case(a, shape, gen):
     from kernels.reference import rope_reference, rope_tables
 
-    H, Dh = args[0], args[1]
+    H, Dh = a["H"], a["Dh"]
     M, L = shape["M"], shape["L"]
     QKV = _rand(gen, M, 3 * H * Dh)
     cos, sin = rope_tables(L, Dh)
@@ -90,20 +91,16 @@ def _rope_case(args, kwargs, shape, gen):
     )
 
 
-def _attn_case(args, kwargs, shape, gen):
+def _attn_case(a, shape, gen):
     import torch
     from kernels.reference import attn_reference
 
-    B0, L0, H, Dh = args[0], args[1], args[2], args[3]
-    B, L = shape.get("B", B0), shape.get("L", L0)
-    if B is None or L is None:
-        raise ValueError("attention check shapes need B and L when the variant leaves them symbolic")
+    H, Dh = a["H"], a["Dh"]
+    B, L = shape.get("B", a["B"]), shape.get("L", a["L"])  # kernels.registry checked the shape
     lens = torch.tensor(shape.get("lens", [L] * B), dtype=torch.int32)
-    if lens.numel() != B:
-        raise ValueError(f"attention check shape: lens has {lens.numel()} entries for B={B}")
     QKV = _rand(gen, B, L, 3, H, Dh)
     O = torch.empty(B, L, H * Dh)
-    ref = attn_reference(QKV, lens, window=kwargs.get("window", 0))
+    ref = attn_reference(QKV, lens, window=a["window"])
     valid = (torch.arange(L)[None, :] < lens[:, None].long())  # [B, L] valid query rows
     return Case((QKV, lens, O), compare=[("O", lambda: O, ref, valid)])
 
@@ -148,17 +145,21 @@ def run_lower_c(spec: dict) -> dict:
     import torch
 
     import kernels
+    from kernels.registry import CPU_DTYPE, KERNELS
 
     start = time.perf_counter()
     args, kwargs = call_args(spec)
     kernel = kernels.compile_cpu(load_factory(spec["factory"]), *args, **kwargs)
     compile_s = time.perf_counter() - start
     source = kernel.source
+    registered = KERNELS[spec["factory"]]
+    bound = registered.bind(args, kwargs, dtype=CPU_DTYPE, cpu=True)
     make_case = HARNESS[spec["factory"]]
     gen = torch.Generator().manual_seed(spec["seed"])
     checks = []
     for i, shape in enumerate(spec["shapes"]):
-        case = make_case(args, kwargs, shape, gen)
+        registered.check_shape(bound, shape)
+        case = make_case(bound, shape, gen)
         kernel(*case.inputs)
         # check_case raises NumericalCheckFailed on any failure: a recorded check has passed
         result = check_case(case, spec["atol"], f"{spec['variant']} shape {i} {shape}")

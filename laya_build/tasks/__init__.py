@@ -26,7 +26,7 @@ DEFAULT_TASKS = ["tir", "probe_c", "lower_c", "cuda_source", "cuda_diff"]
 
 def load_pipeline(root: Path = PROJECT_ROOT) -> config_mod.Pipeline:
     """The pipeline of ``root``, with ``doit config=... version=...`` applied."""
-    return config_mod.load(get_var("config", None), root=root, overrides={"version": get_var("version", None)})
+    return config_mod.from_command_line(get_var, root=root)
 
 
 def default_processes() -> int:

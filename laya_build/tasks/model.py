@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from .. import isolate, release
+from .. import config as config_mod, isolate, release
 from ..layout import build_name
 from .common import reported, stage_env, stage_task
 
@@ -16,8 +16,7 @@ CHECKPOINT_FILES = ("rl_agent_config.json", "model.safetensors", "encoder/config
 
 def model_builds(p) -> list[tuple[str, str]]:
     """(target, dtype) of every package the config asks for."""
-    targets = p.data["export"]["targets"]
-    return [(t, d) for t in p.data["package"]["targets"] for d in targets.get(t, [])]
+    return config_mod.model_builds(p.data)
 
 
 def verify_spec(p, cfg: dict, target: str, dtype: str) -> dict:
