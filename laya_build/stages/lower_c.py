@@ -8,6 +8,10 @@ untouched with ``residual=False``; RoPE must leave V bit for bit unchanged).
 """
 from __future__ import annotations
 
+# Compilers this stage runs (TileLang builds target c with the C++ compiler): part of its
+# up-to-date check (laya_build.toolchain).
+TOOLS = ("cxx",)
+
 from ..errors import LayaBuildError
 
 import time

@@ -25,6 +25,8 @@ from ._model_common import (check_sha256, check_target, child_env, device_snapsh
                             inductor_cache, log_tail, record_path, run_child, section,
                             skip_if_blocked, upstream, versions)
 
+# Compilers this stage runs: part of its up-to-date check (laya_build.toolchain).
+TOOLS = ("cxx", "nvcc")
 CHILD_MODULE = "laya_build.stages._package_child"
 
 

@@ -8,6 +8,10 @@ this version) is flagged in the record for a human to re-probe.
 """
 from __future__ import annotations
 
+# Compilers this stage runs (TileLang builds target c with the C++ compiler): part of its
+# up-to-date check (laya_build.toolchain).
+TOOLS = ("cxx",)
+
 import time
 
 from ._kernel_common import call_args, load_factory, toolchain
