@@ -27,6 +27,11 @@ PROJECT_PACKAGES = ("laya_build", "kernels")
 SOURCE_SUFFIXES = (".py",)
 # Non-Python files a module can name (data, pinned diagnostics, configuration defaults).
 DATA_SUFFIXES = (".json", ".yaml", ".yml", ".txt")
+# Installed packages that import a project package by its name: transformers probes for
+# Hugging Face's optional ``kernels`` package with ``importlib.util.find_spec`` and, finding
+# ours on sys.path without a version, imports it (transformers/utils/import_utils.py,
+# ``_is_package_available``).  Seen by the file tracer of tests/pipeline/test_dependencies.py.
+IMPORTS_BY_NAME = {"transformers": ("kernels",)}
 
 
 @dataclass(frozen=True)
@@ -177,6 +182,7 @@ class Project:
                     todo.append(sibling)  # a script's ``import helper`` of a module beside it
                 elif top not in sys.stdlib_module_names:
                     third_party.add(top)
+                    todo.extend(m for m in IMPORTS_BY_NAME.get(top, ()) if m in self.modules)
             for pkg, name in info.names:  # ``from pkg import name``: the module defining name
                 if f"{pkg}.{name}" in self.modules:
                     todo.extend(self._with_parents(f"{pkg}.{name}"))

@@ -32,14 +32,22 @@ def load_schema(name: str) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _registry():
-    """Every schema of ``schemas/`` by its ``$id``, so schemas can ``$ref`` each other."""
+    """Schemas ``$ref`` each other by file name (their ``$id``); a referenced schema is read
+    when first needed, so a stage reads only the schemas it validates against (which is
+    what its task depends on: laya_build.deps.schema_closure)."""
     from referencing import Registry, Resource
+    from referencing.exceptions import NoSuchResource
 
-    resources = []
-    for path in sorted(SCHEMA_DIR.glob("*.schema.json")):
-        schema = json.loads(path.read_text())
-        resources.append((schema.get("$id", path.name), Resource.from_contents(schema)))
-    return Registry().with_resources(resources)
+    def retrieve(uri: str):
+        name = uri.rsplit("/", 1)[-1]
+        if not name.endswith(".schema.json"):
+            raise NoSuchResource(ref=uri)
+        try:
+            return Resource.from_contents(load_schema(name.removesuffix(".schema.json")))
+        except RecordError:
+            raise NoSuchResource(ref=uri) from None
+
+    return Registry(retrieve=retrieve)
 
 
 def ecma_regex(pattern: str) -> str:

@@ -1,6 +1,7 @@
 """A throw-away copy of the project (its own git repository) to run ``doit`` in."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -75,12 +76,37 @@ class Project:
         fn(data)
         self.write_config(data)
 
-    def doit(self, *args: str, timeout: float = 1800) -> DoitRun:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        env.pop("PYTHONPATH", None)
-        proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=self.path, env=env,
+    def doit(self, *args: str, timeout: float = 1800, env: dict | None = None) -> DoitRun:
+        full = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        full.pop("PYTHONPATH", None)
+        full.update(env or {})
+        proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=self.path, env=full,
                               capture_output=True, text=True, timeout=timeout)
         return DoitRun(proc.returncode, proc.stdout, proc.stderr)
+
+    def status(self, *, env: dict | None = None) -> dict[str, str]:
+        """``doit list --all --status``: sub-task -> ``R`` (would run) / ``U`` (up to date)."""
+        run = self.doit("list", "--all", "--status", "-q", env=env)
+        assert run.returncode == 0, run.stdout + run.stderr
+        out = {}
+        for line in run.stdout.splitlines():
+            mark, _, name = line.strip().partition(" ")
+            if ":" in name and mark in ("R", "U", "I"):
+                out[name.strip()] = mark
+        return out
+
+    def graph(self) -> dict[str, dict]:
+        """Every sub-task's ``file_dep`` and whether it always runs, from the task graph."""
+        code = ("import json, sys; sys.argv = ['doit']; import dodo; "
+                "from doit.loader import load_tasks; "
+                "print(json.dumps({t.name: {'file_dep': sorted(t.file_dep), "
+                "'always': any(u is False for u, *_ in t.uptodate), 'targets': list(t.targets)} "
+                "for t in load_tasks(vars(dodo)) if ':' in t.name}))")
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        env.pop("PYTHONPATH", None)
+        out = subprocess.run([sys.executable, "-c", code], cwd=self.path, env=env, capture_output=True,
+                             text=True, check=True).stdout
+        return json.loads(out.splitlines()[-1])
 
     @property
     def artifacts(self) -> Path:
