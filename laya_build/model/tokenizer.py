@@ -37,8 +37,10 @@ def corpus_lines(path: str | os.PathLike = CORPUS_PATH) -> list[str]:
     return [line for line in lines if line]
 
 
-def train_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: str | os.PathLike = CORPUS_PATH):
-    """Train a byte-level BPE tokenizer and wrap it as ``PreTrainedTokenizerFast``."""
+def train_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: str | os.PathLike = CORPUS_PATH,
+                    special_tokens: tuple[str, ...] = SPECIAL_TOKENS):
+    """Train a byte-level BPE tokenizer and wrap it as ``PreTrainedTokenizerFast``; the
+    special tokens get ids ``0..`` in the order of ``special_tokens``."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -48,7 +50,7 @@ def train_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: str | os.PathL
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=1,
-                                  special_tokens=list(SPECIAL_TOKENS),
+                                  special_tokens=list(special_tokens),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(corpus_lines(corpus), trainer=trainer)
