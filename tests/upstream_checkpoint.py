@@ -10,6 +10,7 @@ from the generated model's.  :func:`upstream_agent` is ``laya.load`` on a privat
 from __future__ import annotations
 
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -62,12 +63,16 @@ def write_upstream_checkpoint(path: Path, *, head_layers: int = 0, seed: int = 7
     return Path(path)
 
 
-def upstream_agent(checkpoint: Path, scratch: Path):
-    """``laya.load`` of a copy of ``checkpoint`` (upstream may rewrite the tokenizer config)."""
+def upstream_agent(checkpoint: Path, scratch: Path, *, quiet: bool = True):
+    """``laya.load`` of a copy of ``checkpoint`` (upstream may rewrite the tokenizer config).
+    ``quiet`` silences its RuntimeWarning about the temperatures it clamps."""
     import laya
 
     copy = shutil.copytree(checkpoint, scratch)
-    return laya.load(str(copy), device="cpu")
+    with warnings.catch_warnings():
+        if quiet:
+            warnings.filterwarnings("ignore", r"laya: this checkpoint ships invalid temperatures", RuntimeWarning)
+        return laya.load(str(copy), device="cpu")
 
 
 def upstream_forward(model, batch: dict):

@@ -36,7 +36,7 @@ def generate_spec():
 @pytest.fixture(scope="session")
 def upstream_dir(tmp_path_factory):
     """A checkpoint written by upstream laya's DecisionModel + save_checkpoint (head_layers 0)."""
-    from upstream_checkpoint import write_upstream_checkpoint
+    from tests.upstream_checkpoint import write_upstream_checkpoint
 
     return write_upstream_checkpoint(tmp_path_factory.mktemp("upstream") / "checkpoint")
 

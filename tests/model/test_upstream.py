@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import warnings
 
 import pytest
 import torch
@@ -25,19 +24,13 @@ from laya_build.records import read_record, sha256_file
 from laya_build.stages import _aoti_runtime as rt
 from laya_build.stages.model import run_model
 
-from upstream_checkpoint import UPSTREAM_CONFIG, upstream_agent, upstream_forward, write_upstream_checkpoint
+from tests.upstream_checkpoint import UPSTREAM_CONFIG, upstream_agent, upstream_forward, write_upstream_checkpoint
 
 BUILDS = ("model_dir", "upstream_model_dir")  # the generated checkpoint, an upstream-written one
 
 
 def files(root):
     return {p.relative_to(root).as_posix(): sha256_file(p) for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def quiet_agent(checkpoint, scratch):
-    with warnings.catch_warnings():  # upstream warns about the temperatures it clamps
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return upstream_agent(checkpoint, scratch)
 
 
 def saved_rows(inputs):
@@ -67,8 +60,9 @@ def test_upstream_checkpoint_loads_through_model_path(upstream_dir, upstream_mod
                               "temperature_by_options": {"score:3-5": 1.3, "noul:2": 1.0}}
     assert cal["replaced"] == ["temperature[2]=6.0 -> 5", "temperature_by_options.noul:2='warm' -> 1"]
     assert cal["upstream"].startswith("laya 0.4.15: laya/agent.py")
-    # The temperatures upstream itself applies for this checkpoint.
-    agent = quiet_agent(upstream_dir, tmp_path / "copy")
+    # The temperatures upstream itself applies for this checkpoint, and the entries it names.
+    with pytest.warns(RuntimeWarning, match=r"using noul:2='warm' -> 1, temperature\[2\]=6\.0 -> 5\. "):
+        agent = upstream_agent(upstream_dir, tmp_path / "copy", quiet=False)
     assert agent.temperature == cal["applied"]["temperature"]
     assert agent.temperature_by_options == cal["applied"]["temperature_by_options"]
     saved = load_inputs(upstream_model_dir / "inputs.pt")["calibration"]
@@ -78,7 +72,7 @@ def test_upstream_checkpoint_loads_through_model_path(upstream_dir, upstream_mod
 def test_weights_equal_upstreams_loaded_model(upstream_dir, upstream_model_dir, tmp_path):
     """fp16 on disk, converted to fp32: the same tensors upstream's loader holds."""
     ours = load_checkpoint(upstream_model_dir / "checkpoint")[0].state_dict()
-    theirs = quiet_agent(upstream_dir, tmp_path / "copy").model.state_dict()
+    theirs = upstream_agent(upstream_dir, tmp_path / "copy").model.state_dict()
     assert ours.keys() == theirs.keys()
     for name, value in ours.items():
         assert value.dtype == torch.float32 and torch.equal(value, theirs[name].float()), name
@@ -88,7 +82,7 @@ def test_weights_equal_upstreams_loaded_model(upstream_dir, upstream_model_dir, 
 def test_saved_token_ids_equal_upstream_build_sequence(build, request, tmp_path):
     out = request.getfixturevalue(build)
     inputs = load_inputs(out / "inputs.pt")
-    agent = quiet_agent(out / "checkpoint", tmp_path / "copy")
+    agent = upstream_agent(out / "checkpoint", tmp_path / "copy")
     tok = agent.tok  # the tokenizer as upstream loads it
     sizes = inputs["sequence"]
     assert sizes == {"max_len": agent.cfg.get("max_len", 512), "head_max_len": agent.cfg.get("head_max_len", 192)}
@@ -146,7 +140,7 @@ def test_probabilities_equal_upstream_answers(build, request, tmp_path):
     out = request.getfixturevalue(build)
     inputs = load_inputs(out / "inputs.pt")
     model = load_checkpoint(out / "checkpoint")[0]
-    agent = quiet_agent(out / "checkpoint", tmp_path / "copy")
+    agent = upstream_agent(out / "checkpoint", tmp_path / "copy")
     for batch in inputs["batches"] + inputs["single_slot_batches"]:
         with torch.inference_mode():
             decision, act = model(*(batch[k] for k in inputs["arg_names"]))
@@ -163,7 +157,7 @@ def test_probabilities_equal_upstream_answers(build, request, tmp_path):
 
 
 def test_upstream_load_reads_the_generated_checkpoint(model_dir, checkpoint, inputs, tmp_path):
-    agent = quiet_agent(model_dir / "checkpoint", tmp_path / "copy")
+    agent = upstream_agent(model_dir / "checkpoint", tmp_path / "copy")
     assert agent.cfg["act_costs"] == {"clarify": 0.05, "defer": 0.2, "escalate": 0.5}
     assert agent.model.head is not None and len(agent.model.head.layers) == 2
     for batch in inputs["batches"] + inputs["single_slot_batches"]:
@@ -184,7 +178,7 @@ def test_minimal_upstream_config_takes_upstream_defaults(tmp_path):
     record = run_model({"path": str(ckpt)}, tmp_path / "out")
     assert record["architecture"]["n_act"] == 1 and record["agent_config"]["act_costs"] is None
     inputs = load_inputs(tmp_path / "out" / "inputs.pt")
-    upstream_model = quiet_agent(ckpt, tmp_path / "copy").model
+    upstream_model = upstream_agent(ckpt, tmp_path / "copy").model
     batch = inputs["batches"][2]
     with torch.inference_mode():
         ours = model(*(batch[k] for k in inputs["arg_names"]))
@@ -277,7 +271,7 @@ def test_question_that_does_not_fit_max_len_is_refused(upstream_dir, tmp_path):
         run_model({"path": str(ckpt)}, tmp_path / "out")
     decision = DECISIONS["duplicate-likelihood"]
     with pytest.raises(ValueError, match=r"only 2 of its 3 option markers fit in max_len=20"):
-        quiet_agent(ckpt, tmp_path / "copy").system_one(decision.state, {"q": decision.question})
+        upstream_agent(ckpt, tmp_path / "copy").system_one(decision.state, {"q": decision.question})
 
 
 # ------------------------------------------------------------------ the rule's pieces
@@ -311,3 +305,44 @@ def test_temperature_buckets_are_upstreams():
     for qtype in range(3):
         for k in range(1, 16):
             assert rt.temperature_bucket(qtype, k) == up.temp_bucket(qtype, k)
+
+
+def test_the_build_does_not_depend_on_upstream():
+    """``laya`` is a test-only requirement: no module of the build imports it."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    pattern = re.compile(r"^\s*(import\s+laya\b|from\s+laya(\.\w+)*\s+import)", re.M)
+    sources = sorted((root / "laya_build").rglob("*.py")) + [root / "dodo.py"]
+    assert len(sources) > 20
+    assert [p.name for p in sources if pattern.search(p.read_text())] == []
+    assert pattern.search("from laya.common import build_sequence") and not pattern.search("import laya_build")
+
+
+BAD_QUESTIONS = [
+    {"type": "multi", "instructions": "x", "criteria": ["a"]},
+    {"type": "choice", "instructions": "", "criteria": ["a"]},
+    {"type": "choice", "instructions": None, "criteria": ["a"]},
+    {"type": "choice", "instructions": "x", "criteria": None},
+    {"type": "choice", "instructions": "x", "criteria": []},
+    {"type": "choice", "instructions": "x", "criteria": ["a", "a"]},
+    {"type": "choice", "instructions": "x", "criteria": [["a"]]},
+    {"type": "score", "instructions": "x", "criteria": []},
+    {"type": "score", "instructions": "x", "criteria": ["low", None]},
+    {"type": "score", "instructions": "x", "criteria": {"low": 0}},
+    {"type": "noul", "instructions": "x", "criteria": {"maybe": "y"}},
+    {"type": "noul", "instructions": "x", "criteria": "yes"},
+    {"type": "choice", "instructions": "x", "criteria": ["a"], "labels": {"false": "n", "true": "y"}},
+    {"type": "noul", "instructions": "x", "labels": {"false": "same", "true": "same"}},
+]
+
+
+@pytest.mark.parametrize("question", BAD_QUESTIONS)
+def test_decisions_upstream_refuses_are_refused(question):
+    from laya_build.model import inputs as inputs_mod
+
+    with pytest.raises(ValueError):
+        Agent._check_question("q", question)
+    with pytest.raises(ConfigError, match=r"decision 'bad': "):
+        inputs_mod.check_question("bad", question)
