@@ -69,6 +69,9 @@ KEYS = {
 NEUTRAL_KEYS = {
     "amp_dtype": "upstream's CUDA autocast dtype at predict time; not applied: the build's "
                  "precisions are export.targets and latency.amp_dtype",
+    "lang_temperatures": "per-language temperature overrides: upstream applies them only when a "
+                         "request names a language (laya.load(lang_temperatures=...)); the saved "
+                         "decisions carry none",
 }
 UNKNOWN_KEY_NOTE = f"not read by laya {UPSTREAM_LAYA}'s runtime: does not change the computation"
 
@@ -158,7 +161,7 @@ def read_agent_config(path: str | os.PathLike) -> dict:
     file = path / AGENT_CONFIG
     try:
         raw = json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise CheckpointError(f"{file}: not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise CheckpointError(f"{file}: must be a JSON object, got {type(raw).__name__}")
@@ -225,7 +228,7 @@ def read_encoder_config(path: Path, attn_implementation: str = DEFAULT_ATTN):
     file = path / ENCODER_CONFIG
     try:
         raw = json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise CheckpointError(f"{file}: not valid JSON: {exc}") from None
     model_type = raw.get("model_type") if isinstance(raw, dict) else None
     if model_type not in SUPPORTED_ENCODERS:

@@ -124,3 +124,16 @@ def test_generated_model_runs(checkpoint, inputs):
     assert torch.all(decision[batch["marker_mask"] == 0] == -1e4)
     assert torch.all(decision[batch["marker_mask"] == 1] > -1e3)
     assert act.shape == (4, 4)
+
+
+@pytest.mark.parametrize("name, data, message", [
+    ("model.safetensors", b"not safetensors", r"model\.safetensors: not a readable safetensors file"),
+    ("rl_agent_config.json", b"{not json", r"rl_agent_config\.json: not valid JSON"),
+    ("rl_agent_config.json", b"[1, 2]", r"rl_agent_config\.json: must be a JSON object, got list"),
+    ("encoder/config.json", b"\xff\xfe", r"encoder/config\.json: not valid JSON"),
+])
+def test_unreadable_files_are_named(tmp_path, model_dir, name, data, message):
+    ckpt = shutil.copytree(model_dir / "checkpoint", tmp_path / "ckpt")
+    (ckpt / name).write_bytes(data)
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(ckpt)

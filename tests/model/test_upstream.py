@@ -259,7 +259,10 @@ def test_refused_config_values_name_key_and_supported_values(upstream_dir, tmp_p
 def test_unknown_keys_are_recorded_not_refused(upstream_dir, tmp_path):
     ckpt = shutil.copytree(upstream_dir, tmp_path / "ckpt")
     edit_json(ckpt / AGENT, setter("released_by", "someone"))
-    assert load_checkpoint(ckpt)[2]["recorded_keys"]["released_by"] == UNKNOWN_KEY_NOTE
+    edit_json(ckpt / AGENT, setter("lang_temperatures", {"de": {"temperature": [1.0, 1.4, 2.0]}}))
+    recorded = load_checkpoint(ckpt)[2]["recorded_keys"]
+    assert recorded["released_by"] == UNKNOWN_KEY_NOTE
+    assert recorded["lang_temperatures"].startswith("per-language temperature overrides: upstream applies them only")
 
 
 def test_question_that_does_not_fit_max_len_is_refused(upstream_dir, tmp_path):
