@@ -10,7 +10,8 @@ Run as ``python -m laya_build.stages._latency_child JOB.json`` with a fresh, emp
 
 Per variant and batch: the first call (compilation for ``compiled_bf16``), outputs compared
 with ``eager_amp`` (decision probabilities calibrated as upstream Laya publishes them:
-``_aoti_runtime.decision_probabilities``), then warm-ups and the median of synchronised groups of forwards.
+``_aoti_runtime.decision_probabilities``), then warm-ups and the median of synchronised
+groups of forwards.
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ Measured in a fresh subprocess (``_latency_child``) with its own empty Inductor 
 the saved inputs: per variant and batch, ``timing.warmup`` forwards, then the median of
 ``timing.groups`` synchronised groups of ``timing.group_size`` forwards.  Outputs are
 compared with eager AMP (decision probabilities calibrated with the checkpoint's
-temperatures, upstream Laya's rule: ``_aoti_runtime.decision_probabilities``).  Writes ``latency.json`` (the record)
-and ``latency.md`` (a Markdown table).  Latencies exclude tokenisation, export and
+temperatures, upstream Laya's rule: ``_aoti_runtime.decision_probabilities``).  Writes
+``latency.json`` (the record) and ``latency.md`` (a Markdown table).  Latencies exclude tokenisation, export and
 compilation (the first calls, which compile for ``compiled_bf16``, are recorded apart).
 """
 from __future__ import annotations
