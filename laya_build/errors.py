@@ -19,6 +19,12 @@ class CheckpointError(LayaBuildError):
     """A checkpoint directory is incomplete or does not match the model (names path/keys)."""
 
 
+class UnsupportedCheckpointError(CheckpointError):
+    """A valid upstream checkpoint asks for a computation this build does not implement
+    (e.g. ``option_layout: parallel``, a non-ModernBERT encoder); names the key and the
+    supported values."""
+
+
 class StageError(LayaBuildError):
     """A stage could not do its work on a supported install (e.g. compilation failed)."""
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from .tokenizer import render_options, to_internal  # plain Python: no torch, no tokenizers
 
 TOKEN_ALIGN = 16  # export's tokens are 16 * Dim("tokens16"): the attention alignment guard
 # Each export dim: (the shape key, the export.dims key, its multiplier).
@@ -25,55 +26,66 @@ BATCH_KEYS = ("batches", "single_slot_batches")
 
 @dataclass(frozen=True)
 class Decision:
-    qtype: str
-    question: str
-    options: tuple[str, ...]
-    state: str
+    state: str | dict | list
+    question: dict
+
+    @property
+    def qtype(self) -> str:
+        return self.question["type"]
+
+    @property
+    def options(self) -> list[str]:
+        """The option texts as the model reads them (one ``[MASK]`` slot each)."""
+        return render_options(to_internal(self.question))
 
 
 DECISIONS: dict[str, Decision] = {
     "second-charge-hold": Decision(
-        "choice", "Is the second charge a real payment?", ("yes", "no"),
-        "Charge status: pending."),
+        "Charge status: pending.",
+        {"type": "choice", "instructions": "Is the second charge a real payment?",
+         "criteria": ["yes", "no"]}),
     "duplicate-likelihood": Decision(
-        "score", "How likely is it that the charge is a duplicate?",
-        ("unlikely", "likely", "very likely"),
-        "Customer: you charged me twice. Charge status: settled. Duplicate suspected: yes. "
-        "Matching authorization: voided."),
+        "Customer: you charged me twice. Duplicate suspected: yes.",
+        {"type": "score", "instructions": "Is the charge a duplicate?",
+         "criteria": ["unlikely", "likely", "certain"]}),
     "forgotten-cancellation": Decision(
-        "noul", "Which refund reason matches this request?",
-        ("forgotten cancellation", "none of these"),
-        "The customer wants a refund because they forgot to cancel before the renewal. "
-        "Usage logs show no logins since the renewal date."),
+        "I forgot to cancel before the renewal.",
+        {"type": "noul", "instructions": "The customer forgot to cancel.",
+         "criteria": {"true": "forgot", "false": "other"}}),
     "annual-refund": Decision(
-        "choice", "Which refund option fits the customer request best?",
-        ("full refund", "partial refund", "account credit", "no refund"),
         "Customer asks for a refund of an annual plan bought nine days ago. Usage is low. "
         "Refund requested: 119.00, plan: annual, days since charge: 9, prior refunds: 0. "
         "Annual plans can be refunded in full within fourteen days and pro rata within "
-        "thirty days. The customer is polite and only wants to understand the charge."),
+        "thirty days. The customer is polite and only wants to understand the charge.",
+        {"type": "choice", "instructions": "Which refund option fits the customer request best?",
+         "criteria": {"full refund": "within fourteen days of the charge",
+                      "partial refund": "pro rata within thirty days",
+                      "account credit": "", "no refund": None}}),
     "urgency": Decision(
-        "score", "Rate how urgent this billing issue is on a scale from one to five.",
-        ("one", "two", "three", "four", "five"),
-        "Dear support, I have written three times about the same double charge and nobody "
-        "has answered. Ticket priority: high. Channel: email. Sentiment: negative. "
-        "The customer is upset and mentions the word fraud."),
+        ["Dear support, I have written three times about the same double charge and nobody "
+         "has answered.", "Ticket priority: high. Channel: email. Sentiment: negative.",
+         "The customer is upset and mentions the word fraud."],
+        {"type": "score", "instructions": "Rate how urgent this billing issue is on a scale from one to five.",
+         "criteria": ["one", "two", "three", "four", {"level": "five", "when": "fraud or legal threat"}]}),
     "failed-payment-step": Decision(
-        "choice", "What is the best next step for this billing ticket?",
-        ("retry the payment", "update the card", "escalate to a specialist"),
         "The payment processor returned the error expired card. "
-        "Subscription status: past due. Failed payments: 2. Grace period: 9 days left."),
+        "Subscription status: past due. Failed payments: 2. Grace period: 9 days left.",
+        {"type": "choice", "instructions": "What is the best next step for this billing ticket?",
+         "criteria": ["retry the payment", "update the card", "escalate to a specialist"]}),
     "late-fee-noul": Decision(
-        "noul", "Should the agent waive the late fee or correct the invoice?",
-        ("waive the late fee", "send the corrected invoice", "none of these"),
-        "Why was my account charged a late fee when the payment went through on time? "
-        "The invoice is overdue by twelve days and a reminder was sent."),
+        {"message": "Why was my account charged a late fee when the payment went through on time?",
+         "invoice": {"overdue_days": 12, "reminder_sent": True, "late_fee": 5.0}},
+        {"type": "noul", "instructions": "Waive the late fee: the payment arrived on time.",
+         "criteria": {"true": "waive the late fee"},
+         "labels": {"false": "keep", "true": "waive"}}),
     "only-cancel": Decision(
-        "choice", "Confirm the only available action.", ("cancel the subscription",),
-        "Subscription status: active. Auto renewal: enabled."),
+        "Subscription status: active. Auto renewal: enabled.",
+        {"type": "choice", "instructions": "Confirm the only available action.",
+         "criteria": ["cancel the subscription"]}),
     "only-credit": Decision(
-        "noul", "Is account credit the answer?", ("account credit",),
-        "Refunds to a closed card are issued as account credit instead."),
+        "Refunds to a closed card are issued as account credit instead.",
+        {"type": "score", "instructions": "How is the refund issued?",
+         "criteria": ["as account credit"]}),
 }
 
 

@@ -1,12 +1,18 @@
 """The Laya decision model: a ModernBERT encoder with a typed decision head.
 
+The same module tree, parameter names and forward as upstream Laya's
+``laya.common.DecisionModel`` (``laya==0.4.15``, sequential option layout), so an upstream
+checkpoint loads strictly and computes the same outputs.
+
 ``forward(input_ids, attention_mask, marker_pos, marker_mask, qtype)`` returns
 ``(decision_logits [rows, slots] fp32, act_logits [rows, n_act])``.  Tokenisation, padding,
-temperature calibration (the ``temperature`` buffer) and answer formatting stay with the
-caller; the forward has no data-dependent Python control flow and is ``torch.export``-able
-with dynamic rows, tokens and marker slots.  The only branch is on the *static* slot count:
-a true one-slot tensor (``slots == 1``) takes the single-option branch (no runner-up), which
-needs its own export.
+calibration (the temperatures of ``rl_agent_config.json``; the ``temperature`` buffer of
+shape ``[3]`` is carried as upstream carries it, unused by the forward) and answer
+formatting stay with the caller; the forward has no data-dependent Python control flow and is
+``torch.export``-able with dynamic rows, tokens and marker slots.  The only branches are on
+static facts: ``head_layers == 0`` (no head transformer, as upstream) and a true one-slot
+tensor (``slots == 1``), which takes the single-option branch (no runner-up) and needs its
+own export.
 """
 from __future__ import annotations
 
@@ -17,30 +23,37 @@ from transformers import ModernBertConfig, ModernBertModel
 QUESTION_TYPES = ("choice", "score", "noul")  # qtype ids 0, 1, 2
 MASKED_SLOT_LOGIT = -1e4
 MAX_SLOTS_SCALE = 255.0  # the act head sees k / 255
+ENTROPY_FLOOR = 1e-9  # upstream's p.clamp_min(1e-9) inside the entropy
 
 
 class DecisionModel(nn.Module):
-    def __init__(self, encoder_config: ModernBertConfig, head_layers: int = 2, n_act: int = 2,
-                 temperature: float = 3.0):
+    def __init__(self, encoder_config: ModernBertConfig, head_layers: int = 2, n_act: int = 2):
         super().__init__()
         d = encoder_config.hidden_size
         self.encoder = ModernBertModel(encoder_config)
-        layer = nn.TransformerEncoderLayer(d, max(1, d // 64), 4 * d, batch_first=True,
-                                           norm_first=True)
-        # norm_first layers never take the nested-tensor fast path; saying so avoids a warning.
-        self.head = nn.TransformerEncoder(layer, head_layers, enable_nested_tensor=False)
+        if head_layers > 0:
+            layer = nn.TransformerEncoderLayer(d, max(1, d // 64), 4 * d, batch_first=True,
+                                               norm_first=True)
+            # norm_first layers never take the nested-tensor fast path; saying so avoids a warning.
+            self.head = nn.TransformerEncoder(layer, head_layers, enable_nested_tensor=False)
+        else:
+            self.head = None
         self.type_emb = nn.Embedding(len(QUESTION_TYPES), d)
         self.scorer = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
         self.act_head = nn.Sequential(nn.Linear(d + 4, 256), nn.GELU(), nn.Linear(256, n_act))
-        self.register_buffer("temperature", torch.tensor(float(temperature)))
+        # One per question type, as upstream registers it (torch.ones(3)); not used by forward.
+        self.register_buffer("temperature", torch.ones(len(QUESTION_TYPES)))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 marker_pos: torch.Tensor, marker_mask: torch.Tensor, qtype: torch.Tensor):
         states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         states = states + self.type_emb(qtype)[:, None]
-        states = self.head(states, src_key_padding_mask=attention_mask == 0)
+        if self.head is not None:
+            padding = attention_mask == 0
+            for layer in self.head.layers:  # layer by layer, as upstream runs its head
+                states = layer(states, src_key_padding_mask=padding)
 
-        index = marker_pos[:, :, None].expand(-1, -1, states.shape[-1])
+        index = marker_pos.clamp(min=0)[:, :, None].expand(-1, -1, states.shape[-1])
         markers = torch.gather(states, 1, index)
         logits = self.scorer(markers).squeeze(-1).float()
         logits = logits.masked_fill(marker_mask == 0, MASKED_SLOT_LOGIT)
@@ -61,7 +74,7 @@ class DecisionModel(nn.Module):
         else:  # single-option branch: a static shape decision, resolved at export time
             top1 = probs[:, 0]
             top2 = torch.zeros_like(top1)
-        entropy = -(probs * torch.log(probs.clamp_min(1e-12))).sum(-1)
+        entropy = -(probs * torch.log(probs.clamp_min(ENTROPY_FLOOR))).sum(-1)
         k = (marker_mask != 0).sum(-1).clamp(min=2).float()
         feats = torch.cat([
             states[:, 0].float(),

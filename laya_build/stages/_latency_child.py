@@ -9,7 +9,9 @@ Run as ``python -m laya_build.stages._latency_child JOB.json`` with a fresh, emp
 - ``package``: the AOTInductor package (its sha256 was checked by the parent).
 
 Per variant and batch: the first call (compilation for ``compiled_bf16``), outputs compared
-with ``eager_amp``, then warm-ups and the median of synchronised groups of forwards.
+with ``eager_amp`` (decision probabilities calibrated as upstream Laya publishes them:
+``_aoti_runtime.decision_probabilities``), then warm-ups and the median of synchronised
+groups of forwards.
 """
 from __future__ import annotations
 
@@ -61,7 +63,8 @@ def measure(name: str, job: dict, model, inputs: dict, reference) -> dict:
         fn, rt.batch_args(b, inputs["arg_names"], job["device"]), job["timing"], job["device"])}
         for i, b in enumerate(batches)]
     parity = None if reference is None else rt.summarize(
-        [rt.compare_heads(r, o) for r, o in zip(reference, outputs)])
+        [rt.compare_heads(r, o, b, inputs["calibration"])
+         for r, o, b in zip(reference, outputs, batches)])
     return {"name": name, "setup_s": setup_s, "first_calls_s": first_call_s, "batches": timed,
             "parity_vs_eager_amp": parity, "_outputs": outputs}
 

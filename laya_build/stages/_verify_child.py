@@ -19,7 +19,8 @@ Order of work:
 5. Load each package with ``torch._inductor.aoti_load_package`` and list what appeared in the
    (empty, temporary) Inductor cache during the load.
 6. Run every saved batch; per head and row record the max |logit delta|, max |probability
-   delta| and both argmaxes; time the forwards.
+   delta| (the calibrated probabilities upstream Laya publishes: ``rt.decision_probabilities``
+   with the checkpoint's temperatures saved in the inputs) and both argmaxes; time the forwards.
 
 Errors are written to the result as ``{"status": "error", "kind": ..., "message": ...}``
 (kinds: integrity, inputs, runtime) and the process exits 3.  A native crash kills the
@@ -152,7 +153,7 @@ def verify(job: dict) -> dict:
             batches.append({
                 "batch": b, "shape": {"rows": rows, "tokens": tokens,
                                       "slots": batch["marker_pos"].shape[1]},
-                "compare": rt.compare_heads(ref, got),
+                "compare": rt.compare_heads(ref, got, batch, inputs["calibration"]),
                 "latency": rt.time_forwards(runner, args, job["timing"], job["device"]),
             })
         results.append({"name": p["name"], "load_s": load_s,

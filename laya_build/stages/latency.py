@@ -3,8 +3,9 @@
 Measured in a fresh subprocess (``_latency_child``) with its own empty Inductor cache, on
 the saved inputs: per variant and batch, ``timing.warmup`` forwards, then the median of
 ``timing.groups`` synchronised groups of ``timing.group_size`` forwards.  Outputs are
-compared with eager AMP (raw softmax, uncalibrated).  Writes ``latency.json`` (the record)
-and ``latency.md`` (a Markdown table).  Latencies exclude tokenisation, export and
+compared with eager AMP (decision probabilities calibrated with the checkpoint's
+temperatures, upstream Laya's rule: ``_aoti_runtime.decision_probabilities``).  Writes
+``latency.json`` (the record) and ``latency.md`` (a Markdown table).  Latencies exclude tokenisation, export and
 compilation (the first calls, which compile for ``compiled_bf16``, are recorded apart).
 """
 from __future__ import annotations
@@ -38,7 +39,8 @@ def markdown(record: dict, shapes: list[dict]) -> str:
         "",
         f"Median ms per forward over {t['groups']} groups of {t['group_size']} synchronised "
         f"forwards after {t['warmup']} warm-ups; batch shape rows x tokens x slots.  Deltas "
-        "and argmax agreement are against eager AMP (raw softmax, uncalibrated).",
+        "and argmax agreement are against eager AMP; decision probabilities are calibrated with the "
+        "checkpoint's temperatures as upstream Laya publishes them (model.json `calibration`).",
         "",
         "| variant | what | " + " | ".join(cols) + " | decision argmax | act argmax | max decision prob delta |",
         "|---|---|" + "---:|" * len(cols) + "---:|---:|---:|",

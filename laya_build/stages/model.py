@@ -1,11 +1,16 @@
 """Stage ``model``: the checkpoint (generated from a seed, or a local one) and the saved inputs.
 
-``out_dir/checkpoint/`` receives the Laya checkpoint layout, ``out_dir/inputs.pt`` the
-tokenised decision batches, ``out_dir/model.json`` the record.  The checkpoint is loaded back
-strictly before anything is recorded, so a checkpoint that does not fit the model fails here.
+``out_dir/checkpoint/`` receives the Laya checkpoint layout (upstream ``laya`` 0.4.15's,
+:mod:`laya_build.model.checkpoint`), ``out_dir/inputs.pt`` the decision batches tokenised as
+upstream does, ``out_dir/model.json`` the record: the architecture, the checkpoint's config
+(values used, keys recorded as not changing the computation) and its calibration (raw, as
+applied, and the probability rule verify and latency use).  The checkpoint is loaded
+strictly before it is installed, so a checkpoint that does not fit the model fails here and
+leaves nothing behind.
 """
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -17,15 +22,15 @@ INPUTS_NAME = "inputs.pt"
 
 
 def run_model(model_cfg: dict, out_dir) -> dict:
-    from ..model.checkpoint import DEFAULT_ATTN, WEIGHTS, install_checkpoint, load_checkpoint
+    from ..model.checkpoint import DEFAULT_ATTN, UPSTREAM_LAYA, WEIGHTS, install_checkpoint
     from ..model.inputs import batch_shape, build_inputs, save_inputs
+    from ._aoti_runtime import PROBABILITY_RULE, PROBABILITY_RULE_SOURCE
 
     start = time.perf_counter()
     cfg = section("model", model_cfg)
     out = Path(out_dir)
-    ckpt = install_checkpoint(cfg["path"], cfg["generate"], out / CHECKPOINT_DIRNAME)
-    model, tokenizer, agent = load_checkpoint(ckpt)
-    inputs = build_inputs(tokenizer, cfg["inputs"])
+    ckpt, (model, tokenizer, agent) = install_checkpoint(cfg["path"], cfg["generate"], out / CHECKPOINT_DIRNAME)
+    inputs = build_inputs(tokenizer, cfg["inputs"], agent)
     save_inputs(inputs, out / INPUTS_NAME)
     enc = model.encoder.config
 
@@ -40,17 +45,28 @@ def run_model(model_cfg: dict, out_dir) -> dict:
         "status": "ok",
         "source": "local" if cfg["path"] else "generated",
         "config": cfg,
-        "checkpoint": {"dir": CHECKPOINT_DIRNAME, "files": files, "weights_sha256": weights_sha256},
+        "checkpoint": {"dir": CHECKPOINT_DIRNAME, "files": files, "weights_sha256": weights_sha256,
+                       "format": f"laya {UPSTREAM_LAYA}", "weights_dtypes": agent["weights_dtypes"]},
         "architecture": {
-            "encoder": agent["encoder"], "hidden_size": enc.hidden_size,
+            "encoder": agent["encoder"], "model_type": agent["model_type"], "hidden_size": enc.hidden_size,
             "num_hidden_layers": enc.num_hidden_layers,
             "num_attention_heads": enc.num_attention_heads, "vocab_size": enc.vocab_size,
-            "head_layers": agent["head_layers"], "n_act": len(agent["act_costs"]) + 1,
+            "head_layers": agent["head_layers"], "n_act": agent["n_act"],
             "attn_implementation": DEFAULT_ATTN,
             "parameters": sum(p.numel() for p in model.parameters()),
         },
+        "agent_config": {
+            "act_costs": agent["act_costs"], "max_len": agent["max_len"],
+            "head_max_len": agent["head_max_len"], "option_layout": agent["option_layout"],
+            "recorded_keys": agent["recorded_keys"],
+        },
+        "calibration": {**agent["calibration"], "weights_temperature": [
+                            v if math.isfinite(v := float(t)) else None for t in model.temperature],
+                        "rule": PROBABILITY_RULE, "upstream": PROBABILITY_RULE_SOURCE},
+        "tokenizer": {"class": type(tokenizer).__name__, "size": len(tokenizer),
+                      "special_ids": inputs["special_ids"]},
         "inputs": {**file_entry(out / INPUTS_NAME, out), "rows": sum(len(b["decisions"])
-                   for b in inputs["batches"]), "batches": shapes("batches"),
+                   for b in inputs["batches"]), "sequence": inputs["sequence"], "batches": shapes("batches"),
                    "single_slot_batches": shapes("single_slot_batches")},
         "versions": versions(),
         "elapsed_s": round(time.perf_counter() - start, 4),

@@ -31,3 +31,19 @@ def inputs(model_dir):
 @pytest.fixture(scope="session")
 def generate_spec():
     return section("model", {})["generate"]
+
+
+@pytest.fixture(scope="session")
+def upstream_dir(tmp_path_factory):
+    """A checkpoint written by upstream laya's DecisionModel + save_checkpoint (head_layers 0)."""
+    from tests.upstream_checkpoint import write_upstream_checkpoint
+
+    return write_upstream_checkpoint(tmp_path_factory.mktemp("upstream") / "checkpoint")
+
+
+@pytest.fixture(scope="session")
+def upstream_model_dir(tmp_path_factory, upstream_dir):
+    """The model stage run on the upstream checkpoint through ``model.path``."""
+    out = tmp_path_factory.mktemp("upstream_model")
+    run_model({"path": str(upstream_dir)}, out)
+    return out

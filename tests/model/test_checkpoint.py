@@ -21,9 +21,14 @@ def test_generated_checkpoint_loads_strictly(model_dir, checkpoint):
     state = load_file(str(model_dir / "checkpoint" / "model.safetensors"))
     assert {k.split(".")[0] for k in state} == PREFIXES
     assert set(state) == set(model.state_dict())
-    model.load_state_dict(state, strict=True)
-    assert float(model.temperature) == 3.0
-    assert agent["head_layers"] == 2 and len(agent["act_costs"]) + 1 == model.act_head[-1].out_features
+    assert {t.dtype for t in state.values()} == {torch.float16}  # as upstream's save_checkpoint writes
+    # fp16 on disk, fp32 in the model, equal values.
+    assert all(torch.equal(state[k].float(), v) for k, v in model.state_dict().items())
+    assert next(model.parameters()).dtype == torch.float32
+    assert model.temperature.tolist() == [1.0, 1.0, 1.0] and state["temperature"].shape == (3,)
+    assert agent["head_layers"] == 2 and agent["n_act"] == len(agent["act_costs"]) + 1 == model.act_head[-1].out_features
+    assert agent["calibration"]["applied"] == {"temperature": [1.5, 2.0, 1.25],
+                                               "temperature_by_options": {"choice:3-5": 0.8}}
     assert model.encoder.config.vocab_size == len(tokenizer)
     assert model.encoder.config.pad_token_id == tokenizer.pad_token_id
     assert model.encoder.config.mask_token_id == tokenizer.mask_token_id
@@ -71,9 +76,29 @@ def test_key_mismatch_names_path_and_keys(tmp_path, model_dir):
 def test_shape_mismatch_is_a_checkpoint_error(tmp_path, model_dir):
     ckpt = shutil.copytree(model_dir / "checkpoint", tmp_path / "ckpt")
     agent = json.loads((ckpt / "rl_agent_config.json").read_text())
-    agent["act_costs"].append(1.0)  # n_act + 1: act_head's last layer no longer fits
+    agent["act_costs"]["refund"] = 1.0  # n_act + 1: act_head's last layer no longer fits
     (ckpt / "rl_agent_config.json").write_text(json.dumps(agent))
-    with pytest.raises(CheckpointError, match=r"act_head\.2\.weight"):
+    with pytest.raises(CheckpointError, match=r"shape mismatches: act_head\.2\.bias: file \[4\] vs model \[5\]; "
+                                              r"act_head\.2\.weight: file \[4, 256\] vs model \[5, 256\]"):
+        load_checkpoint(ckpt)
+
+
+def test_scalar_temperature_buffer_is_refused(tmp_path, model_dir):
+    """The project's earlier checkpoints carried a scalar buffer; upstream's has shape [3]."""
+    ckpt = shutil.copytree(model_dir / "checkpoint", tmp_path / "ckpt")
+    state = load_file(str(ckpt / "model.safetensors"))
+    state["temperature"] = torch.tensor(3.0, dtype=torch.float16)
+    save_file(state, str(ckpt / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"temperature: file \[\] vs model \[3\]"):
+        load_checkpoint(ckpt)
+
+
+def test_integer_weights_are_refused(tmp_path, model_dir):
+    ckpt = shutil.copytree(model_dir / "checkpoint", tmp_path / "ckpt")
+    state = load_file(str(ckpt / "model.safetensors"))
+    state["type_emb.weight"] = state["type_emb.weight"].to(torch.int16)
+    save_file(state, str(ckpt / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"not floating point: type_emb\.weight: int16"):
         load_checkpoint(ckpt)
 
 
@@ -99,3 +124,16 @@ def test_generated_model_runs(checkpoint, inputs):
     assert torch.all(decision[batch["marker_mask"] == 0] == -1e4)
     assert torch.all(decision[batch["marker_mask"] == 1] > -1e3)
     assert act.shape == (4, 4)
+
+
+@pytest.mark.parametrize("name, data, message", [
+    ("model.safetensors", b"not safetensors", r"model\.safetensors: not a readable safetensors file"),
+    ("rl_agent_config.json", b"{not json", r"rl_agent_config\.json: not valid JSON"),
+    ("rl_agent_config.json", b"[1, 2]", r"rl_agent_config\.json: must be a JSON object, got list"),
+    ("encoder/config.json", b"\xff\xfe", r"encoder/config\.json: not valid JSON"),
+])
+def test_unreadable_files_are_named(tmp_path, model_dir, name, data, message):
+    ckpt = shutil.copytree(model_dir / "checkpoint", tmp_path / "ckpt")
+    (ckpt / name).write_bytes(data)
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(ckpt)

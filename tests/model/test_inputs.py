@@ -64,7 +64,7 @@ def test_row_layout_and_markers(inputs, checkpoint):
             assert torch.all(pos[k:] == 0)
             assert int(batch["qtype"][row]) == QUESTION_TYPES.index(decision.qtype)
             first = tokenizer.decode(tokens[pos[0] + 1:pos[1] if k > 1 else n]).split("[SEP]")[0]
-            assert first.strip() == decision.options[0]
+            assert first.strip() == decision.options[0]  # the rendered option text
     assert len(set(valid_lengths)) == len(valid_lengths)  # unequal valid lengths
     padded_slots = [b for b in inputs["batches"] if int((b["marker_mask"] == 0).sum())]
     assert padded_slots, "some batch must have padded marker slots"

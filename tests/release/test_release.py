@@ -6,14 +6,18 @@ import re
 import shutil
 
 import pytest
+import torch
 
 from laya_build.records import read_record, sha256_file
 from tests.pipeline.project import Project
+from tests.upstream_checkpoint import upstream_agent, upstream_forward, write_upstream_checkpoint
 
 
-def small_release_config(cfg: dict) -> None:
+def small_release_config(cfg: dict, checkpoint) -> None:
     """Two kernels, one dtype, the fp32 CPU package only, few timed forwards: a whole release
-    on a 2-core CI machine in a few minutes."""
+    on a 2-core CI machine in a few minutes.  The model is ``checkpoint``, written by upstream
+    Laya itself (``model.path``), as a release engineer packages a trained one."""
+    cfg["model"]["path"] = str(checkpoint)
     keep = ("gemm_gelu", "rope")
     cfg["kernels"]["variants"] = {k: v for k, v in cfg["kernels"]["variants"].items() if k in keep}
     cfg["cpu_checks"]["shapes"] = {k: v for k, v in cfg["cpu_checks"]["shapes"].items() if k in keep}
@@ -29,7 +33,8 @@ def small_release_config(cfg: dict) -> None:
 @pytest.fixture(scope="module")
 def released(tmp_path_factory):
     project = Project(tmp_path_factory.mktemp("release"))
-    project.edit_config(small_release_config)
+    checkpoint = write_upstream_checkpoint(tmp_path_factory.mktemp("upstream") / "checkpoint")
+    project.edit_config(lambda cfg: small_release_config(cfg, checkpoint))
     project.commit("small release pipeline")
     run = project.doit("-n", "2", "release")
     assert run.returncode == 0, run.stdout + run.stderr
@@ -71,6 +76,35 @@ def test_report_is_readable(released):
         assert heading in report
     assert re.search(r"\| rope \| 2 \| [0-9.e-]+ \| 2e-06 \| exact \| pass \|", report)
     assert "| cuda-bfloat16 | skipped |" in report
+
+
+def test_release_of_an_upstream_written_checkpoint(released, tmp_path):
+    """``model.path`` at a checkpoint upstream's save_checkpoint wrote: the release installs it
+    as it is, its eager reference equals upstream's own forward (fp32, both heads, 1e-5) and
+    its package verifies with the checkpoint's calibrated probabilities."""
+    project, _ = released
+    vdir = project.version_dir()
+    source = project.config["model"]["path"]
+    model = read_record(vdir / "model" / "model.json")
+    assert model["source"] == "local" and model["config"]["path"] == source
+    assert model["checkpoint"]["weights_dtypes"] == ["float16"] and model["architecture"]["head_layers"] == 0
+    assert model["calibration"]["applied"]["temperature"] == [0.7, 1.8, 5.0]
+    for entry in model["checkpoint"]["files"]:
+        assert sha256_file(f"{source}/{entry['path'].removeprefix('checkpoint/')}") == entry["sha256"]
+    inputs = read_torch(vdir / "model" / "inputs.pt")
+    eager = read_torch(vdir / "export" / "cpu-float32" / "eager.pt")
+    upstream_model = upstream_agent(source, tmp_path / "copy").model
+    for batch, outputs in zip(inputs["batches"], eager["outputs"], strict=True):
+        decision, act = upstream_forward(upstream_model, batch)
+        torch.testing.assert_close(outputs["decision"], decision, atol=1e-5, rtol=0)
+        torch.testing.assert_close(outputs["act"], act, atol=1e-5, rtol=0)
+    verify = read_record(vdir / "verify" / "cpu-float32" / "verify.json")
+    assert verify["status"] == "ok" and verify["inputs"]["sha256"] == sha256_file(vdir / "model" / "inputs.pt")
+    assert verify["programs"][0]["summary"]["decision"]["argmax_agree"] == 7
+
+
+def read_torch(path):
+    return torch.load(path, weights_only=True)
 
 
 def test_second_release_is_refused_and_changes_nothing(released):
