@@ -236,7 +236,7 @@ def load(path: str | Path | None = None, *, root: str | Path = PROJECT_ROOT, ove
         raise ConfigError(f"{path}: nested too deeply (a recursive alias?)") from None
     _check_kernels(data, path, root, version_from=_argument("version", given["version"]) if "version" in given else None)
     _merge_model_defaults(data, path)
-    _check_model(data, path)
+    _check_model(data, path, root)
     return Pipeline(data=data, path=path, root=root)
 
 
@@ -326,9 +326,12 @@ def _check_variant(path: Path, name: str, variant: dict) -> dict:
     return bound
 
 
-def _check_model(data: dict, path: Path) -> None:
-    """The effective model sections: the batch layout against the export ranges, and
-    verification thresholds for every package that is built."""
+def _check_model(data: dict, path: Path, root: Path) -> None:
+    """The effective model sections: a local checkpoint is a folder, the batch layout fits
+    the export ranges, and every package that is built has verification thresholds."""
+    local = data["model"].get("path")
+    if local is not None and not (root / local).is_dir():
+        _fail(path, "model.path", f"{local!r} ({(root / local).resolve()}) is not a checkpoint folder")
     try:
         check_export_layout(planned_shapes(data["model"]["inputs"]), data["export"])
     except LayoutError as exc:

@@ -11,9 +11,6 @@ from .. import config as config_mod, isolate, release
 from ..layout import build_name
 from .common import reported, stage_env, stage_task
 
-CHECKPOINT_FILES = ("rl_agent_config.json", "model.safetensors", "encoder/config.json")
-
-
 def model_builds(p) -> list[tuple[str, str]]:
     """(target, dtype) of every package the config asks for."""
     return config_mod.model_builds(p.data)
@@ -31,7 +28,8 @@ def model_tasks(p):
     v = p.layout
     cfg = p.section("model")
     local = cfg.get("path")
-    inputs = [(p.root / local / f).resolve() for f in CHECKPOINT_FILES] if local else []
+    # a local checkpoint: every file of its folder (weights, configs, tokenizer) is an input
+    inputs = sorted(f.resolve() for f in (p.root / local).rglob("*") if f.is_file()) if local else []
     yield {"name": None, "doc": "decision-model checkpoint and the saved, tokenised inputs"}
     yield stage_task(p, basename="model", name="build", doc="checkpoint (generated or local) + inputs.pt",
                      module="laya_build.stages.model", function="run_model",
