@@ -1,0 +1,167 @@
+"""Real builds killed with SIGKILL at several points, damaged releases, and two builds at once.
+
+Kills are real: ``doit`` runs in its own process group and the whole group gets SIGKILL when
+the build reaches a point (a fork-server child generating a kernel, the model stage, torch.export,
+the AOTInductor compile, the fresh-process verification).  After every kill nothing is
+accepted that is not complete, and a plain re-run carries on; at the end the version
+releases and verifies, and its packages are byte-identical to two builds of other checkouts
+that ran at the same time.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from laya_build.records import read_record, sha256_file
+from tests.pipeline.project import Project
+from tests.pipeline.test_dependencies import small
+
+BUILD = ("tir", "probe_c", "lower_c", "cuda_diff", "aoti_package", "verify")  # in the order doit -n 1 runs them
+
+
+def _start(project: Project, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONPATH", None)
+    return subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=project.path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _kill_when(proc: subprocess.Popen, reached, timeout: float = 900) -> bool:
+    """SIGKILL ``proc``'s whole process group as soon as ``reached()`` holds; False if the
+    build ended first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        if reached():
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return True
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise AssertionError("the build reached no kill point in time")
+
+
+def _assert_nothing_half_done(project: Project) -> None:
+    """Every task whose outputs are recorded complete has exactly those outputs; everything
+    else is out of date (a later run redoes it), and no record under the version is invalid."""
+    vdir = project.version_dir()
+    for path in vdir.rglob("*.json"):
+        doc = json.loads(path.read_text())  # never a torn file
+        if isinstance(doc, dict) and "stage" in doc:
+            read_record(path)  # a record is whole and valid, or absent
+    recorded = project.artifacts / ".doit" / "outputs" / project.config["version"]
+    for sidecar in recorded.glob("*.json") if recorded.is_dir() else []:
+        for file, digest in json.loads(sidecar.read_text()).items():
+            if digest is not None:
+                assert Path(file).is_file() and sha256_file(file) == digest, (sidecar.name, file)
+    # the status of every task can be computed (nothing a killed run left confuses it)
+    project.status()
+
+
+KILL_POINTS = {
+    "kernel child": lambda v: any(v.glob("tir/*/*.json")),
+    "model stage": lambda v: (v / "model" / "checkpoint").is_dir() and not (v / "model" / "model.json").exists(),
+    "torch.export": lambda v: (v / "export" / "cpu-float32").is_dir() and not (v / "export" / "cpu-float32" / "export.json").exists(),
+    "AOTInductor compile": lambda v: (v / "aoti_package" / "cpu-float32" / "package_child.log").is_file(),
+    "verification": lambda v: (v / "verify" / "cpu-float32" / "verify_child.log").is_file(),
+}
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """(killed-and-resumed project, two projects built at the same time)."""
+    killed = Project(tmp_path_factory.mktemp("killed"))
+    others = [Project(tmp_path_factory.mktemp(f"concurrent{i}")) for i in range(2)]
+    for project in (killed, *others):
+        project.edit_config(small)
+        project.commit("small pipeline")
+    kills = []
+    vdir = killed.version_dir()
+    for point, reached in KILL_POINTS.items():
+        proc = _start(killed, "-n", "1", *BUILD)
+        if _kill_when(proc, lambda: reached(vdir)):
+            kills.append(point)
+            _assert_nothing_half_done(killed)
+    # two other checkouts build at the same time (shared compiler-cache paths, one user)
+    procs = [_start(p, *BUILD) for p in others]
+    outs = [None, None]
+    readers = [threading.Thread(target=lambda i=i: outs.__setitem__(i, procs[i].communicate()[0])) for i in range(2)]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join()
+    resumed = killed.doit(*BUILD)
+    return killed, kills, resumed, others, [(proc.returncode, out) for proc, out in zip(procs, outs)]
+
+
+def test_every_kill_point_was_reached(builds):
+    _, kills, *_ = builds
+    assert kills == list(KILL_POINTS)
+
+
+def test_a_plain_rerun_completes_after_the_kills(builds):
+    killed, _, resumed, *_ = builds
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert not list(killed.version_dir().rglob("*.tmp")), "leftovers are cleared by the tasks that own them"
+    assert read_record(killed.version_dir() / "verify" / "cpu-float32" / "verify.json")["status"] == "ok"
+
+
+def test_concurrent_builds_both_succeed(builds):
+    *_, results = builds
+    for code, out in results:
+        assert code == 0, out
+        assert "compile_cache" not in out or "True was expected" not in out
+
+
+def test_killed_and_concurrent_builds_are_byte_identical(builds):
+    killed, _, _, others, _ = builds
+
+    def digests(project):
+        v = project.version_dir()
+        return {rel: sha256_file(v / rel) for rel in ("export/cpu-float32/exported.pt2", "export/cpu-float32/eager.pt",
+                                                      "aoti_package/cpu-float32/decision.pt2", "lower_c/rope.c",
+                                                      "cuda/rope/bfloat16-sm_90.cu", "model/inputs.pt")}
+
+    first = digests(killed)
+    for other in others:
+        assert digests(other) == first
+
+
+def test_release_after_the_kills_and_it_verifies(builds, tmp_path):
+    killed, *_ = builds
+    run = killed.doit("release")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert not (killed.version_dir() / ".release-pending").exists()
+    check = killed.doit("verify")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "files match manifest.json" in check.stdout
+
+
+def test_a_release_without_its_manifest_is_refused_not_rebuilt(builds, tmp_path):
+    killed, *_ = builds
+    copy = Project.__new__(Project)
+    copy.path = tmp_path / "copy"
+    shutil.copytree(killed.path, copy.path, ignore=shutil.ignore_patterns(".doit", ".cache"))
+    vdir = copy.version_dir()
+    (vdir / "manifest.json").unlink()
+    package = vdir / "aoti_package" / "cpu-float32" / "decision.pt2"
+    data = package.read_bytes()
+    package.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # tampered, and the evidence removed
+    before = {p: p.stat().st_mtime_ns for p in vdir.rglob("*") if p.is_file()}
+    for args in (("verify",), ("aoti_package",), ("release",), ("lower_c",)):
+        run = copy.doit(*args)
+        assert run.returncode != 0, args
+        assert "damaged release" in run.stdout + run.stderr and "manifest.json" in run.stdout + run.stderr, args
+    assert {p: p.stat().st_mtime_ns for p in vdir.rglob("*") if p.is_file()} == before, "nothing rebuilt into it"
+    clean = copy.doit("clean", "aoti_package")
+    assert clean.returncode == 0 and package.is_file(), "doit clean leaves a damaged release alone"
