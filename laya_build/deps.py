@@ -14,13 +14,17 @@ up-to-date check through the installed versions instead (:mod:`laya_build.toolch
 from __future__ import annotations
 
 import ast
+import atexit
 import functools
+import hashlib
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import PROJECT_ROOT
+from .layout import ARTIFACTS_DIR, CACHE_DIR
 
 # The project's own top-level packages: their modules are files of the build.
 PROJECT_PACKAGES = ("laya_build", "kernels")
@@ -82,16 +86,57 @@ class Project:
         return self._files_by_name
 
     def module_of(self, path: Path) -> str | None:
-        for name, p in self.modules.items():
-            if p == path:
-                return name
-        return None
+        if not hasattr(self, "_by_path"):
+            self._by_path = {p: name for name, p in self.modules.items()}
+        return self._by_path.get(Path(path))
 
     # ------------------------------------------------------------------------- parsing
     @functools.lru_cache(maxsize=None)
     def info(self, module: str) -> ModuleInfo:
+        """What ``module`` imports and names, parsed (or taken from the parse cache, keyed by
+        the sha256 of the source: parsing all the sources is most of building the graph)."""
         path = self.modules[module]
-        tree = ast.parse(path.read_bytes(), filename=str(path))
+        source = path.read_bytes()
+        key = f"{module}:{hashlib.sha256(source).hexdigest()}"
+        cached = self._parse_cache().get(key)
+        if cached is None:
+            cached = self._parse(module, path, source)
+            self._parse_cache()[key] = cached
+            self._dirty = True
+        return ModuleInfo(path, frozenset(cached["imports"]), frozenset(cached["strings"]),
+                          frozenset(tuple(n) for n in cached["names"]), dict(cached["exports"]))
+
+    def _parse_cache(self) -> dict:
+        if not hasattr(self, "_cache"):
+            try:
+                self._cache = json.loads(self._cache_path.read_text())
+                if not isinstance(self._cache, dict):
+                    self._cache = {}
+            except (OSError, ValueError):
+                self._cache = {}
+            self._dirty = False
+        return self._cache
+
+    @property
+    def _cache_path(self) -> Path:
+        return self.root / ARTIFACTS_DIR / CACHE_DIR / "deps-parse.json"
+
+    def save_cache(self) -> None:
+        """Keep this process's parses for the next (atomically; entries of sources that no
+        longer exist are dropped)."""
+        if not getattr(self, "_dirty", False):
+            return
+        live = {f"{m}:{hashlib.sha256(self.modules[m].read_bytes()).hexdigest()}" for m in self.modules}
+        from .atomic import write_json
+
+        try:
+            write_json(self._cache_path, {k: v for k, v in self._cache.items() if k in live})
+            self._dirty = False
+        except OSError:
+            pass  # a cache: a read-only checkout parses every time
+
+    def _parse(self, module: str, path: Path, source: bytes) -> dict:
+        tree = ast.parse(source, filename=str(path))
         is_pkg = path.name == "__init__.py"
         package = module if is_pkg else module.rpartition(".")[0]
         imports: set[str] = set()
@@ -126,7 +171,7 @@ class Project:
         for node in ast.walk(tree):  # ``pkg.name`` through a package bound by ``import pkg``
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
                 names.add((aliases[node.value.id], node.attr))
-        return ModuleInfo(path, frozenset(imports), frozenset(strings), frozenset(names), exports)
+        return {"imports": sorted(imports), "strings": sorted(strings), "names": sorted(names), "exports": exports}
 
     # ------------------------------------------------------------------------- closure
     def _with_parents(self, name: str) -> list[str]:
@@ -140,65 +185,77 @@ class Project:
         path = self.modules[module].parent / f"{top}.py"
         return self.module_of(path) if path.is_file() else None
 
+    @functools.cached_property
+    def _all_files(self) -> frozenset[str]:
+        return frozenset(str(p) for paths in self.files_by_name.values() for p in paths)
+
     def _named_files(self, module: str, value: str) -> list[Path]:
         """Project files a string constant of ``module`` names: a path relative to the
         module's folder or to the project root, or the base name of exactly one file."""
-        if "\n" in value or not value or value.startswith("."):
+        if "\n" in value or not value or value.startswith(".") or not value.endswith(SOURCE_SUFFIXES + DATA_SUFFIXES):
             return []
         here = self.modules[module].parent
         for base in (here, self.root):
-            candidate = (base / value)
-            try:
-                if candidate.is_file() and candidate.resolve().is_relative_to(self.root) \
-                        and candidate.suffix in SOURCE_SUFFIXES + DATA_SUFFIXES:
-                    return [candidate.resolve()]
-            except (OSError, ValueError):
-                continue
+            candidate = os.path.normpath(os.path.join(base, value))
+            if candidate in self._all_files:
+                return [Path(candidate)]
         named = self.files_by_name.get(value, [])
         return named if len(named) == 1 else []
 
     @functools.lru_cache(maxsize=None)
-    def closure(self, entries: tuple[str, ...]) -> tuple[frozenset[Path], frozenset[str]]:
-        """(project files, third-party top-level imports) reachable from ``entries``."""
+    def edges(self, module: str) -> tuple[tuple[str, ...], frozenset[Path], frozenset[str]]:
+        """What ``module`` itself leads to: (project modules, data files, third-party imports)."""
+        info = self.info(module)
+        modules: list[str] = []
         files: set[Path] = set()
         third_party: set[str] = set()
-        todo = [m for e in entries for m in self._with_parents(e)]
+        for name in info.imports:
+            top = name.split(".")[0]
+            if top in PROJECT_PACKAGES:
+                modules.extend(self._with_parents(name))
+            elif (sibling := self._sibling(module, top)) is not None:
+                modules.append(sibling)  # a script's ``import helper`` of a module beside it
+            elif top not in sys.stdlib_module_names:
+                third_party.add(top)
+                modules.extend(m for m in IMPORTS_BY_NAME.get(top, ()) if m in self.modules)
+        for pkg, name in info.names:  # ``from pkg import name``: the module defining name
+            if f"{pkg}.{name}" in self.modules:
+                modules.extend(self._with_parents(f"{pkg}.{name}"))
+            elif pkg in self.modules and (origin := self.info(pkg).exports.get(name)) \
+                    and origin in self.modules and origin != pkg:
+                modules.extend(self._with_parents(origin))
+        for value in info.strings:
+            if value.split(".")[0] in PROJECT_PACKAGES and value in self.modules:
+                modules.extend(self._with_parents(value))  # a module run as ``-m <name>``
+                continue
+            for path in self._named_files(module, value):
+                if path.suffix == ".py":
+                    if (named := self.module_of(path)) is not None:
+                        modules.extend(self._with_parents(named))
+                else:
+                    files.add(path)
+        return tuple(dict.fromkeys(modules)), frozenset(files), frozenset(third_party)
+
+    @functools.lru_cache(maxsize=None)
+    def closure(self, entries: tuple[str, ...]) -> tuple[frozenset[Path], frozenset[str]]:
+        """(project files, third-party top-level imports) reachable from ``entries``."""
         missing = [e for e in entries if e not in self.modules]
         if missing:
             raise LookupError(f"not project modules: {', '.join(missing)}")
+        files: set[Path] = set()
+        third_party: set[str] = set()
+        todo = [m for e in entries for m in self._with_parents(e)]
         seen: set[str] = set()
         while todo:
             module = todo.pop()
             if module in seen:
                 continue
             seen.add(module)
-            info = self.info(module)
-            files.add(info.path)
-            for name in info.imports:
-                top = name.split(".")[0]
-                if top in PROJECT_PACKAGES:
-                    todo.extend(self._with_parents(name))
-                elif (sibling := self._sibling(module, top)) is not None:
-                    todo.append(sibling)  # a script's ``import helper`` of a module beside it
-                elif top not in sys.stdlib_module_names:
-                    third_party.add(top)
-                    todo.extend(m for m in IMPORTS_BY_NAME.get(top, ()) if m in self.modules)
-            for pkg, name in info.names:  # ``from pkg import name``: the module defining name
-                if f"{pkg}.{name}" in self.modules:
-                    todo.extend(self._with_parents(f"{pkg}.{name}"))
-                elif pkg in self.modules and (origin := self.info(pkg).exports.get(name)) \
-                        and origin in self.modules and origin != pkg:
-                    todo.extend(self._with_parents(origin))
-            for value in info.strings:
-                if value.split(".")[0] in PROJECT_PACKAGES and value in self.modules:
-                    todo.extend(self._with_parents(value))  # a module run as ``-m <name>``
-                    continue
-                for path in self._named_files(module, value):
-                    if path.suffix == ".py":
-                        if (named := self.module_of(path)) is not None:
-                            todo.extend(self._with_parents(named))
-                    else:
-                        files.add(path)
+            files.add(self.modules[module])
+            modules, data, imports = self.edges(module)
+            todo.extend(modules)
+            files |= data
+            third_party |= imports
         return frozenset(files), frozenset(third_party)
 
 
@@ -215,22 +272,30 @@ def _resolve_from(package: str, module: str | None, level: int) -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
+def _schemas(schema_dir: Path) -> tuple[dict[str, Path], dict[Path, tuple[str, ...]]]:
+    """(``$id`` or file name -> schema file, schema file -> the ``$ref`` targets it names)."""
+    by_id: dict[str, Path] = {}
+    refs: dict[Path, tuple[str, ...]] = {}
+    for path in sorted(schema_dir.glob("*.schema.json")):
+        doc = json.loads(path.read_text())
+        by_id[doc.get("$id", path.name)] = by_id[path.name] = path
+        refs[path] = tuple({r.split("#", 1)[0] for r in _refs(doc)} - {""})
+    return by_id, refs
+
+
+@functools.lru_cache(maxsize=None)
 def schema_closure(schema_dir: Path, names: tuple[str, ...]) -> frozenset[Path]:
     """``schemas/<name>.schema.json`` of each name and every schema they ``$ref``."""
-    by_id: dict[str, Path] = {}
-    for path in schema_dir.glob("*.schema.json"):
-        by_id[json.loads(path.read_text()).get("$id", path.name)] = path
-        by_id[path.name] = path
+    by_id, refs = _schemas(schema_dir)
     out: set[Path] = set()
     todo = [schema_dir / f"{n}.schema.json" for n in names]
     while todo:
         path = todo.pop()
-        if path in out or not path.is_file():
+        if path in out or path not in refs:
             continue
         out.add(path)
-        for ref in _refs(json.loads(path.read_text())):
-            target = ref.split("#", 1)[0]
-            if target and (found := by_id.get(target) or by_id.get(target.rsplit("/", 1)[-1])):
+        for target in refs[path]:
+            if found := by_id.get(target) or by_id.get(target.rsplit("/", 1)[-1]):
                 todo.append(found)
     return frozenset(out)
 
@@ -249,9 +314,13 @@ def _refs(node):
 
 @functools.lru_cache(maxsize=None)
 def project(root: Path = PROJECT_ROOT) -> Project:
-    return Project(root)
+    """The sources of ``root``; the parse cache is saved when the process ends."""
+    found = Project(root)
+    atexit.register(found.save_cache)
+    return found
 
 
+@functools.lru_cache(maxsize=None)
 def module_constant(module: str, name: str, default=None, root: Path = PROJECT_ROOT):
     """The literal value of a module-level ``NAME = <literal>`` of a project module, read
     without importing it (e.g. a stage's ``TOOLS``)."""

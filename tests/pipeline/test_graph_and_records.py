@@ -79,3 +79,16 @@ def test_read_record_validates(tmp_path):
     path.write_text("{not json")
     with pytest.raises(records.RecordError, match="not valid JSON"):
         records.read_record(path)
+
+
+def test_every_schema_is_a_valid_json_schema():
+    import jsonschema
+
+    from laya_build import SCHEMA_DIR
+
+    schemas = sorted(SCHEMA_DIR.glob("*.schema.json"))
+    assert len(schemas) >= 15
+    for path in schemas:
+        schema = json.loads(path.read_text())
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+        assert schema["$id"] == path.name, path
