@@ -25,6 +25,35 @@ class UnsupportedCheckpointError(CheckpointError):
     supported values."""
 
 
+class RecordError(LayaBuildError, ValueError):
+    """A record (or config) does not match its schema."""
+
+class ReleasedVersionError(LayaBuildError):
+    """A task would write into a released (immutable) version."""
+
+class ManifestMismatch(LayaBuildError):
+    """Release files do not match the manifest; the message names every offending file."""
+
+    def __init__(self, version_dir, problems: list[str]):
+        self.problems = problems
+        super().__init__(f"{version_dir}: {len(problems)} file(s) do not match manifest.json: " + "; ".join(problems))
+
+class OutputsTampered(LayaBuildError):
+    """An output was changed after the task that owns it wrote it."""
+
+class NumericalCheckFailed(LayaBuildError, AssertionError):
+    """A CPU kernel disagrees with its reference."""
+
+class CudaSourceMismatch(LayaBuildError):
+    """Generated CUDA source differs from the baseline while ``expect: identical``."""
+
+class GitRefError(LayaBuildError, ValueError):
+    """The baseline git revision cannot be resolved or holds no kernels/."""
+
+class StageFailed(LayaBuildError):
+    """A stage failed in its own process; the message is the child's error."""
+
+
 class StageError(LayaBuildError):
     """A stage could not do its work on a supported install (e.g. compilation failed)."""
 

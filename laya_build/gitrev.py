@@ -1,8 +1,6 @@
 """Kernels at a git revision, extracted into an isolated folder (for ``cuda_diff`` baselines)."""
 from __future__ import annotations
 
-from .errors import LayaBuildError
-
 import io
 import shutil
 import subprocess
@@ -10,9 +8,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-
-class GitRefError(LayaBuildError, ValueError):
-    """The baseline git revision cannot be resolved or holds no kernels/."""
+from .errors import GitRefError  # noqa: F401  (GitRefError re-exported)
 
 
 def resolve(root: Path, ref: str) -> str:

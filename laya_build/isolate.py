@@ -23,8 +23,6 @@ and writes the returned record there.  A failure in the child is reported as one
 """
 from __future__ import annotations
 
-from .errors import LayaBuildError
-
 import importlib
 import json
 import os
@@ -37,14 +35,13 @@ import traceback
 from pathlib import Path
 
 from . import PROJECT_ROOT
+from .errors import StageFailed  # noqa: F401  (StageFailed re-exported)
 
 ERROR_PREFIX = "LAYA-ERROR "
 # What the fork server imports before forking: the heavy modules the kernel stages use.
 SERVER_PRELOAD = ("torch", "tilelang", "jsonschema", "referencing")
 
 
-class StageFailed(LayaBuildError):
-    """A stage failed in its own process; the message is the child's error."""
 
 
 def child_env(env: dict | None = None) -> dict:

@@ -5,8 +5,6 @@ before writing (atomically), so an invalid record fails its task and leaves noth
 """
 from __future__ import annotations
 
-from .errors import LayaBuildError
-
 import functools
 import hashlib
 import json
@@ -16,10 +14,7 @@ from pathlib import Path
 
 from . import SCHEMA_DIR
 from .atomic import write_json
-
-
-class RecordError(LayaBuildError, ValueError):
-    """A record (or config) does not match its schema."""
+from .errors import RecordError  # noqa: F401  (RecordError re-exported)
 
 
 @functools.lru_cache(maxsize=None)

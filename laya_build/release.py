@@ -6,8 +6,6 @@ name, which files are missing, extra or altered, on any machine that has only th
 """
 from __future__ import annotations
 
-from .errors import LayaBuildError
-
 import json
 import platform
 import shutil
@@ -16,6 +14,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .atomic import write_json, write_text
+from .errors import (  # noqa: F401  (ReleasedVersionError re-exported)
+    LayaBuildError,
+    ManifestMismatch,  # noqa: F401  (re-exported)
+    ReleasedVersionError,
+)
 from .layout import EFFECTIVE_CONFIG_NAME, MANIFEST_NAME, RELEASE_FILES, REPORT_NAME
 from .records import file_entry, read_record, sha256_file
 from .stages._model_common import dist_version, nvidia_smi_q
@@ -27,16 +30,8 @@ MANIFEST, REPORT, EFFECTIVE_CONFIG = MANIFEST_NAME, REPORT_NAME, EFFECTIVE_CONFI
 PENDING = ".release-pending"
 
 
-class ReleasedVersionError(LayaBuildError):
-    """A task would write into a released (immutable) version."""
 
 
-class ManifestMismatch(LayaBuildError):
-    """Release files do not match the manifest; the message names every offending file."""
-
-    def __init__(self, version_dir: Path, problems: list[str]):
-        self.problems = problems
-        super().__init__(f"{version_dir}: {len(problems)} file(s) do not match {MANIFEST}: " + "; ".join(problems))
 
 
 def manifest_path(version_dir: Path) -> Path:

@@ -42,10 +42,10 @@ import os
 import torch
 
 from ..errors import ConfigError, InputsMismatchError
-from .batches import DECISIONS, Decision, DimsError, batch_layout, check_dims, planned_shapes
 from ..stages._aoti_runtime import INPUTS_FORMAT, load_weights_only
+from .batches import DECISIONS, Decision, DimsError, batch_layout, check_dims, planned_shapes
 from .decision import QUESTION_TYPES
-from .tokenizer import build_sequence, noul_labels, render_options, special_token_ids, to_internal
+from .tokenizer import build_sequence, noul_labels, special_token_ids, to_internal
 
 ARG_NAMES = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
 DIM_AXES = {"rows": ("input_ids", 0), "tokens": ("input_ids", 1), "slots": ("marker_pos", 1)}

@@ -17,8 +17,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import tempfile
+import time
 from pathlib import Path
 
 from .. import PROJECT_ROOT

@@ -6,18 +6,13 @@ unified diff written next to the record when they differ.  The summary reads lik
 """
 from __future__ import annotations
 
-from ..errors import LayaBuildError
-
 import difflib
 import shutil
 from pathlib import Path
 
 from ..atomic import write_text
+from ..errors import CudaSourceMismatch  # noqa: F401  (CudaSourceMismatch re-exported)
 from ..records import sha256_file
-
-
-class CudaSourceMismatch(LayaBuildError):
-    """Generated CUDA source differs from the baseline while ``expect: identical``."""
 
 
 def first_difference(a: bytes, b: bytes) -> int | None:

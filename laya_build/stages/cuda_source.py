@@ -13,7 +13,6 @@ from pathlib import Path
 
 from ._kernel_common import call_args, load_factory, publish, sha256_text, toolchain
 
-
 # The module of ``kernels`` that lowers to CUDA (a baseline revision from before it existed
 # names its own, ``kernels.probe``: see laya_build.gitrev.lowering_module).
 LOWERING_MODULE = "kernels.lowering"

@@ -18,8 +18,7 @@ from ..atomic import atomic_path
 from ..errors import ConfigError, InputsMismatchError
 from ..records import file_entry, sha256_file
 from ._aoti_runtime import EAGER_FORMAT, batch_args, run_batches
-from ._model_common import (check_target, finish, section, skip, torch_dtype, torch_save,
-                            unsupported_reason, versions)
+from ._model_common import check_target, finish, section, skip, torch_dtype, torch_save, unsupported_reason, versions
 
 
 @dataclass(frozen=True)
@@ -94,9 +93,9 @@ def export_program(model, inputs: dict, program: Program, cfg: dict, device: str
 
 def run_export(export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: str,
                dtype: str) -> dict:
+    from ..model.batches import BATCH_KEYS, DimsError, check_export_layout
     from ..model.checkpoint import WEIGHTS, load_checkpoint
     from ..model.decision import eval_copy
-    from ..model.batches import BATCH_KEYS, DimsError, check_export_layout
     from ..model.inputs import batch_shape, load_inputs
 
     start = time.perf_counter()

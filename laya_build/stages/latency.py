@@ -17,8 +17,19 @@ from pathlib import Path
 from ..atomic import write_json, write_text
 from ..errors import StageError
 from ..records import check_record, sha256_file
-from ._model_common import (check_sha256, child_env, device_snapshot, finish, inductor_cache, log_tail,
-                            run_child, section, skip_if_blocked, upstream, versions)
+from ._model_common import (
+    check_sha256,
+    child_env,
+    device_snapshot,
+    finish,
+    inductor_cache,
+    log_tail,
+    run_child,
+    section,
+    skip_if_blocked,
+    upstream,
+    versions,
+)
 
 # Compilers this stage runs (torch.compile): part of its up-to-date check (laya_build.toolchain).
 TOOLS = ("cxx",)

@@ -21,9 +21,21 @@ from pathlib import Path
 from ..atomic import write_json
 from ..errors import ConfigError, StageError
 from ..records import file_entry
-from ._model_common import (check_sha256, check_target, child_env, device_snapshot, finish,
-                            inductor_cache, log_tail, record_path, run_child, section,
-                            skip_if_blocked, upstream, versions)
+from ._model_common import (
+    check_sha256,
+    check_target,
+    child_env,
+    device_snapshot,
+    finish,
+    inductor_cache,
+    log_tail,
+    record_path,
+    run_child,
+    section,
+    skip_if_blocked,
+    upstream,
+    versions,
+)
 
 # Compilers this stage runs: part of its up-to-date check (laya_build.toolchain).
 TOOLS = ("cxx", "nvcc")

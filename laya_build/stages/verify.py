@@ -24,13 +24,19 @@ import time
 from pathlib import Path
 
 from ..atomic import write_json
-from ..errors import (ArgmaxMismatchError, ConfigError, InputsMismatchError, LogitParityError,
-                      PackageIntegrityError, ProbabilityParityError, VerificationError,
-                      VerifyChildCrashError)
+from ..errors import (
+    ArgmaxMismatchError,
+    ConfigError,
+    InputsMismatchError,
+    LogitParityError,
+    PackageIntegrityError,
+    ProbabilityParityError,
+    VerificationError,
+    VerifyChildCrashError,
+)
 from ..records import sha256_file
 from ._aoti_runtime import HEADS, summarize
-from ._model_common import (child_env, finish, inductor_cache, log_tail, run_child, section,
-                            skip_if_blocked, upstream)
+from ._model_common import child_env, finish, inductor_cache, log_tail, run_child, section, skip_if_blocked, upstream
 
 CHILD_SCRIPT = Path(__file__).with_name("_verify_child.py")
 FAILURE_KINDS = {"integrity": PackageIntegrityError, "inputs": InputsMismatchError,

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from doit import get_var
 
-from .. import PROJECT_ROOT, config as config_mod
+from .. import PROJECT_ROOT
+from .. import config as config_mod
 from .kernels import cuda_diff_tasks, cuda_source_tasks, lower_c_tasks, probe_c_tasks, tir_tasks
 from .model import aoti_package_tasks, export_tasks, latency_tasks, model_builds, model_tasks, verify_tasks
 from .release import STAGE_GENERATORS, release_diff_task, release_task

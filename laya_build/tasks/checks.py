@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from .. import toolchain
-from ..errors import LayaBuildError
+from ..errors import OutputsTampered  # noqa: F401  (OutputsTampered re-exported)
 from ..layout import tmp_leftovers
 from ..records import sha256_file
 
@@ -33,8 +33,6 @@ def outputs_digest(files: tuple[Path, ...], dirs: tuple[Path, ...]) -> dict[str,
     return digest
 
 
-class OutputsTampered(LayaBuildError):
-    """An output was changed after the task that owns it wrote it."""
 
 
 class Outputs:

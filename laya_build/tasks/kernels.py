@@ -11,7 +11,8 @@ from pathlib import Path
 from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
-from .. import config as config_mod, gitrev, release
+from .. import config as config_mod
+from .. import gitrev, release
 from ..layout import cuda_name, tir_flavour
 from ..records import write_record
 from .checks import outputs_unchanged

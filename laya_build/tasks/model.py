@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 
-from .. import config as config_mod, isolate, release
+from .. import config as config_mod
+from .. import isolate, release
 from ..layout import build_name
 from .common import reported, stage_env, stage_task
+
 
 def model_builds(p) -> list[tuple[str, str]]:
     """(target, dtype) of every package the config asks for."""

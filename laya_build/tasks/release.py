@@ -6,7 +6,8 @@ from pathlib import Path
 from doit import get_var
 from doit.exceptions import TaskFailed
 
-from .. import config as config_mod, isolate, release
+from .. import config as config_mod
+from .. import isolate, release
 from . import kernels, model
 from .common import reported
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-
 from stage_build import FAST_TIMING, Build, make_build
 
 

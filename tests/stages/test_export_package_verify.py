@@ -8,17 +8,22 @@ import shutil
 
 import pytest
 import torch
+from stage_build import DTYPES, FAST_TIMING
 
-from laya_build.errors import (ConfigError, InputsMismatchError, LogitParityError,
-                               PackageIntegrityError, StageError, VerifyChildCrashError)
+from laya_build.errors import (
+    ConfigError,
+    InputsMismatchError,
+    LogitParityError,
+    PackageIntegrityError,
+    StageError,
+    VerifyChildCrashError,
+)
 from laya_build.records import read_record, sha256_file
 from laya_build.stages._model_common import record_path
 from laya_build.stages.export import run_export
 from laya_build.stages.latency import run_latency
 from laya_build.stages.package import run_package
 from laya_build.stages.verify import run_verify
-
-from stage_build import DTYPES, FAST_TIMING
 
 
 def copy_package(build, dtype, dest):
