@@ -329,6 +329,10 @@ MODEL_CODE = ("laya_build/model/__init__.py", "laya_build/model/decision.py", "l
               "laya_build/stages/_aoti_runtime.py", "laya_build/errors.py")
 
 
+# The serving runtime: verify and latency run packages through it.
+RUNTIME_CODE = ("laya_build/runtime.py", "laya_build/buckets.py")
+
+
 def _model_deps(p: config_mod.Pipeline, module: str, schema: str, *extra: str) -> list[str]:
     return _deps(p, f"laya_build/stages/{module}.py", f"schemas/{schema}.schema.json", "schemas/model_common.schema.json",
                  "schemas/model_sections.schema.json", *MODEL_CODE, *RUNNER_DEPS, *extra)
@@ -349,10 +353,10 @@ def _build_dir(p: config_mod.Pipeline, stage: str, target: str, dtype: str) -> P
     return p.version_dir / stage / f"{target}-{dtype}"
 
 
-def _verify_spec(p: config_mod.Pipeline, cfg: dict, build: str) -> dict:
+def _verify_spec(p: config_mod.Pipeline, cfg: dict, runtime_cfg: dict, build: str) -> dict:
     """run_verify's arguments for one build (``<target>-<dtype>``) of ``p``'s version folder."""
     v = p.version_dir
-    return {"verify_cfg": cfg, "package_record_path": str(v / "aoti_package" / build / "aoti_package.json"),
+    return {"verify_cfg": cfg, "runtime_cfg": runtime_cfg, "package_record_path": str(v / "aoti_package" / build / "aoti_package.json"),
             "inputs_path": str(model_dirs(p)["inputs"]), "eager_path": str(v / "export" / build / "eager.pt")}
 
 
@@ -386,9 +390,10 @@ def model_tasks(p: config_mod.Pipeline):
 def _build_task(p: config_mod.Pipeline, stage: str, module: str, function: str, target: str, dtype: str,
                 spec: dict, deps: list[str], config_key: str, doc: str) -> dict:
     """One model-stage sub-task for a (target, dtype) build: its record is ``<stage>.json`` in
-    ``artifacts/<version>/<stage>/<target>-<dtype>/``; long, so its progress lines are shown."""
+    ``artifacts/<version>/<stage>/<target>-<dtype>/``; long, so its progress lines are shown.
+    Re-run when ``spec[config_key]`` (or the ``runtime`` section the stage reads) changes."""
     out = _build_dir(p, stage, target, dtype)
-    cfg = spec[config_key]
+    cfg = {config_key: spec[config_key], **({"runtime": spec["runtime_cfg"]} if "runtime_cfg" in spec else {})}
     return {
         "name": f"{target}-{dtype}",
         "doc": f"{doc} ({target}, {dtype})",
@@ -396,7 +401,7 @@ def _build_task(p: config_mod.Pipeline, stage: str, module: str, function: str, 
                               label=f"{stage} {target}-{dtype}", kwargs=True, fresh=out)],
         "file_dep": deps,
         "targets": [str(out / f"{stage}.json")],
-        "uptodate": [config_changed({config_key: cfg, "target": target, "dtype": dtype})],
+        "uptodate": [config_changed({**cfg, "target": target, "dtype": dtype})],
         "clean": _clean(p, out),
         "verbosity": 2,
     }
@@ -438,8 +443,8 @@ def verify_tasks(p: config_mod.Pipeline):
     d = model_dirs(p)
     cfg = p.section("verify")
     for target, dtype in model_builds(p):
-        spec = _verify_spec(p, cfg, f"{target}-{dtype}")
-        deps = _model_deps(p, "verify", "verify", "laya_build/stages/_verify_child.py") + [
+        spec = _verify_spec(p, cfg, p.section("runtime"), f"{target}-{dtype}")
+        deps = _model_deps(p, "verify", "verify", "laya_build/stages/_verify_child.py", *RUNTIME_CODE) + [
             spec["package_record_path"], str(d["inputs"])]
         yield _build_task(p, "verify", "verify", "run_verify", target, dtype, spec, deps, "verify_cfg",
                           "fresh-process verification of the package")
@@ -456,7 +461,8 @@ def _verify_release_task(p: config_mod.Pipeline) -> dict:
         packages = sorted(f["path"] for f in manifest["files"] if f["path"].endswith("/aoti_package.json"))
         for rel in packages:
             build = rel.split("/")[1]
-            spec = {**_verify_spec(p, config.get("verify", {}), build), "out_dir": str(out_root / build)}
+            spec = {**_verify_spec(p, config.get("verify", {}), config.get("runtime", {}), build),
+                    "out_dir": str(out_root / build)}
             isolate.run("laya_build.stages.verify", "run_verify", spec, label=f"verify {p.version} {build}",
                         env=_stage_env(p), kwargs=True)
             result = json.loads((out_root / build / "verify.json").read_text())
@@ -474,9 +480,9 @@ def latency_tasks(p: config_mod.Pipeline):
     cfg = p.section("latency")
     for target, dtype in model_builds(p):
         pkg = _build_dir(p, "aoti_package", target, dtype) / "aoti_package.json"
-        spec = {"latency_cfg": cfg, "checkpoint_dir": str(d["checkpoint"]), "inputs_path": str(d["inputs"]),
-                "package_record_path": str(pkg), "target": target}
-        deps = _model_deps(p, "latency", "latency", "laya_build/stages/_latency_child.py") + [
+        spec = {"latency_cfg": cfg, "runtime_cfg": p.section("runtime"), "checkpoint_dir": str(d["checkpoint"]),
+                "inputs_path": str(d["inputs"]), "package_record_path": str(pkg), "target": target}
+        deps = _model_deps(p, "latency", "latency", "laya_build/stages/_latency_child.py", *RUNTIME_CODE) + [
             str(pkg), str(d["model"] / "model.json")]
         yield _build_task(p, "latency", "latency", "run_latency", target, dtype, spec, deps, "latency_cfg",
                           "latency table of the package")
