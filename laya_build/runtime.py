@@ -289,6 +289,11 @@ class DecisionRunner:
         return "cuda_graphs" if self.graphed else "padded_calls"
 
     @property
+    def graphs(self) -> dict:
+        """Bucket -> its captured ``torch.cuda.CUDAGraph`` (empty without graphs)."""
+        return {b: s.graph for b, s in self._slots.items() if s.graph is not None}
+
+    @property
     def capture_s(self) -> float:
         return sum(s.capture_s for s in self._slots.values())
 
@@ -340,14 +345,17 @@ class DecisionRunner:
         """The cheapest bucket holding a call of this shape; ``None``: the plain package runs it."""
         return smallest_holding(self.buckets, rows, tokens, slots)
 
+    def _padded(self, shape: Bucket, args) -> tuple:
+        template = padding_template(shape, self.device)
+        out = tuple(t.clone() for t in template)
+        fill(out, template, args)
+        return out
+
     def padded_inputs(self, args) -> tuple:
         """The inputs the package sees for this call (its bucket's shape, or the fitted
         shape of a plain call), as new tensors on the package's device."""
         rows, tokens, slots = self.shape(args)
-        shape = self.bucket_for(rows, tokens, slots) or self.dims.fitted(rows, tokens, slots)
-        out = tuple(t.clone() for t in padding_template(shape, self.device))
-        fill(out, padding_template(shape, self.device), args)
-        return out
+        return self._padded(self.bucket_for(rows, tokens, slots) or self.dims.fitted(rows, tokens, slots), args)
 
     def plain(self, *args):
         """The package called directly on ``args`` (no padding, no graph), under the lock."""
@@ -360,13 +368,10 @@ class DecisionRunner:
         with self._lock, torch.no_grad():
             if bucket is None:
                 fitted = self.dims.fitted(rows, tokens, slots)
-                inputs = tuple(t.to(self.device) for t in args)
-                if (fitted.rows, fitted.tokens, fitted.slots) != (rows, tokens, slots):
-                    template = padding_template(fitted, self.device)
-                    padded = tuple(t.clone() for t in template)
-                    fill(padded, template, inputs)
-                    inputs = padded
-                decision, act = self.package(*inputs)
+                if fitted == Bucket(rows, tokens, slots):
+                    decision, act = self.package(*(t.to(self.device) for t in args))
+                else:
+                    decision, act = self.package(*self._padded(fitted, args))
             else:
                 slot = self._slots[bucket]
                 fill(slot.static, slot.template, args)
