@@ -204,9 +204,11 @@ def test_the_cheapest_holding_bucket_is_chosen():
                                  "slots": {"min": 2, "max": 8}})
     buckets = parse_buckets([{"rows": 8, "tokens": 64}, {"rows": 1, "tokens": 256}, {"rows": 2, "tokens": 128},
                              {"rows": 4, "tokens": 64}], dims)
-    assert [str(b) for b in buckets] == ["2x128x8", "4x64x8", "1x256x8", "8x64x8"]  # 256 positions, fewer tokens first
-    assert smallest_holding(buckets, 1, 64, 3) == Bucket(2, 128, 8)
-    assert smallest_holding(buckets, 3, 64, 8) == Bucket(4, 64, 8)
+    # by positions (rows x tokens), then fewer tokens (attention grows with tokens squared)
+    assert [str(b) for b in buckets] == ["4x64x8", "2x128x8", "1x256x8", "8x64x8"]
+    assert smallest_holding(buckets, 1, 64, 3) == Bucket(4, 64, 8)
+    assert smallest_holding(buckets, 1, 100, 3) == Bucket(2, 128, 8)
+    assert smallest_holding(buckets, 5, 64, 8) == Bucket(8, 64, 8)
     assert smallest_holding(buckets, 1, 200, 2) == Bucket(1, 256, 8)
     assert smallest_holding(buckets, 2, 256, 2) is None
     assert dims.fitted(1, 20, 1) == Bucket(1, 32, 2)
