@@ -16,7 +16,8 @@
 #   build     doit aoti_package (checkpoint, export, the CUDA package; ~2-4 min compile)
 #   verify    doit verify: parity, the graphed runner vs eager.pt and replay vs plain (bit for
 #             bit), the fresh-load breakdown (import, sha256, ISA answer, load, capture, 1st call)
-#   fresh     fresh processes to their first answer: 2 with the preload, 1 without (does the
+#   fresh     fresh processes to their first answer: 2 with the preload, 2 more loading without
+#             Inductor (runtime.load_package(loader="direct")), 1 without the preload (does the
 #             image's load crash still need `import tilelang`?), 1 each with lighter candidate
 #             preloads (PRELOAD_CANDIDATES, default "tvm_ffi cuda.bindings.runtime")
 #   runner    1x128x3 and 7x256x4: replay == plain, latency of replay / runner / plain calls
@@ -37,7 +38,7 @@ export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONHASHSEED=0
 PY=${PYTHON:-python3}
 
 if [ "${LAYA_RUNTIME_DRY:-0}" = 1 ]; then   # CPU: the tiny default model, float32 package only
-  BASE=pipeline.yaml VERSION=0.1.0-runtime-dry BUILD=cpu-float32 TARGET=cpu
+  BASE=pipeline.yaml VERSION=0.1.0-dry BUILD=cpu-float32 TARGET=cpu
   SHAPES=1x32x2,4x128x8 AUTOTUNE_NEEDS_S=${AUTOTUNE_NEEDS_S:-60}
   RUNNER_TIMING='{"warmup": 1, "min_run_time_s": 0.1}'
   AUTOTUNE_CONFIGS=('{"max_autotune": true}' '{"coordinate_descent_tuning": true}')
@@ -85,6 +86,8 @@ phases() {  # runs detached; every phase: $STATE/<name>.log, .rc, .s
     phase verify 900 $PY -m doit config="$cfg" verify
     phase fresh 400 $PY benchmarks/runtime_bench.py fresh-load "$record" --inputs "$inputs" \
       --buckets "$buckets" --preload "$preload" --repeat 2 --out "$STATE/fresh_load.json"
+    phase fresh_direct 300 $PY benchmarks/runtime_bench.py fresh-load "$record" --inputs "$inputs" \
+      --buckets "$buckets" --preload "$preload" --loader direct --repeat 2 --out "$STATE/fresh_load_direct.json"
     phase fresh_nopreload 200 $PY benchmarks/runtime_bench.py fresh-load "$record" --inputs "$inputs" \
       --buckets "$buckets" --preload "" --repeat 1 --timeout 150 --out "$STATE/fresh_load_nopreload.json"
     local m=0
@@ -129,7 +132,7 @@ collect() {
     echo "current: $(cat $STATE/current 2>/dev/null || echo -)"
   } > "$status"
   cp "$status" "$OUT/status.txt"
-  for f in fresh_load runner_default; do [ -f "$STATE/$f.json" ] && cp "$STATE/$f.json" "$OUT/"; done
+  for f in fresh_load fresh_load_direct runner_default; do [ -f "$STATE/$f.json" ] && cp "$STATE/$f.json" "$OUT/"; done
   cp $V/latency/$BUILD/latency.md "$OUT/" 2>/dev/null
   cp $V/verify/$BUILD/verify.json "$OUT/" 2>/dev/null
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.csv" 2>&1

@@ -9,12 +9,14 @@
 ``fresh-load`` starts ``first-answer`` (this script) in fresh interpreters, each with an
 empty Inductor cache, and records the time from spawning it to its exit, its own phases
 (import torch, preload, Inductor's loader modules, sha256, ISA answer, load, graph capture,
-first call) and how it ended (an exit status, or the signal that killed it).
+first call) and how it ended (an exit status, or the signal that killed it); ``--loader
+direct`` loads without importing Inductor (see ``runtime.load_package``).
 
 ``runner`` measures, for each shape rows x tokens x slots (a bucket of its own): graph
 replay against the plain package call on the same padded inputs, bit for bit, and the
 per-call latency of the graph replay alone, the runner's call (padding, copies, replay,
-outputs), the plain call of the single-threaded package and of a default load.  Inputs are
+outputs), the plain call of the single-threaded package, of a default load and of the
+direct loader (no per-call pytree parsing).  Inputs are
 the saved decisions' tokens repeated to fill every row (all attended).  On the CPU there
 are no graphs: the replay rows are left out.
 
@@ -77,11 +79,12 @@ def first_answer(args) -> int:
     from laya_build import runtime
     preloaded = runtime.preload_modules([m for m in args.preload.split(",") if m])
     lap("preload_s")
-    runtime.import_loader_modules()
+    runtime.import_loader_modules(args.loader)
     lap("import_loader_s")
     record = json.loads(Path(args.record).read_text())
     entry = next(p for p in record["programs"] if p["name"] == "decision")
-    package = runtime.load_package(Path(args.record).parent / entry["package"]["path"], entry["package"]["sha256"])
+    package = runtime.load_package(Path(args.record).parent / entry["package"]["path"], entry["package"]["sha256"],
+                                   loader=args.loader)
     phases.update(package.timings)
     mark = time.perf_counter()
     runner = runtime.DecisionRunner(package, dims=record["dims"], buckets=json.loads(args.buckets))
@@ -95,7 +98,8 @@ def first_answer(args) -> int:
     lap("first_call_s")
     phases["total_s"] = time.perf_counter() - STARTED
     write_json(args.out, {"phases": phases, "answer": answer, "preload": preloaded, "isa": package.isa,
-                          "runner": runner.describe(), "torch": torch.__version__})
+                          "loader": args.loader, "runner": runner.describe(), "torch": torch.__version__,
+                          "inductor_imported": "torch._inductor" in sys.modules})
     return 0
 
 
@@ -106,18 +110,19 @@ def fresh_load(args) -> int:
             child_out = Path(tmp) / "first_answer.json"
             env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(Path(tmp) / "inductor"), PYTHONHASHSEED="0")
             cmd = [sys.executable, __file__, "first-answer", args.record, "--inputs", args.inputs,
-                   "--buckets", args.buckets, "--preload", args.preload, "--out", str(child_out)]
+                   "--buckets", args.buckets, "--preload", args.preload, "--loader", args.loader,
+                   "--out", str(child_out)]
             start = time.perf_counter()
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
             wall = time.perf_counter() - start
             ended = (f"signal {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
                      else f"exit {proc.returncode}")
-            run = {"run": i, "preload": args.preload, "wall_s": wall, "ended": ended,
+            run = {"run": i, "preload": args.preload, "loader": args.loader, "wall_s": wall, "ended": ended,
                    "output_tail": (proc.stdout + proc.stderr)[-1500:]}
             if child_out.is_file():
                 run.update(json.loads(child_out.read_text()))
             runs.append(run)
-            print(f"fresh load {i} (preload {args.preload or 'none'}): {ended}, {wall:.2f} s wall, "
+            print(f"fresh load {i} ({args.loader}, preload {args.preload or 'none'}): {ended}, {wall:.2f} s wall, "
                   f"phases {run.get('phases')}", flush=True)
         write_json(args.out, {"runs": runs})
     return 0
@@ -156,6 +161,7 @@ def bench_runner(args) -> int:
     runner = runtime.DecisionRunner(runtime.load_package(path, sha), dims=record["dims"], buckets=buckets)
     setup_s = time.perf_counter() - start
     default = runtime.load_package(path, sha, single_threaded=False)
+    direct = runtime.load_package(path, sha, loader="direct")
     inputs = torch.load(args.inputs, weights_only=True)
     device = str(runner.device)
     result = {"record": str(record_path), "package_sha256": sha, "inductor_configs": record.get("inductor_configs"),
@@ -177,7 +183,7 @@ def bench_runner(args) -> int:
                                                      for a, b in zip(other, plain)],
                "latency": {}}
         cases = {"runner": (runner, call), "plain_single_threaded": (runner.package, padded),
-                 "plain_default_load": (default, padded)}
+                 "plain_default_load": (default, padded), "plain_direct_loader": (direct, padded)}
         if runner.graphed:
             graph = runner.graphs[bucket]
             cases = {"graph_replay": (graph.replay, ()), **cases}
@@ -227,6 +233,7 @@ def main(argv=None) -> int:
         p.add_argument("--inputs", required=True, help="the build's model/inputs.pt")
         p.add_argument("--buckets", default="[]", help="JSON list of {rows, tokens, slots?}")
         p.add_argument("--preload", default="", help="comma-separated modules imported before loading")
+        p.add_argument("--loader", default="aoti_load_package", choices=("aoti_load_package", "direct"))
         p.add_argument("--out", required=True)
         if name == "fresh-load":
             p.add_argument("--repeat", type=int, default=2)

@@ -93,12 +93,17 @@ def check_sha256(path, expected: str, what: str) -> str:
 
 # ------------------------------------------------------------------------------- vec ISA
 
-def import_loader_modules() -> None:
-    """Import what :func:`load_package` needs (Inductor's package loader, its codecache and
-    ISA modules), so a caller can time imports apart from the load."""
-    import torch._inductor.codecache  # noqa: F401
-    import torch._inductor.cpu_vec_isa  # noqa: F401
-    import torch._inductor.package  # noqa: F401
+LOADERS = ("aoti_load_package", "direct")
+
+
+def import_loader_modules(loader: str = "aoti_load_package") -> None:
+    """Import what :func:`load_package` needs, so a caller can time imports apart from the
+    load: for ``aoti_load_package`` Inductor's package loader (which imports Dynamo; ~2 s on
+    the CPU machine), for ``direct`` nothing beyond torch."""
+    if loader == "aoti_load_package":
+        import torch._inductor.codecache  # noqa: F401
+        import torch._inductor.cpu_vec_isa  # noqa: F401
+        import torch._inductor.package  # noqa: F401
 
 
 def package_metadata(path) -> dict:
@@ -108,38 +113,46 @@ def package_metadata(path) -> dict:
 
 def cpu_isa_flags() -> list[str] | None:
     """Vector features of this CPU as Inductor names them (``avx2``, ``avx512``,
-    ``avx512_vnni``, ``amx_tile``), read from cpuinfo; ``None`` off x86-64."""
+    ``avx512_vnni``, ``amx_tile``), from cpuinfo; ``None`` off x86-64.  The checks of
+    ``torch._inductor.cpu_vec_isa.x86_isa_checker``, made without importing Inductor."""
     if platform.machine() not in ("x86_64", "AMD64"):
         return None
-    from torch._inductor import cpu_vec_isa
+    avx512 = torch.cpu._is_avx512_supported()
+    found = {"avx2": torch.cpu._is_avx2_supported(), "avx512": avx512,
+             "avx512_vnni": avx512 and torch.cpu._is_vnni_supported(), "amx_tile": torch.cpu._is_amx_tile_supported()}
+    return [name for name, present in found.items() if present]
 
-    return list(cpu_vec_isa.x86_isa_checker())
+
+INVALID_ISA = "INVALID_VEC_ISA"  # str(cpu_vec_isa.invalid_vec_isa).upper(): no vectorisation
 
 
-def answer_vec_isa(path, metadata: dict) -> tuple[dict, object | None]:
-    """How the load will answer ``pick_vec_isa()``: ``(record, isa)``.
+def check_isa(path, metadata: dict) -> dict:
+    """The package's recorded ISA against this CPU: ``{"package", "cpu", "mode"}``.
 
-    ``isa`` is the VecISA the package records (``None``: leave the question to torch's
-    probe, for a package without a recorded ISA, an ISA this torch does not know, or a
-    non-x86 CPU).  Raises :class:`PackageIsaError` when this CPU lacks a feature of it.
+    Raises :class:`PackageIsaError` when this CPU lacks a feature the recorded ISA names.
+    Unchecked (``cpu`` None) off x86-64 or without a recorded ISA.
     """
-    from torch._inductor import cpu_vec_isa
-
     recorded = metadata.get("AOTI_CPU_ISA")
     flags = cpu_isa_flags()
-    record = {"package": recorded, "cpu": flags, "mode": "probed"}
-    if recorded is None or flags is None:
-        return record, None
-    if recorded == str(cpu_vec_isa.invalid_vec_isa):
-        return {**record, "mode": "pre-answered"}, cpu_vec_isa.invalid_vec_isa
-    needed = recorded.lower().split()
-    missing = [f for f in needed if f not in flags]
-    if missing:
-        raise PackageIsaError(f"{path}: built for the CPU vector ISA {recorded}, but this CPU lacks "
-                              f"{', '.join(missing)} (it has {', '.join(flags) or 'none of them'}); its "
-                              "vectorised kernels would fault, refusing to load it")
-    isa = next((i for i in cpu_vec_isa.supported_vec_isa_list if str(i).upper() == recorded), None)
-    return ({**record, "mode": "pre-answered"}, isa) if isa is not None else (record, None)
+    if recorded and flags is not None and recorded != INVALID_ISA:
+        missing = [f for f in recorded.lower().split() if f not in flags]
+        if missing:
+            raise PackageIsaError(f"{path}: built for the CPU vector ISA {recorded}, but this CPU lacks "
+                                  f"{', '.join(missing)} (it has {', '.join(flags) or 'none of them'}); its "
+                                  "vectorised kernels would fault, refusing to load it")
+    return {"package": recorded, "cpu": flags, "mode": "probed"}
+
+
+def recorded_vec_isa(isa: dict):
+    """The VecISA object of a checked recorded ISA, to answer ``pick_vec_isa()`` with
+    (``None``: leave the question to torch's probe: unchecked, or unknown to this torch)."""
+    from torch._inductor import cpu_vec_isa
+
+    if isa["package"] is None or isa["cpu"] is None:
+        return None
+    if isa["package"] == INVALID_ISA:
+        return cpu_vec_isa.invalid_vec_isa
+    return next((i for i in cpu_vec_isa.supported_vec_isa_list if str(i).upper() == isa["package"]), None)
 
 
 @contextlib.contextmanager
@@ -170,30 +183,61 @@ class LoadedPackage:
     sha256: str
     device: torch.device
     single_threaded: bool
+    loader: str
     isa: dict
     timings: dict  # sha256_s, probe_s, load_s
     compiled: object = field(repr=False)
 
     def __call__(self, *args):
+        if self.loader == "direct":
+            return tuple(self.compiled.boxed_run(list(args)))
         return tuple(self.compiled(*args))
 
 
-def load_package(path, sha256: str, *, what: str = "package record",
-                 single_threaded: bool = True) -> LoadedPackage:
-    """Check ``path`` against ``sha256`` (from ``what``), answer the ISA question from the
-    package (see the module docstring) and ``aoti_load_package`` it."""
+def _check_call_spec(loader, path) -> None:
+    """The direct loader is called with the five tensors as a flat list and returns the two
+    heads flat: the package's pytree specs must say exactly that."""
+    from torch.utils import _pytree
+
+    in_spec, out_spec = (_pytree.treespec_loads(s) for s in loader.get_call_spec())
+    if (in_spec.num_leaves, out_spec.num_leaves) != (len(ARG_NAMES), 2):
+        raise PackageIntegrityError(f"{path}: takes {in_spec.num_leaves} inputs and returns {out_spec.num_leaves} "
+                                    f"outputs; a decision package takes {len(ARG_NAMES)} and returns 2")
+
+
+def load_package(path, sha256: str, *, what: str = "package record", single_threaded: bool = True,
+                 loader: str = "aoti_load_package") -> LoadedPackage:
+    """Check ``path`` against ``sha256`` (from ``what``) and the CPU against the package's
+    recorded ISA, then load it (see the module docstring).
+
+    ``loader``: ``aoti_load_package`` (torch's API; its ISA question answered from the
+    package) or ``direct``: the ``torch._C._aoti.AOTIModelPackageLoader`` that
+    ``aoti_load_package`` wraps, called with the flat inputs, without importing Inductor or
+    Dynamo and without the wrapper's per-call pytree parsing (private API: measured in
+    ``benchmarks/runtime_bench.py``, not used by the pipeline).
+    """
+    if loader not in LOADERS:
+        raise ValueError(f"loader must be one of {', '.join(LOADERS)}, got {loader!r}")
     path = Path(path)
     start = time.perf_counter()
     check_sha256(path, sha256, what)
     hashed = time.perf_counter()
     metadata = package_metadata(path)
-    isa_record, isa = answer_vec_isa(path, metadata)
-    probed = time.perf_counter()
-    with vec_isa_answered(isa):
-        compiled = torch._inductor.aoti_load_package(str(path), run_single_threaded=single_threaded)
+    isa = check_isa(path, metadata)
+    if loader == "direct":
+        isa["mode"] = "not-asked"
+        probed = time.perf_counter()
+        compiled = torch._C._aoti.AOTIModelPackageLoader(str(path), MODEL_NAME, single_threaded, 1, -1)
+        _check_call_spec(compiled, path)
+    else:
+        answer = recorded_vec_isa(isa)
+        isa["mode"] = "probed" if answer is None else "pre-answered"
+        probed = time.perf_counter()
+        with vec_isa_answered(answer):
+            compiled = torch._inductor.aoti_load_package(str(path), run_single_threaded=single_threaded)
     loaded = time.perf_counter()
     return LoadedPackage(path=path, sha256=sha256, device=torch.device(metadata.get("AOTI_DEVICE_KEY", "cpu")),
-                         single_threaded=single_threaded, isa=isa_record, compiled=compiled,
+                         single_threaded=single_threaded, loader=loader, isa=isa, compiled=compiled,
                          timings={"sha256_s": hashed - start, "probe_s": probed - hashed, "load_s": loaded - probed})
 
 

@@ -174,16 +174,57 @@ def test_the_isa_question_is_answered_from_the_package(build):
 def test_a_cpu_without_the_packages_isa_is_refused(build, monkeypatch):
     from torch._inductor import cpu_vec_isa
 
+    # runtime reads the CPU's features as Inductor does, without importing Inductor
+    assert runtime.cpu_isa_flags() == (cpu_vec_isa.x86_isa_checker() if runtime.cpu_isa_flags() is not None else None)
     path = build.package_dir("float32") / "decision.pt2"
     recorded = runtime.package_metadata(path)["AOTI_CPU_ISA"]
-    if runtime.cpu_isa_flags() is None or recorded == str(cpu_vec_isa.invalid_vec_isa):
+    if runtime.cpu_isa_flags() is None or recorded == runtime.INVALID_ISA:
         pytest.skip(f"no vector ISA to lack (package records {recorded})")
-    monkeypatch.setattr(cpu_vec_isa, "x86_isa_checker", lambda: [])
+    monkeypatch.setattr(runtime, "cpu_isa_flags", lambda: ["avx2"] if "AVX2" not in recorded.split() else [])
     sha = read_record(build.package_record("float32"))["programs"][0]["package"]["sha256"]
-    first = recorded.lower().split()[0]
-    with pytest.raises(PackageIsaError, match=rf"built for the CPU vector ISA {recorded}, but this CPU lacks "
-                                              rf"{first}.*refusing to load it"):
-        runtime.load_package(path, sha)
+    first = next(f for f in recorded.lower().split() if f not in runtime.cpu_isa_flags())
+    for loader in runtime.LOADERS:
+        with pytest.raises(PackageIsaError, match=rf"built for the CPU vector ISA {recorded}, but this CPU lacks "
+                                                  rf"{first}.*refusing to load it"):
+            runtime.load_package(path, sha, loader=loader)
+
+
+def test_the_direct_loader_gives_the_same_bits_and_checks_the_call_spec(build, inputs):
+    record = read_record(build.package_record("bfloat16"))
+    path, sha = build.package_dir("bfloat16") / "decision.pt2", record["programs"][0]["package"]["sha256"]
+    direct = runtime.load_package(path, sha, loader="direct")
+    usual = runtime.load_package(path, sha)
+    assert direct.isa["mode"] == "not-asked" and direct.device == usual.device == torch.device("cpu")
+    with torch.inference_mode():
+        for batch in inputs["batches"]:
+            args = args_of(batch, inputs)
+            assert all(torch.equal(a, b) for a, b in zip(direct(*args), usual(*args)))
+    with pytest.raises(ValueError, match=r"loader must be one of aoti_load_package, direct, got 'fast'"):
+        runtime.load_package(path, sha, loader="fast")
+
+
+def test_a_fresh_process_answers_without_importing_inductor(build, inputs, tmp_path):
+    """benchmarks/runtime_bench.py fresh-load (the H200 script's probe of the first answer),
+    on the CPU package: the direct loader never imports Inductor and answers as verify does."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "runtime_bench.py"
+    out = tmp_path / "fresh.json"
+    proc = subprocess.run([sys.executable, str(script), "fresh-load", str(build.package_record("bfloat16")),
+                           "--inputs", str(build.inputs), "--buckets", json.dumps(BUCKETS), "--loader", "direct",
+                           "--repeat", "1", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = json.loads(out.read_text())["runs"][0]
+    assert run["ended"] == "exit 0" and run["inductor_imported"] is False and run["loader"] == "direct"
+    assert set(run["phases"]) == {"import_torch_s", "preload_s", "import_loader_s", "sha256_s", "probe_s",
+                                  "load_s", "capture_s", "first_call_s", "total_s"}
+    assert run["runner"]["mode"] == "padded_calls"
+    record = read_record(build.package_record("bfloat16"))
+    package = runtime.load_package(build.package_dir("bfloat16") / "decision.pt2", record["programs"][0]["package"]["sha256"])
+    decision, _ = package(*args_of(inputs["batches"][0], inputs))
+    assert run["answer"] == int(decision[0].argmax())
 
 
 @pytest.mark.parametrize("entries, message", [
