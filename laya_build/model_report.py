@@ -84,6 +84,9 @@ def _runs(latency: dict):
 
 
 def _timing(t: dict) -> str:
+    if t.get("max_run_time_s"):
+        return (f"{t['warmup']} warm-ups, then adaptive_autorange for {t['min_run_time_s']:g} to "
+                f"{t['max_run_time_s']:g} s")
     if "min_run_time_s" in t:
         return f"{t['warmup']} warm-ups, then blocked_autorange for {t['min_run_time_s']:g} s"
     return f"{t['warmup']} warm-ups, median of {t['groups']} groups of {t['group_size']}"

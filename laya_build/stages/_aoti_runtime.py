@@ -82,9 +82,14 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+IQR_THRESHOLD = 0.1  # adaptive timing stops once the blocks' IQR is under 10 % of their median
+
+
 def time_calls(fn, args: tuple, timing: dict, device: str) -> dict:
-    """Per-call milliseconds of ``fn(*args)`` timed to a budget: ``timing.warmup`` calls,
-    then ``torch.utils.benchmark``'s ``blocked_autorange(min_run_time=timing.min_run_time_s)``.
+    """Per-call milliseconds of ``fn(*args)`` timed to a budget with ``torch.utils.benchmark``:
+    ``timing.warmup`` calls, then ``blocked_autorange(min_run_time=timing.min_run_time_s)``,
+    or with ``timing.max_run_time_s`` ``adaptive_autorange`` (at least four blocks, until
+    their IQR is under ``IQR_THRESHOLD`` of the median or ``max_run_time_s`` has passed).
 
     The clock synchronises ``device`` before each reading, so a block's time covers every
     CUDA kernel its calls launched; the torch thread count is left as the process has it
@@ -104,7 +109,11 @@ def time_calls(fn, args: tuple, timing: dict, device: str) -> dict:
         synchronize(device)
         timer = Timer("fn(*args)", globals={"fn": fn, "args": args}, timer=clock,
                       num_threads=torch.get_num_threads())
-        m = timer.blocked_autorange(min_run_time=timing["min_run_time_s"])
+        if timing.get("max_run_time_s"):
+            m = timer.adaptive_autorange(threshold=IQR_THRESHOLD, min_run_time=timing["min_run_time_s"],
+                                         max_run_time=timing["max_run_time_s"])
+        else:
+            m = timer.blocked_autorange(min_run_time=timing["min_run_time_s"])
     return {"median_ms": m.median * 1e3, "iqr_ms": m.iqr * 1e3, "runs": m.number_per_run * len(m.raw_times),
             "block_size": m.number_per_run, "blocks_ms": [t * 1e3 / m.number_per_run for t in m.raw_times]}
 

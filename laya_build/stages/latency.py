@@ -40,13 +40,15 @@ def markdown(record: dict, shapes: list[dict]) -> str:
     cols = [f"batch {i} ({s['rows']}x{s['tokens']}x{s['slots']})" for i, s in enumerate(shapes)]
     t = record["timing"]
     runs = [b["latency"]["runs"] for v in record["variants"] for b in v["batches"]]
+    how = (f"adaptive_autorange for {t['min_run_time_s']:g} to {t['max_run_time_s']:g} s" if t.get("max_run_time_s")
+           else f"blocked_autorange for {t['min_run_time_s']:g} s")
     lines = [
         f"# Latency: {record['target']}, package {record['dtype']}",
         "",
-        f"Median ms per call after {t['warmup']} warm-ups, timed by torch.utils.benchmark's "
-        f"blocked_autorange for {t['min_run_time_s']:g} s (each figure rests on {min(runs)} to "
-        f"{max(runs)} calls; the clock synchronises the device); batch shape rows x tokens x slots.  "
-        "Deltas and argmax agreement are against eager AMP (raw softmax, uncalibrated).",
+        f"Median ms per call after {t['warmup']} warm-ups, timed by torch.utils.benchmark's {how} "
+        f"(each figure rests on {min(runs)} to {max(runs)} calls; the clock synchronises the device); "
+        "batch shape rows x tokens x slots.  Deltas and argmax agreement are against eager AMP (raw "
+        "softmax, uncalibrated).",
         "",
         "| variant | what | " + " | ".join(cols) + " | decision argmax | act argmax | max decision prob delta |",
         "|---|---|" + "---:|" * len(cols) + "---:|---:|---:|",

@@ -253,3 +253,18 @@ def test_the_cheapest_holding_bucket_is_chosen():
     assert smallest_holding(buckets, 1, 200, 2) == Bucket(1, 256, 8)
     assert smallest_holding(buckets, 2, 256, 2) is None
     assert dims.fitted(1, 20, 1) == Bucket(1, 32, 2)
+
+
+@pytest.mark.parametrize("timing", [{"warmup": 2, "min_run_time_s": 0.02},
+                                    {"warmup": 0, "min_run_time_s": 0.02, "max_run_time_s": 2.0}])
+def test_timing_to_a_budget_says_what_each_figure_rests_on(timing):
+    from laya_build.stages._aoti_runtime import time_calls
+
+    calls = []
+    x = torch.ones(64)
+    result = time_calls(lambda t: calls.append(1) or t.sum(), (x,), timing, "cpu")
+    assert result["runs"] == result["block_size"] * len(result["blocks_ms"])
+    assert len(calls) >= timing["warmup"] + result["runs"]  # warm-ups and block-size probes come on top
+    assert result["median_ms"] > 0 and result["iqr_ms"] >= 0
+    if "max_run_time_s" in timing:  # adaptive: at least four blocks unless max_run_time_s ran out
+        assert len(result["blocks_ms"]) >= 4 or sum(result["blocks_ms"]) * result["block_size"] / 1e3 > 2.0
