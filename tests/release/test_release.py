@@ -21,8 +21,8 @@ def small_release_config(cfg: dict) -> None:
     cfg["cuda"].update(dtypes=["bfloat16"], baseline={"git_ref": "HEAD"}, expect="identical")
     cfg["probe"] = {"dtypes": ["bfloat16"]}
     cfg["export"]["targets"] = {"cpu": ["float32"], "cuda": ["bfloat16"]}
-    cfg["verify"]["timing"] = {"cpu": {"warmup": 0, "min_run_time_s": 0.02}}
-    cfg["latency"]["timing"] = {"cpu": {"warmup": 0, "min_run_time_s": 0.02}}
+    cfg["verify"]["timing"] = {"cpu": {"warmup": 0, "min_run_time_s": 0.01, "max_run_time_s": 0.05}}
+    cfg["latency"]["timing"] = {"cpu": {"warmup": 0, "min_run_time_s": 0.01, "max_run_time_s": 0.05}}
     cfg["latency"]["variants"] = ["eager_amp", "eager_bf16", "package", "package_graphed"]
 
 

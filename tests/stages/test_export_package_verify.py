@@ -220,5 +220,5 @@ def test_latency_stage(build, tmp_path):
     assert record["timing"] == FAST_TIMING["cpu"]
     table = (tmp_path / "latency.md").read_text()
     assert "| variant | what | batch 0 (1x32x2) | batch 1 (2x64x3) | batch 2 (4x512x8) |" in table
-    assert "blocked_autorange for 0.01 s" in table
+    assert "adaptive_autorange for 0.01 to 0.05 s" in table
     assert table.count("\n| ") == 6

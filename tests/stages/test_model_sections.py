@@ -40,7 +40,7 @@ def test_bad_values_name_their_key(name, cfg, key):
 
 def test_partial_sections_take_defaults():
     cfg = section("verify", {"timing": {"cpu": {"warmup": 0}}})
-    assert cfg["timing"] == {"cpu": {"warmup": 0, "min_run_time_s": 0.2},
+    assert cfg["timing"] == {"cpu": {"warmup": 0, "min_run_time_s": 0.1, "max_run_time_s": 0.5},
                              "cuda": {"warmup": 10, "min_run_time_s": 1.0, "max_run_time_s": 5.0}}
     assert cfg["preload"] == {"cpu": [], "cuda": ["tilelang"]}
     assert section("runtime", {"buckets": {"cuda": []}})["buckets"]["cpu"] == [{"rows": 1, "tokens": 32},
