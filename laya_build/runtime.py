@@ -20,13 +20,15 @@ Loading fast (:func:`load_package`)
     costs a dry compile of one probe per candidate ISA, each loaded in a child Python
     (about 11 s on the 2-core CPU machine, ten children of ~4 s on the H200 image).  This
     module answers it with the recorded ISA instead, after checking that the running CPU
-    has every feature that ISA names (``cpu_vec_isa.x86_isa_checker``: cpuinfo, no
-    compiler); a CPU that lacks one fails with :class:`PackageIsaError` (torch would only
+    has every feature that ISA names (the cpuinfo checks of ``cpu_vec_isa.x86_isa_checker``,
+    no compiler); a CPU that lacks one fails with :class:`PackageIsaError` (torch would only
     warn, then fault on the first vector instruction).  The answer is scoped to the load
     (``valid_vec_isa_list`` is swapped and restored under a lock), so a later
     ``torch.compile`` in the same process still probes for itself.  Not covered by any ISA
     check, by torch or here: the package is compiled with ``-march=native`` and may use
-    other features of the build machine's CPU.
+    other features of the build machine's CPU.  ``loader="direct"`` skips
+    ``aoti_load_package`` (and with it the import of Inductor and Dynamo) and calls the C++
+    loader it wraps; the pipeline keeps the public API.
 
 Buckets and CUDA graphs (:class:`DecisionRunner`)
     Loaded with ``run_single_threaded=True`` (the model pool of a default load queries CUDA
