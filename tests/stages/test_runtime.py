@@ -268,3 +268,20 @@ def test_timing_to_a_budget_says_what_each_figure_rests_on(timing):
     assert result["median_ms"] > 0 and result["iqr_ms"] >= 0
     if "max_run_time_s" in timing:  # adaptive: at least four blocks unless max_run_time_s ran out
         assert len(result["blocks_ms"]) >= 4 or sum(result["blocks_ms"]) * result["block_size"] / 1e3 > 2.0
+
+
+def test_a_graph_replay_that_differs_from_the_plain_call_fails_verify():
+    from laya_build.errors import GraphReplayMismatchError
+    from laya_build.stages.verify import runner_checks
+
+    def program(diff):
+        batch = {"batch": 1, "bucket": {"rows": 4, "tokens": 128, "slots": 8}, "compare": {}, "replay_vs_plain": diff}
+        return {"name": "decision", "batches": [], "runner": {"batches": [batch]}}
+
+    same = program({"decision": 0.0, "act": 0.0})
+    assert runner_checks([same, {"name": "decision_single_slot"}]) == [
+        {"name": "decision runner", "batches": same["runner"]["batches"]}]
+    assert runner_checks([program(None)])[0]["name"] == "decision runner"  # no graph: nothing to compare
+    with pytest.raises(GraphReplayMismatchError, match=r"decision: the CUDA graph of bucket .*'tokens': 128.* replayed "
+                                                       r"batch 1 with max \|difference\| .*'act': 0\.001"):
+        runner_checks([program({"decision": 0.0, "act": 0.001})])
