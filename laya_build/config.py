@@ -240,7 +240,7 @@ def load(path: str | Path | None = None, *, root: str | Path = PROJECT_ROOT, ove
     return Pipeline(data=data, path=path, root=root)
 
 
-MODEL_SECTIONS = ("model", "export", "package", "verify", "latency")
+MODEL_SECTIONS = ("model", "export", "package", "verify", "latency", "runtime")
 
 
 def _merge_model_defaults(data: dict, path: Path) -> None:
@@ -248,11 +248,17 @@ def _merge_model_defaults(data: dict, path: Path) -> None:
     then the effective configuration that every task reads and a release records."""
     from .stages._model_common import section
 
+    from .buckets import check_config as check_buckets
+
     for name in MODEL_SECTIONS:
         try:
             data[name] = section(name, data.get(name))
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
+    try:
+        check_buckets(data)  # runtime.buckets must lie inside export.dims
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _fail(path: Path, key: str, message: str):

@@ -99,3 +99,15 @@ class ArgmaxMismatchError(ParityError):
 
 class VerifyChildCrashError(ChildCrashError, VerificationError):
     """The fresh verification process died by a signal."""
+
+
+class PackageIsaError(VerificationError):
+    """The package was built for CPU vector instructions this CPU lacks (checked before loading)."""
+
+
+class GraphReplayMismatchError(VerificationError):
+    """A CUDA graph replay of the package differs from the plain call on the same padded inputs."""
+
+
+class RuntimeInputError(LayaBuildError, ValueError):
+    """A call's tensors do not fit the package (names the tensor, the dimension and the range)."""

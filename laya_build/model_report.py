@@ -48,10 +48,11 @@ def sections(recs: dict) -> list[str]:
                     for b in p["batches"]:
                         sh = b["shape"]
                         lat.append([key, p["name"], b["batch"], f"{sh['rows']}×{sh['tokens']}×{sh['slots']}",
-                                    b["latency"]["median_ms"]])
+                                    b["latency"]["median_ms"], _runs(b["latency"])])
         if lat:
-            out += ["Package latency in the verification process (median ms per forward):\n",
-                    table(["target", "program", "batch", "rows×tokens×slots", "median ms"], lat)]
+            out += ["Package latency in the verification process (median ms per call):\n",
+                    table(["target", "program", "batch", "rows×tokens×slots", "median ms", "calls"], lat)]
+        out += _runtime_sections(verifies)
     for key, r in sorted(_by_key(recs.get("latency", [])).items()):
         if r["status"] == "skipped":
             out += [f"## Latency {key}\n", f"skipped: {r['reason']}\n"]
@@ -63,9 +64,67 @@ def sections(recs: dict) -> list[str]:
             sh = b["shape"]
             rows.append([b["batch"], f"{sh['rows']}×{sh['tokens']}×{sh['slots']}",
                          *[v["batches"][i]["latency"]["median_ms"] for v in r["variants"]]])
-        t = r["timing"]
-        out += [f"## Latency {key} (median ms; {t['warmup']} warm-ups, median of {t['groups']} groups of "
-                f"{t['group_size']})\n", table(["batch", "rows×tokens×slots", *names], rows)]
+        out += [f"## Latency {key} (median ms per call; {_timing(r['timing'])})\n",
+                table(["batch", "rows×tokens×slots", *names], rows)]
+        runs = [_runs(b["latency"]) for v in r["variants"] for b in v["batches"]]
+        notes = [f"Each figure rests on {min(runs)} to {max(runs)} timed calls."]
+        for v in r["variants"]:
+            if "runner" in v:
+                used = ", ".join(f"batch {b['batch']}: {_bucket(b.get('bucket'))}" for b in v["batches"])
+                notes.append(f"{v['name']}: {v['runner']['mode']}, buckets "
+                             f"{', '.join(_bucket(b) for b in v['runner']['buckets']) or 'none'} ({used}); "
+                             f"set-up {v['setup_s']:.3g} s, of which graph capture {v['runner']['capture_s']:.3g} s.")
+        out += [" ".join(notes) + "\n"]
+    return out
+
+
+def _runs(latency: dict):
+    """Calls a latency figure rests on (records before 2026-12: fixed groups, not recorded)."""
+    return latency.get("runs")
+
+
+def _timing(t: dict) -> str:
+    if t.get("max_run_time_s"):
+        return (f"{t['warmup']} warm-ups, then adaptive_autorange for {t['min_run_time_s']:g} to "
+                f"{t['max_run_time_s']:g} s")
+    if "min_run_time_s" in t:
+        return f"{t['warmup']} warm-ups, then blocked_autorange for {t['min_run_time_s']:g} s"
+    return f"{t['warmup']} warm-ups, median of {t['groups']} groups of {t['group_size']}"
+
+
+def _bucket(b: dict | None) -> str:
+    return "plain call" if b is None else f"{b['rows']}×{b['tokens']}×{b['slots']}"
+
+
+def _runtime_sections(verifies: dict) -> list[str]:
+    """The fresh process's way to its first answer, and the runtime's runner against eager."""
+    load, runner = [], []
+    for key, r in sorted(verifies.items()):
+        if r["status"] != "ok" or "fresh_load" not in r:
+            continue
+        f = r["fresh_load"]
+        load.append([key, f["import_s"], f["sha256_s"], f["probe_s"], f["load_s"], f["capture_s"],
+                     f["first_call_s"], f["total_s"], f"{f['isa']['mode']} ({f['isa']['package']})"])
+        for p in r["programs"]:
+            if "runner" not in p:
+                continue
+            n, s = p["runner"], p["runner"]["summary"]
+            replay = [max(b["replay_vs_plain"].values()) for b in n["batches"] if b["replay_vs_plain"] is not None]
+            runner.append([key, n["mode"], ", ".join(_bucket(b) for b in n["buckets"]) or "none",
+                           n["capture_s"], s["decision"]["max_logit_delta"],
+                           f"{s['decision']['argmax_agree']}/{s['decision']['rows']}", s["act"]["max_logit_delta"],
+                           f"{s['act']['argmax_agree']}/{s['act']['rows']}",
+                           max(replay) if replay else "n/a"])
+    out = []
+    if load:
+        out += ["Fresh verification process, time to its first answer (s): imports (torch, preload, Inductor's "
+                "loader), package sha256, CPU-ISA answer, load, graph capture, first call:\n",
+                table(["target", "import", "sha256", "ISA", "load", "capture", "first call", "total", "ISA answer"],
+                      load)]
+    if runner:
+        out += ["## Runtime runner vs eager.pt (laya_build/runtime.py)\n",
+                table(["target", "mode", "buckets", "capture (s)", "decision max |Δlogit|", "decision argmax",
+                       "act max |Δlogit|", "act argmax", "max |replay − plain|"], runner)]
     return out
 
 
@@ -80,6 +139,19 @@ def _sha256_of(program: dict | None, field: str) -> str | None:
     return program and program[field]["sha256"]
 
 
+FRESH_LOAD_KEYS = ("total_s", "load_s", "capture_s", "runner_max_logit_delta")
+
+
+def _fresh_load(record) -> dict | None:
+    """The fresh load's time to a first answer and the runner's worst logit delta of a verify record."""
+    if not record or record["status"] != "ok" or "fresh_load" not in record:
+        return None
+    runner = next((p["runner"]["summary"] for p in record["programs"] if "runner" in p), None)
+    deltas = [runner[h]["max_logit_delta"] for h in ("decision", "act")] if runner else []
+    return {**{k: record["fresh_load"][k] for k in ("total_s", "load_s", "capture_s")},
+            "runner_max_logit_delta": None if not deltas or None in deltas else max(deltas)}
+
+
 def _latencies(record) -> dict:
     if not record or record["status"] != "ok":
         return {}
@@ -92,7 +164,7 @@ def diff(old_recs: dict, new_recs: dict) -> dict:
     def both(stage):
         return (_by_key(recs.get(stage, [])) for recs in (old_recs, new_recs))
 
-    result = {"packages": [], "verify": [], "latency": []}
+    result = {"packages": [], "verify": [], "latency": [], "runtime": []}
     old_p, new_p = both("aoti_package")
     for key in sorted(set(old_p) | set(new_p)):
         po, pn = _ok_programs(old_p.get(key), None), _ok_programs(new_p.get(key), None)
@@ -117,6 +189,11 @@ def diff(old_recs: dict, new_recs: dict) -> dict:
                     "old_max_prob_delta": o and o["max_prob_delta"], "new_max_prob_delta": n and n["max_prob_delta"],
                     "old_argmax": o and f"{o['argmax_agree']}/{o['rows']}",
                     "new_argmax": n and f"{n['argmax_agree']}/{n['rows']}"})
+    for key in sorted(set(old_v) | set(new_v)):
+        fo, fn = (_fresh_load(side.get(key)) for side in (old_v, new_v))
+        if fo or fn:
+            result["runtime"].append({"build": key, **{f"{side}_{k}": (f or {}).get(k) for side, f in
+                                                       (("old", fo), ("new", fn)) for k in FRESH_LOAD_KEYS}})
     old_l, new_l = both("latency")
     for key in sorted(set(old_l) | set(new_l)):
         lo, ln = _latencies(old_l.get(key)), _latencies(new_l.get(key))
@@ -145,6 +222,14 @@ def diff_sections(model: dict, old: str, new: str) -> list[str]:
                       [[r["build"], r["program"], r["head"], r["old_max_logit_delta"], r["new_max_logit_delta"],
                         r["old_max_prob_delta"], r["new_max_prob_delta"], r["old_argmax"], r["new_argmax"]]
                        for r in model["verify"]])]
+    if model.get("runtime"):
+        out += ["## Runtime: fresh load to first answer and runner vs eager\n",
+                table(["build", f"{old} to first answer (s)", f"{new} to first answer (s)", f"{old} load (s)",
+                       f"{new} load (s)", f"{old} capture (s)", f"{new} capture (s)", f"{old} runner max |Δlogit|",
+                       f"{new} runner max |Δlogit|"],
+                      [[r["build"], r["old_total_s"], r["new_total_s"], r["old_load_s"], r["new_load_s"],
+                        r["old_capture_s"], r["new_capture_s"], r["old_runner_max_logit_delta"],
+                        r["new_runner_max_logit_delta"]] for r in model["runtime"]])]
     if model["latency"]:
         out += ["## Latency (median ms)\n",
                 table(["build", "variant", "batch", old, new],

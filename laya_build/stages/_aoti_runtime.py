@@ -1,30 +1,23 @@
-"""Torch-and-stdlib-only helpers shared by the package, verify and latency child processes.
+"""Helpers shared by the package, verify and latency child processes.
 
-This module must import nothing but ``torch`` and the standard library: the fresh
-verification process (``_verify_child.py``) runs it as a plain sibling module, without the
-``laya_build`` package, transformers or any model code on its import path.
+This module imports nothing but ``torch``, the standard library and the serving runtime
+(:mod:`laya_build.runtime`, itself torch + stdlib): the fresh verification process
+(``_verify_child.py``) imports it and must not pull in transformers or any model code.
 """
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
 import json
 import math
 import os
-import statistics
 import time
 
 import torch
 
+from ..runtime import preload_modules, sha256_file  # noqa: F401  (used by the child processes)
+
 HEADS = ("decision", "act")
 INPUTS_FORMAT = 2  # 2: upstream build_sequence tokenisation and the checkpoint's "calibration"
 EAGER_FORMAT = 1
-
-
-def sha256_file(path) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def write_json_atomic(path, obj) -> None:
@@ -42,24 +35,6 @@ def load_weights_only(path, what: str, fmt: int) -> dict:
     if not isinstance(obj, dict) or obj.get("format") != fmt:
         raise ValueError(f"{path}: not a laya {what} file (format {fmt})")
     return obj
-
-
-def preload_modules(names) -> dict:
-    """Import each named module that is installed, before a package is loaded.
-
-    On the GPU image, ``aoti_load_package`` of a CUDA package segfaulted (in a fresh process,
-    and also in the process that had just compiled it) unless ``import tilelang`` ran first;
-    the cause is unknown.  Every process that loads a package calls this with its stage's
-    ``preload.<target>`` list (default ``[tilelang]`` for cuda).
-    """
-    done, missing = [], []
-    for name in names:
-        if importlib.util.find_spec(name) is None:
-            missing.append(name)
-        else:
-            importlib.import_module(name)
-            done.append(name)
-    return {"imported": done, "missing": missing}
 
 
 def batch_args(batch: dict, arg_names, device) -> tuple:
@@ -197,21 +172,40 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_forwards(fn, args: tuple, timing: dict, device: str) -> dict:
-    """Median per-forward milliseconds over ``groups`` groups of ``group_size`` synchronised
-    forwards, after ``warmup`` forwards."""
+IQR_THRESHOLD = 0.1  # adaptive timing stops once the blocks' IQR is under 10 % of their median
+
+
+def time_calls(fn, args: tuple, timing: dict, device: str) -> dict:
+    """Per-call milliseconds of ``fn(*args)`` timed to a budget with ``torch.utils.benchmark``:
+    ``timing.warmup`` calls, then ``blocked_autorange(min_run_time=timing.min_run_time_s)``,
+    or with ``timing.max_run_time_s`` ``adaptive_autorange`` (at least four blocks, until
+    their IQR is under ``IQR_THRESHOLD`` of the median or ``max_run_time_s`` has passed).
+
+    The clock synchronises ``device`` before each reading, so a block's time covers every
+    CUDA kernel its calls launched; the torch thread count is left as the process has it
+    (the Timer's default would time single-threaded).  Returns the median and IQR of the
+    per-call times of the blocks, how many calls they rest on (``runs`` = blocks x
+    ``block_size``) and each block's mean.
+    """
+    from torch.utils.benchmark import Timer
+
+    def clock() -> float:
+        synchronize(device)
+        return time.perf_counter()
+
     with torch.inference_mode():
         for _ in range(timing["warmup"]):
             fn(*args)
         synchronize(device)
-        groups = []
-        for _ in range(timing["groups"]):
-            start = time.perf_counter()
-            for _ in range(timing["group_size"]):
-                fn(*args)
-            synchronize(device)
-            groups.append((time.perf_counter() - start) * 1e3 / timing["group_size"])
-    return {"median_ms": statistics.median(groups), "groups_ms": groups}
+        timer = Timer("fn(*args)", globals={"fn": fn, "args": args}, timer=clock,
+                      num_threads=torch.get_num_threads())
+        if timing.get("max_run_time_s"):
+            m = timer.adaptive_autorange(threshold=IQR_THRESHOLD, min_run_time=timing["min_run_time_s"],
+                                         max_run_time=timing["max_run_time_s"])
+        else:
+            m = timer.blocked_autorange(min_run_time=timing["min_run_time_s"])
+    return {"median_ms": m.median * 1e3, "iqr_ms": m.iqr * 1e3, "runs": m.number_per_run * len(m.raw_times),
+            "block_size": m.number_per_run, "blocks_ms": [t * 1e3 / m.number_per_run for t in m.raw_times]}
 
 
 def list_tree(root) -> list[dict]:

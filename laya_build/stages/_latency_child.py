@@ -6,12 +6,16 @@ Run as ``python -m laya_build.stages._latency_child JOB.json`` with a fresh, emp
 - ``eager_amp``: fp32 weights under ``torch.autocast(amp_dtype)``;
 - ``eager_bf16``: a separate eval copy with explicit bf16 weights, no autocast;
 - ``compiled_bf16``: ``torch.compile`` of that copy (``dynamic=True`` by default);
-- ``package``: the AOTInductor package (its sha256 was checked by the parent).
+- ``package``: the AOTInductor package, loaded as ``aoti_load_package`` loads it by default
+  (its sha256 checked again here, the CPU-ISA question answered from the package:
+  :func:`laya_build.runtime.load_package`);
+- ``package_graphed``: the package behind :class:`laya_build.runtime.DecisionRunner` (loaded
+  single-threaded; a CUDA graph per bucket on CUDA, padded plain calls on the CPU).
 
 Per variant and batch: the first call (compilation for ``compiled_bf16``), outputs compared
 with ``eager_amp`` (decision probabilities calibrated as upstream Laya publishes them:
-``_aoti_runtime.decision_probabilities``), then warm-ups and the median of synchronised
-groups of forwards.
+``_aoti_runtime.decision_probabilities``), then warm-ups and the budgeted timing of
+:func:`_aoti_runtime.time_calls`.
 """
 from __future__ import annotations
 
@@ -21,8 +25,8 @@ import sys
 import time
 
 import torch
-import torch._inductor
 
+from .. import runtime
 from ..model.checkpoint import load_checkpoint
 from ..model.decision import eval_copy
 from . import _aoti_runtime as rt
@@ -45,9 +49,15 @@ def make_variant(name: str, job: dict, model):
         return torch.compile(eval_copy(model, torch.bfloat16, device),
                              dynamic=job["compile"].get("dynamic", True),
                              mode=None if mode == "default" else mode)
-    if name == "package":
+    if name in ("package", "package_graphed"):
         rt.preload_modules(job["preload"])
-        return torch._inductor.aoti_load_package(job["package"]["path"])
+        package = runtime.load_package(job["package"]["path"], job["package"]["sha256"],
+                                       single_threaded=name == "package_graphed")
+        if name == "package":
+            return package
+        spec = job["runtime"]
+        return runtime.DecisionRunner(package, dims=spec["dims"], buckets=spec["buckets"],
+                                      capture_warmup=spec["capture_warmup"])
     raise ValueError(f"unknown latency variant {name!r}")
 
 
@@ -59,14 +69,23 @@ def measure(name: str, job: dict, model, inputs: dict, reference) -> dict:
     start = time.perf_counter()
     outputs = rt.run_batches(fn, batches, inputs["arg_names"], job["device"])
     first_call_s = time.perf_counter() - start
-    timed = [{"batch": i, "latency": rt.time_forwards(
-        fn, rt.batch_args(b, inputs["arg_names"], job["device"]), job["timing"], job["device"])}
-        for i, b in enumerate(batches)]
+    timed = []
+    for i, b in enumerate(batches):
+        args = rt.batch_args(b, inputs["arg_names"], job["device"])
+        row = {"batch": i, "latency": rt.time_calls(fn, args, job["timing"], job["device"])}
+        if isinstance(fn, runtime.DecisionRunner):
+            bucket = fn.bucket_for(*fn.shape(args))
+            row["bucket"] = bucket and bucket.as_dict()
+        timed.append(row)
     parity = None if reference is None else rt.summarize(
         [rt.compare_heads(r, o, b, inputs["calibration"])
          for r, o, b in zip(reference, outputs, batches)])
-    return {"name": name, "setup_s": setup_s, "first_calls_s": first_call_s, "batches": timed,
-            "parity_vs_eager_amp": parity, "_outputs": outputs}
+    result = {"name": name, "setup_s": setup_s, "first_calls_s": first_call_s, "batches": timed,
+              "parity_vs_eager_amp": parity, "_outputs": outputs}
+    if isinstance(fn, runtime.DecisionRunner):
+        described = fn.describe()
+        result["runner"] = {k: described[k] for k in ("mode", "buckets", "capture_s", "captures")}
+    return result
 
 
 def main(job_path: str) -> int:

@@ -1,29 +1,41 @@
 """The fresh verification process: load a ``.pt2`` package and check it against ``eager.pt``.
 
 Run as a standalone script, ``python laya_build/stages/_verify_child.py JOB.json``.  It
-imports only ``torch``, the standard library and its sibling ``_aoti_runtime`` (itself
-torch + stdlib): no transformers, no laya_build model code, no checkpoint.  The result
-records which of those modules were present at the end, to prove it.
+imports only ``torch``, the standard library and laya-build's runtime layer
+(:mod:`laya_build.runtime`, :mod:`laya_build.buckets`, :mod:`laya_build.errors` and the
+sibling ``_aoti_runtime``, all torch + stdlib): no transformers, no laya_build model code,
+no checkpoint.  The result records which of those modules were present at the end, to
+prove it.
 
 Order of work:
 
 1. ``AOTI_RUNTIME_CHECK_INPUTS=1`` before torch is imported; ``faulthandler`` on.
-2. Integrity: each package's sha256 must equal its record's, BEFORE anything loads it (a
-   ``.pt2`` runs native code).  Then the inputs' hash and every eager file's metadata
-   (program, target, dtype, inputs hash) and shapes must match the package.
+2. The inputs' hash and every eager file's metadata (program, target, dtype, inputs hash)
+   and shapes must match the package.
 3. Preload: import the configured modules when installed (``tilelang`` for CUDA targets: on
    the GPU image a fresh-process ``aoti_load_package`` of a CUDA package segfaulted unless
-   ``import tilelang`` ran first; the cause is unknown).
-4. Mask ``torch.compile``, ``torch.export.export``, ``torch._inductor.aoti_compile_and_package``
-   and ``torch._export.aot_compile`` with functions that raise.
-5. Load each package with ``torch._inductor.aoti_load_package`` and list what appeared in the
-   (empty, temporary) Inductor cache during the load.
-6. Run every saved batch; per head and row record the max |logit delta|, max |probability
-   delta| (the calibrated probabilities upstream Laya publishes: ``rt.decision_probabilities``
-   with the checkpoint's temperatures saved in the inputs) and both argmaxes; time the forwards.
+   ``import tilelang`` ran first; the cause is unknown), and Inductor's loader modules.
+4. Mask ``torch.compile``, ``torch.export.export``, ``torch._inductor.aoti_compile_and_package``,
+   ``torch._export.aot_compile`` and Inductor's C++ builder (``CppBuilder.build``) with
+   functions that raise: the process cannot compile anything.
+5. Load each package with :func:`laya_build.runtime.load_package`: its sha256 must equal
+   its record's BEFORE it is loaded (a ``.pt2`` runs native code); the CPU vector-ISA
+   question is answered from the package (no probe compiles); single-threaded, as the
+   runtime serves it.  What appeared in the (empty, temporary) Inductor cache during the
+   load is listed.
+6. The decision program also goes behind :class:`laya_build.runtime.DecisionRunner` with
+   the configured buckets (CUDA graphs on CUDA, padded plain calls on the CPU); its first
+   call on batch 0 is the process's first answer.  ``fresh_load`` breaks the time to it
+   down: imports, sha256, ISA answer, load, graph capture, first call.
+7. Run every saved batch through the package and (decision program) the runner; per head
+   and row record the max |logit delta|, max |probability delta| (the calibrated
+   probabilities upstream Laya publishes: ``rt.decision_probabilities`` with the checkpoint's
+   temperatures saved in the inputs) and both argmaxes; on
+   CUDA the largest difference between each graph replay and the plain package call on
+   the same padded inputs; time the package's calls.
 
 Errors are written to the result as ``{"status": "error", "kind": ..., "message": ...}``
-(kinds: integrity, inputs, runtime) and the process exits 3.  A native crash kills the
+(kinds: integrity, isa, inputs, runtime) and the process exits 3.  A native crash kills the
 process by a signal, which the parent reports as a failure naming the signal.  For tests
 only, ``LAYA_VERIFY_CHILD_CRASH=SIGSEGV`` (any signal name) makes the process kill itself
 with that signal just before loading, to simulate the GPU image's crash on any machine.
@@ -31,24 +43,28 @@ with that signal just before loading, to simulate the GPU image's crash on any m
 from __future__ import annotations
 
 import os
+import time
 
+STARTED = time.perf_counter()
 os.environ["AOTI_RUNTIME_CHECK_INPUTS"] = "1"
 
 import faulthandler  # noqa: E402
 import json  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 
 import torch  # noqa: E402
 
-if __package__:
-    from . import _aoti_runtime as rt  # noqa: E402
-else:  # run as a script: this file's directory is sys.path[0]
-    import _aoti_runtime as rt  # noqa: E402
+from laya_build import runtime  # noqa: E402
+from laya_build.errors import PackageIntegrityError, PackageIsaError  # noqa: E402
+from laya_build.stages import _aoti_runtime as rt  # noqa: E402
 
+IMPORTED = time.perf_counter()
 CRASH_ENV = "LAYA_VERIFY_CHILD_CRASH"
-FORBIDDEN_MODULES = ("transformers", "laya_build")
+# The runtime layer of laya_build (torch + stdlib); any other laya_build module, or
+# transformers, in this process would mean it ran more than the package.
+RUNTIME_MODULES = {"laya_build", "laya_build.errors", "laya_build.buckets", "laya_build.runtime",
+                   "laya_build.stages", "laya_build.stages._aoti_runtime"}
 EXIT_ERROR = 3
 
 
@@ -56,15 +72,6 @@ class ChildFailure(Exception):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
-
-
-def check_integrity(programs: list[dict]) -> None:
-    for p in programs:
-        actual = rt.sha256_file(p["package"])
-        if actual != p["sha256"]:
-            raise ChildFailure("integrity", (
-                f"{p['package']}: sha256 {actual} does not match the package record's "
-                f"{p['sha256']}; refusing to load it (a .pt2 runs native code)"))
 
 
 def check_inputs(job: dict, inputs: dict, eagers: list[dict]) -> None:
@@ -91,23 +98,27 @@ def check_inputs(job: dict, inputs: dict, eagers: list[dict]) -> None:
                     f"act {tuple(out['act'].shape)} for a batch of {rows} rows x {slots} slots"))
 
 
+def forbidden_modules() -> list[str]:
+    return sorted(m for m in sys.modules if m.split(".")[0] == "transformers"
+                  or (m.split(".")[0] == "laya_build" and m not in RUNTIME_MODULES))
+
+
 def mask_compilers() -> list[str]:
     import torch._export
     import torch._inductor
+    from torch._inductor.cpp_builder import CppBuilder
 
-    targets = [(torch, "compile"), (torch.export, "export"),
-               (torch._inductor, "aoti_compile_and_package"), (torch._export, "aot_compile")]
-    masked = []
-    for owner, attr in targets:
-        name = f"{owner.__name__}.{attr}"
-
+    targets = [("torch.compile", torch, "compile"), ("torch.export.export", torch.export, "export"),
+               ("torch._inductor.aoti_compile_and_package", torch._inductor, "aoti_compile_and_package"),
+               ("torch._export.aot_compile", torch._export, "aot_compile"),
+               ("torch._inductor.cpp_builder.CppBuilder.build", CppBuilder, "build")]
+    for name, owner, attr in targets:
         def blocked(*args, _name=name, **kwargs):
             raise RuntimeError(f"{_name} is disabled in the verification process: it may only "
                                "load the package, never compile or export")
 
         setattr(owner, attr, blocked)
-        masked.append(name)
-    return masked
+    return [name for name, _, _ in targets]
 
 
 def simulate_crash() -> None:
@@ -117,56 +128,113 @@ def simulate_crash() -> None:
         os.kill(os.getpid(), getattr(signal, name))
 
 
+def load(p: dict):
+    try:
+        return runtime.load_package(p["package"], p["sha256"], what="package record", single_threaded=True)
+    except PackageIntegrityError as exc:
+        raise ChildFailure("integrity", str(exc)) from exc
+    except PackageIsaError as exc:
+        raise ChildFailure("isa", str(exc)) from exc
+    except Exception as exc:
+        raise ChildFailure("runtime", f"{p['package']}: aoti_load_package failed: "
+                                      f"{type(exc).__name__}: {exc}") from exc
+
+
+def call(fn, args, what: str):
+    try:
+        with torch.inference_mode():
+            return rt.outputs_dict(fn(*args))
+    except Exception as exc:
+        raise ChildFailure("runtime", f"{what} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def max_abs(a: dict, b: dict) -> dict:
+    return {h: float((a[h].float() - b[h].float()).abs().max()) for h in rt.HEADS}
+
+
+def run_runner(p: dict, package, job: dict, batches: list, refs: list, calibration: dict) -> tuple[dict, dict]:
+    """The decision program behind the runtime's runner: first answer, then every batch
+    against eager (and, with CUDA graphs, against the plain call on the same padded inputs)."""
+    start = time.perf_counter()
+    try:
+        runner = runtime.DecisionRunner(package, dims=job["dims"], buckets=job["buckets"],
+                                        capture_warmup=job["capture_warmup"])
+    except Exception as exc:
+        raise ChildFailure("runtime", f"{p['package']}: the runner could not be set up "
+                                      f"({len(job['buckets'])} buckets): {type(exc).__name__}: {exc}") from exc
+    setup_s = time.perf_counter() - start
+    arg_lists = [rt.batch_args(b, job["arg_names"], job["device"]) for b in batches]
+    start = time.perf_counter()
+    first = call(runner, arg_lists[0], f"{p['package']}: the runner's first call (batch 0)")
+    rt.synchronize(job["device"])
+    first_call_s = time.perf_counter() - start
+    rows = []
+    for b, (args, ref) in enumerate(zip(arg_lists, refs)):
+        got = first if b == 0 else call(runner, args, f"{p['package']}: the runner on batch {b}")
+        shape = runner.shape(args)
+        bucket = runner.bucket_for(*shape)
+        replay = None
+        if runner.graphed and bucket is not None:
+            plain = call(runner.plain, runner.padded_inputs(args), f"{p['package']}: plain call of bucket {bucket}")
+            rows_, _, slots_ = shape
+            plain = {"decision": plain["decision"][:rows_, :slots_], "act": plain["act"][:rows_]}
+            replay = max_abs(got, plain)
+        rows.append({"batch": b, "bucket": bucket and bucket.as_dict(), "compare": rt.compare_heads(ref, got, batches[b], calibration),
+                     "replay_vs_plain": replay})
+    described = runner.describe()
+    return ({**described, "setup_s": setup_s, "batches": rows,
+             "summary": rt.summarize([r["compare"] for r in rows])},
+            {"capture_s": described["capture_s"], "first_call_s": first_call_s})
+
+
 def verify(job: dict) -> dict:
     programs = job["programs"]
-    check_integrity(programs)
     inputs = rt.load_weights_only(job["inputs"], "inputs", rt.INPUTS_FORMAT)
     eagers = [rt.load_weights_only(p["eager"], "eager outputs", rt.EAGER_FORMAT) for p in programs]
     check_inputs(job, inputs, eagers)
+    job = {**job, "arg_names": inputs["arg_names"]}
 
+    start = time.perf_counter()
     preloaded = rt.preload_modules(job["preload"])
+    runtime.import_loader_modules()
+    import_s = (IMPORTED - STARTED) + (time.perf_counter() - start)
     masked = mask_compilers()
     simulate_crash()
     cache_dir = os.environ["TORCHINDUCTOR_CACHE_DIR"]
     cache_initial = rt.list_tree(cache_dir)
-    results = []
+    results, fresh_load = [], None
     for p, eager in zip(programs, eagers):
         cache_before = rt.list_tree(cache_dir)
-        start = time.perf_counter()
-        try:
-            runner = torch._inductor.aoti_load_package(p["package"])
-        except Exception as exc:
-            raise ChildFailure("runtime", f"{p['package']}: aoti_load_package failed: "
-                                          f"{type(exc).__name__}: {exc}") from exc
-        load_s = time.perf_counter() - start
+        package = load(p)
         cache_after_load = rt.list_tree(cache_dir)
-        batches = []
-        for b, (batch, ref) in enumerate(zip(inputs[p["batches_key"]], eager["outputs"])):
+        batches = inputs[p["batches_key"]]
+        runner = None
+        if p["name"] == "decision":
+            runner, answer = run_runner(p, package, job, batches, eager["outputs"], inputs["calibration"])
+            fresh_load = {"import_s": import_s, **package.timings, **answer}
+            fresh_load["total_s"] = sum(fresh_load.values())
+            fresh_load.update(isa=package.isa, runner=runner["mode"])
+        rows = []
+        for b, (batch, ref) in enumerate(zip(batches, eager["outputs"])):
             args = rt.batch_args(batch, inputs["arg_names"], job["device"])
-            try:
-                with torch.inference_mode():
-                    got = rt.outputs_dict(runner(*args))
-            except Exception as exc:
-                raise ChildFailure("runtime", f"{p['package']}: batch {b} failed: "
-                                              f"{type(exc).__name__}: {exc}") from exc
-            rows, tokens = batch["input_ids"].shape
-            batches.append({
-                "batch": b, "shape": {"rows": rows, "tokens": tokens,
-                                      "slots": batch["marker_pos"].shape[1]},
+            got = call(package, args, f"{p['package']}: batch {b}")
+            rows_, tokens = batch["input_ids"].shape
+            rows.append({
+                "batch": b, "shape": {"rows": rows_, "tokens": tokens, "slots": batch["marker_pos"].shape[1]},
                 "compare": rt.compare_heads(ref, got, batch, inputs["calibration"]),
-                "latency": rt.time_forwards(runner, args, job["timing"], job["device"]),
+                "latency": rt.time_calls(package, args, job["timing"], job["device"]),
             })
-        results.append({"name": p["name"], "load_s": load_s,
+        results.append({"name": p["name"], "load_s": package.timings["load_s"],
                         "cache_during_load": [f for f in cache_after_load if f not in cache_before],
-                        "batches": batches})
+                        "batches": rows, **({"runner": runner} if runner else {})})
     return {
-        "status": "ok", "programs": results,
+        "status": "ok", "programs": results, "fresh_load": fresh_load,
         "cache_initial": cache_initial, "cache_after_run": rt.list_tree(cache_dir),
         "child": {
             "pid": os.getpid(), "python": sys.version.split()[0], "torch": torch.__version__,
             "preload": preloaded, "masked": masked,
             "aoti_runtime_check_inputs": os.environ.get("AOTI_RUNTIME_CHECK_INPUTS"),
-            "forbidden_modules_loaded": sorted(m for m in FORBIDDEN_MODULES if m in sys.modules),
+            "forbidden_modules_loaded": forbidden_modules(),
         },
     }
 

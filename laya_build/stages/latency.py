@@ -1,12 +1,17 @@
-"""Stage ``latency``: eager AMP, eager explicit bf16, ``torch.compile`` bf16 and the package.
+"""Stage ``latency``: eager AMP, eager explicit bf16, ``torch.compile`` bf16, the package, and
+the package behind the serving runtime (``package_graphed``).
 
 Measured in a fresh subprocess (``_latency_child``) with its own empty Inductor cache, on
-the saved inputs: per variant and batch, ``timing.warmup`` forwards, then the median of
-``timing.groups`` synchronised groups of ``timing.group_size`` forwards.  Outputs are
-compared with eager AMP (decision probabilities calibrated with the checkpoint's
-temperatures, upstream Laya's rule: ``_aoti_runtime.decision_probabilities``).  Writes
-``latency.json`` (the record) and ``latency.md`` (a Markdown table).  Latencies exclude tokenisation, export and
-compilation (the first calls, which compile for ``compiled_bf16``, are recorded apart).
+the saved inputs: per variant and batch, ``timing.<target>.warmup`` calls, then
+``torch.utils.benchmark``'s ``blocked_autorange`` for ``timing.<target>.min_run_time_s``
+seconds (the median per-call time over its blocks; the record says how many calls each
+figure rests on).  ``package_graphed`` is :class:`laya_build.runtime.DecisionRunner` with
+``runtime.buckets.<target>``: one CUDA graph per bucket on CUDA (capture time recorded),
+padded plain calls on the CPU.  Outputs are compared with eager AMP (decision
+probabilities calibrated with the checkpoint's temperatures, upstream Laya's rule:
+``_aoti_runtime.decision_probabilities``).  Writes ``latency.json`` (the record) and ``latency.md`` (a Markdown table).
+Latencies exclude tokenisation, export and compilation (the first calls, which compile for
+``compiled_bf16``, are recorded apart).
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import time
 from pathlib import Path
 
 from ..atomic import write_json, write_text
+from ..buckets import parse_buckets
 from ..errors import StageError
 from ..records import check_record, sha256_file
 from ._model_common import (
@@ -39,19 +45,25 @@ DESCRIPTIONS = {
     "eager_bf16": "eager, explicit bf16 weights",
     "compiled_bf16": "torch.compile(dynamic={dynamic}, mode={mode}), explicit bf16",
     "package": "AOTInductor package ({dtype})",
+    "package_graphed": "AOTInductor package ({dtype}) behind the runtime: {runner}",
 }
+RUNNERS = {"cuda": "a CUDA graph per bucket", "cpu": "padded to a bucket, no graphs on cpu"}
 
 
 def markdown(record: dict, shapes: list[dict]) -> str:
     cols = [f"batch {i} ({s['rows']}x{s['tokens']}x{s['slots']})" for i, s in enumerate(shapes)]
     t = record["timing"]
+    runs = [b["latency"]["runs"] for v in record["variants"] for b in v["batches"]]
+    how = (f"adaptive_autorange for {t['min_run_time_s']:g} to {t['max_run_time_s']:g} s" if t.get("max_run_time_s")
+           else f"blocked_autorange for {t['min_run_time_s']:g} s")
     lines = [
         f"# Latency: {record['target']}, package {record['dtype']}",
         "",
-        f"Median ms per forward over {t['groups']} groups of {t['group_size']} synchronised "
-        f"forwards after {t['warmup']} warm-ups; batch shape rows x tokens x slots.  Deltas "
-        "and argmax agreement are against eager AMP; decision probabilities are calibrated with the "
-        "checkpoint's temperatures as upstream Laya publishes them (model.json `calibration`).",
+        f"Median ms per call after {t['warmup']} warm-ups, timed by torch.utils.benchmark's {how} "
+        f"(each figure rests on {min(runs)} to {max(runs)} calls; the clock synchronises the device); "
+        "batch shape rows x tokens x slots.  Deltas and argmax agreement are against eager AMP; decision "
+        "probabilities are calibrated with the checkpoint's temperatures as upstream Laya publishes them "
+        "(model.json `calibration`).",
         "",
         "| variant | what | " + " | ".join(cols) + " | decision argmax | act argmax | max decision prob delta |",
         "|---|---|" + "---:|" * len(cols) + "---:|---:|---:|",
@@ -70,11 +82,12 @@ def markdown(record: dict, shapes: list[dict]) -> str:
 
 
 def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_path, out_dir,
-                target: str) -> dict:
+                target: str, runtime_cfg: dict | None = None) -> dict:
     from ..model.inputs import batch_shape, load_inputs
 
     start = time.perf_counter()
     cfg = section("latency", latency_cfg)
+    runtime = section("runtime", runtime_cfg)
     out, package_record_path = Path(out_dir), Path(package_record_path)
     pkg = upstream(package_record_path, "aoti_package")
     if pkg["target"] != target:
@@ -86,13 +99,17 @@ def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_p
     package_path = package_record_path.parent / main["package"]["path"]
     actual = check_sha256(package_path, main["package"]["sha256"], "package record",
                           "; refusing to load it")
+    buckets = runtime["buckets"].get(target, [])
+    parse_buckets(buckets, pkg["dims"], where=f"runtime.buckets.{target}")  # the package's own ranges
+    timing = cfg["timing"][target]
     out.mkdir(parents=True, exist_ok=True)
     result_path, log = out / "latency_child.json", out / "latency_child.log"
     job_path = write_json(out / "latency_job.json", {
         "checkpoint": str(checkpoint_dir), "inputs": str(inputs_path), "device": target,
         "variants": cfg["variants"], "amp_dtype": cfg["amp_dtype"], "compile": cfg["compile"],
-        "timing": cfg["timing"], "package": {"path": str(package_path)}, "result": str(result_path),
+        "timing": timing, "package": {"path": str(package_path), "sha256": actual}, "result": str(result_path),
         "preload": cfg["preload"].get(target, []),
+        "runtime": {"dims": pkg["dims"], "buckets": buckets, "capture_warmup": runtime["capture_warmup"]},
     })
     result_path.unlink(missing_ok=True)
     with inductor_cache(f"latency-{target}-{pkg['dtype']}") as cache:
@@ -104,7 +121,7 @@ def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_p
     for path in (job_path, result_path):
         path.unlink()
 
-    names = {"amp": cfg["amp_dtype"], "dtype": pkg["dtype"], **cfg["compile"]}
+    names = {"amp": cfg["amp_dtype"], "dtype": pkg["dtype"], "runner": RUNNERS[target], **cfg["compile"]}
     shapes = [batch_shape(b) for b in load_inputs(inputs_path)["batches"]]
     variants = [{**v, "description": DESCRIPTIONS[v["name"]].format(**names),
                  "setup_s": round(v["setup_s"], 4), "first_calls_s": round(v["first_calls_s"], 4),
@@ -113,7 +130,7 @@ def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_p
     record = {
         "stage": "latency", "status": "ok", "target": target, "dtype": pkg["dtype"],
         "package": {"sha256": actual}, "inputs": {"sha256": sha256_file(inputs_path)},
-        "timing": cfg["timing"], "amp_dtype": cfg["amp_dtype"], "compile": cfg["compile"],
+        "timing": timing, "amp_dtype": cfg["amp_dtype"], "compile": cfg["compile"],
         "variants": variants, "markdown": "latency.md",
         "device": device_snapshot(target), "versions": versions(),
         "elapsed_s": round(time.perf_counter() - start, 4),

@@ -12,6 +12,15 @@ package), :class:`LogitParityError` / :class:`ProbabilityParityError` /
 :class:`VerifyChildCrashError` (the child died by a signal: a failure naming the signal,
 never a pass) and :class:`VerificationError` otherwise.
 
+The decision program is also checked behind the serving runtime
+(:class:`laya_build.runtime.DecisionRunner` with ``runtime.buckets.<target>``): CUDA graphs
+on CUDA, padded plain calls on the CPU, against ``eager.pt`` with the same thresholds, and
+on CUDA each graph replay against the plain call on the same padded inputs, bit for bit
+(:class:`GraphReplayMismatchError`).  A package built for CPU vector instructions this CPU
+lacks fails with :class:`PackageIsaError` before it is loaded.  The record's ``fresh_load``
+breaks the child's time to its first answer down (imports, sha256, ISA answer, load,
+graph capture, first call).
+
 Known on the GPU image: a fresh-process ``aoti_load_package`` of a CUDA package segfaulted
 unless ``import tilelang`` ran first.  The child therefore imports the modules listed in
 ``verify.preload.<target>`` (default ``[tilelang]`` for cuda) before loading, when they are
@@ -24,22 +33,16 @@ import time
 from pathlib import Path
 
 from ..atomic import write_json
-from ..errors import (
-    ArgmaxMismatchError,
-    ConfigError,
-    InputsMismatchError,
-    LogitParityError,
-    PackageIntegrityError,
-    ProbabilityParityError,
-    VerificationError,
-    VerifyChildCrashError,
-)
+from ..buckets import parse_buckets
+from ..errors import (ArgmaxMismatchError, ConfigError, GraphReplayMismatchError, InputsMismatchError,
+                      LogitParityError, PackageIntegrityError, PackageIsaError, ProbabilityParityError,
+                      VerificationError, VerifyChildCrashError)
 from ..records import sha256_file
 from ._aoti_runtime import HEADS, summarize
 from ._model_common import child_env, finish, inductor_cache, log_tail, run_child, section, skip_if_blocked, upstream
 
 CHILD_SCRIPT = Path(__file__).with_name("_verify_child.py")
-FAILURE_KINDS = {"integrity": PackageIntegrityError, "inputs": InputsMismatchError,
+FAILURE_KINDS = {"integrity": PackageIntegrityError, "isa": PackageIsaError, "inputs": InputsMismatchError,
                  "runtime": VerificationError}
 MEASURES = (("logit", "logits", LogitParityError), ("prob", "probabilities", ProbabilityParityError))
 
@@ -91,9 +94,30 @@ def check_parity(programs: list[dict], thresholds: dict, files: str) -> list[lis
     return [ties for _, ties in checked]
 
 
-def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, out_dir) -> dict:
+def runner_checks(programs: list[dict]) -> list[dict]:
+    """The runner results as programs for :func:`check_parity` (named ``<program> runner``);
+    raises :class:`GraphReplayMismatchError` when a graph replay differs from the plain call
+    on the same padded inputs."""
+    checked = []
+    for p in programs:
+        runner = p.get("runner")
+        if runner is None:
+            continue
+        for b in runner["batches"]:
+            diff = b["replay_vs_plain"]
+            if diff is not None and any(v != 0 for v in diff.values()):
+                raise GraphReplayMismatchError(
+                    f"{p['name']}: the CUDA graph of bucket {b['bucket']} replayed batch {b['batch']} with "
+                    f"max |difference| {diff} from the plain package call on the same padded inputs")
+        checked.append({"name": f"{p['name']} runner", "batches": runner["batches"]})
+    return checked
+
+
+def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, out_dir,
+               runtime_cfg: dict | None = None) -> dict:
     start = time.perf_counter()
     cfg = section("verify", verify_cfg)
+    runtime = section("runtime", runtime_cfg)
     package_record_path, eager_path, out = Path(package_record_path), Path(eager_path), Path(out_dir)
     pkg = upstream(package_record_path, "aoti_package")
     target = pkg["target"]
@@ -103,6 +127,9 @@ def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, o
     if thresholds is None:
         raise ConfigError(f"verify.thresholds.{target}.{pkg['dtype']} is not configured")
 
+    buckets = runtime["buckets"].get(target, [])
+    parse_buckets(buckets, pkg["dims"], where=f"runtime.buckets.{target}")  # the package's own ranges
+    timing = cfg["timing"][target]
     package_dir = package_record_path.parent
     programs = [{"name": p["name"], "batches_key": p["batches_key"],
                  "package": str(package_dir / p["package"]["path"]), "sha256": p["package"]["sha256"],
@@ -113,7 +140,8 @@ def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, o
     result_path, log = out / "verify_child.json", out / "verify_child.log"
     job = {"programs": programs, "inputs": str(Path(inputs_path)),
            "inputs_sha256": pkg["inputs"]["sha256"], "target": target, "dtype": pkg["dtype"],
-           "device": target, "preload": cfg["preload"].get(target, []), "timing": cfg["timing"],
+           "device": target, "preload": cfg["preload"].get(target, []), "timing": timing,
+           "dims": pkg["dims"], "buckets": buckets, "capture_warmup": runtime["capture_warmup"],
            "result": str(result_path)}
     job_path = write_json(out / "verify_job.json", job)
     result_path.unlink(missing_ok=True)
@@ -130,8 +158,10 @@ def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, o
         raise FAILURE_KINDS[result["kind"]](result["message"])
     if rc != 0:
         raise VerificationError(f"verification process exited with status {rc}; log {log}")
-    ties = check_parity(result["programs"], thresholds,
+    runners = runner_checks(result["programs"])
+    ties = check_parity(result["programs"] + runners, thresholds,
                         f"package {programs[0]['package']} vs {eager_path}")
+    runner_ties = dict(zip([r["name"] for r in runners], ties[len(result["programs"]):]))
     if result["child"]["forbidden_modules_loaded"]:
         raise VerificationError(f"the verification process imported "
                                 f"{result['child']['forbidden_modules_loaded']}; it must load only the package")
@@ -140,12 +170,15 @@ def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, o
         "stage": "verify", "status": "ok", "target": target, "dtype": pkg["dtype"],
         "package_record": {"sha256": sha256_file(package_record_path)},
         "inputs": {"sha256": pkg["inputs"]["sha256"]},
-        "thresholds": thresholds, "timing": cfg["timing"],
+        "thresholds": thresholds, "timing": timing,
         "programs": [{**p, "package": {"sha256": spec["sha256"]},
                       "eager": {"sha256": sha256_file(spec["eager"])},
                       "summary": summarize([b["compare"] for b in p["batches"]]),
-                      "argmax_ties": program_ties, "load_s": round(p["load_s"], 4)}
+                      "argmax_ties": program_ties, "load_s": round(p["load_s"], 4),
+                      **({"runner": {**p["runner"], "argmax_ties": runner_ties[f"{p['name']} runner"]}}
+                         if "runner" in p else {})}
                      for p, spec, program_ties in zip(result["programs"], programs, ties)],
+        "fresh_load": result["fresh_load"],
         "inductor_cache": {"initial": result["cache_initial"], "after_run": result["cache_after_run"],
                            "removed": cache.removed},
         "child": result["child"],

@@ -18,10 +18,11 @@ def model_builds(p) -> list[tuple[str, str]]:
     return config_mod.model_builds(p.data)
 
 
-def verify_spec(p, cfg: dict, target: str, dtype: str) -> dict:
+def verify_spec(p, cfg: dict, runtime_cfg: dict, target: str, dtype: str) -> dict:
     """run_verify's arguments for one build of ``p``'s version folder."""
     v = p.layout
-    return {"verify_cfg": cfg, "package_record_path": str(v.build_record("aoti_package", target, dtype)),
+    return {"verify_cfg": cfg, "runtime_cfg": runtime_cfg,
+            "package_record_path": str(v.build_record("aoti_package", target, dtype)),
             "inputs_path": str(v.inputs), "eager_path": str(v.eager(target, dtype))}
 
 
@@ -50,7 +51,8 @@ def _build_task(p, stage: str, module: str, function: str, target: str, dtype: s
                       spec={**spec, "out_dir": str(out)}, kwargs=True, label=f"{stage} {target}-{dtype}",
                       record=p.layout.build_record(stage, target, dtype), dirs=[out], inputs=inputs,
                       schemas=(stage, *schemas, "model_sections"),
-                      config={config_key: spec[config_key], "target": target, "dtype": dtype},
+                      config={config_key: spec[config_key], "target": target, "dtype": dtype,
+                              **({"runtime": spec["runtime_cfg"]} if "runtime_cfg" in spec else {})},
                       always=always, verbosity=2)
 
 
@@ -97,7 +99,7 @@ def verify_tasks(p):
     v = p.layout
     cfg = p.section("verify")
     for target, dtype in model_builds(p):
-        spec = verify_spec(p, cfg, target, dtype)
+        spec = verify_spec(p, cfg, p.section("runtime"), target, dtype)
         yield _build_task(p, "verify", "verify", "run_verify", target, dtype, spec, config_key="verify_cfg",
                           doc="fresh-process verification of the package", always=True,
                           inputs=[spec["package_record_path"], v.inputs], schemas=("aoti_package", "export"))
@@ -121,7 +123,8 @@ def _verify_release_task(p) -> dict:
         for rel in packages:
             build = rel.split("/")[1]
             target, dtype = build.split("-", 1)
-            spec = {**verify_spec(p, config.get("verify", {}), target, dtype), "out_dir": str(out_root / build)}
+            spec = {**verify_spec(p, config.get("verify", {}), config.get("runtime", {}), target, dtype),
+                    "out_dir": str(out_root / build)}
             isolate.run("laya_build.stages.verify", "run_verify", spec, label=f"verify {p.version} {build}",
                         env=stage_env(p), kwargs=True)
             result = json.loads((out_root / build / "verify.json").read_text())
@@ -139,8 +142,8 @@ def latency_tasks(p):
     cfg = p.section("latency")
     for target, dtype in model_builds(p):
         pkg = v.build_record("aoti_package", target, dtype)
-        spec = {"latency_cfg": cfg, "checkpoint_dir": str(v.checkpoint_dir), "inputs_path": str(v.inputs),
-                "package_record_path": str(pkg), "target": target}
+        spec = {"latency_cfg": cfg, "runtime_cfg": p.section("runtime"), "checkpoint_dir": str(v.checkpoint_dir),
+                "inputs_path": str(v.inputs), "package_record_path": str(pkg), "target": target}
         yield _build_task(p, "latency", "latency", "run_latency", target, dtype, spec, config_key="latency_cfg",
                           doc="latency table of the package", inputs=[pkg, v.model_record],
                           schemas=("aoti_package", "model"))

@@ -25,9 +25,9 @@ def small_release_config(cfg: dict, checkpoint) -> None:
     cfg["cuda"].update(dtypes=["bfloat16"], baseline={"git_ref": "HEAD"}, expect="identical")
     cfg["probe"] = {"dtypes": ["bfloat16"]}
     cfg["export"]["targets"] = {"cpu": ["float32"], "cuda": ["bfloat16"]}
-    cfg["verify"]["timing"] = {"warmup": 1, "groups": 2, "group_size": 2}
-    cfg["latency"]["timing"] = {"warmup": 1, "groups": 2, "group_size": 2}
-    cfg["latency"]["variants"] = ["eager_amp", "eager_bf16", "package"]
+    cfg["verify"]["timing"] = {"cpu": {"warmup": 0, "min_run_time_s": 0.01, "max_run_time_s": 0.05}}
+    cfg["latency"]["timing"] = {"cpu": {"warmup": 0, "min_run_time_s": 0.01, "max_run_time_s": 0.05}}
+    cfg["latency"]["variants"] = ["eager_amp", "eager_bf16", "package", "package_graphed"]
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +72,12 @@ def test_report_is_readable(released):
     project, _ = released
     report = (project.version_dir() / "REPORT.md").read_text()
     for heading in ("# Release 0.1.0", "## Stages", "## CPU (C target) numerical checks", "## AOTInductor packages",
-                    "## Fresh-process verification", "## Latency cpu-float32"):
+                    "## Fresh-process verification", "## Runtime runner vs eager.pt", "## Latency cpu-float32"):
         assert heading in report
+    assert "Fresh verification process, time to its first answer" in report
+    assert re.search(r"\| cpu-float32 \| padded_calls \| 1×32×8, 4×128×8 \| 0 \|", report)
+    assert re.search(r"\| batch \| rows×tokens×slots \| eager_amp \| eager_bf16 \| package \| package_graphed \|", report)
+    assert re.search(r"Each figure rests on \d+ to \d+ timed calls", report)
     assert re.search(r"\| rope \| 2 \| [0-9.e-]+ \| 2e-06 \| exact \| pass \|", report)
     assert "| cuda-bfloat16 | skipped |" in report
 
@@ -133,6 +137,29 @@ def test_tasks_refuse_to_write_into_a_release(released):
     finally:
         rope.write_text(original)
     assert _snapshot(vdir) == before
+
+
+def test_the_runtime_opens_a_release_and_refuses_a_tampered_one(released, tmp_path):
+    import torch
+
+    from laya_build import runtime
+    from laya_build.errors import PackageIntegrityError
+
+    project, _ = released
+    runner = runtime.open_release(project.version_dir(), "cpu-float32")
+    assert [str(b) for b in runner.buckets] == ["1x32x8", "4x128x8"]  # the release's runtime.buckets.cpu
+    inputs = torch.load(project.version_dir() / "model" / "inputs.pt", weights_only=True)
+    batch = inputs["batches"][1]
+    decision, act = runner(*(batch[k] for k in inputs["arg_names"]))
+    assert decision.shape == (2, 3) and act.shape == (2, 4)
+    copy = shutil.copytree(project.version_dir(), tmp_path / "0.1.0")
+    record = copy / "aoti_package" / "cpu-float32" / "aoti_package.json"
+    record.write_text(record.read_text() + " ")  # same JSON, other bytes
+    with pytest.raises(PackageIntegrityError, match=r"aoti_package\.json: sha256 \w+ does not match the release "
+                                                    r"manifest's"):
+        runtime.open_release(copy, "cpu-float32")
+    with pytest.raises(PackageIntegrityError, match=r"aoti_package/cuda-bfloat16/aoti_package\.json.*skipped"):
+        runtime.open_release(project.version_dir(), "cuda-bfloat16")
 
 
 def test_verify_a_release_copied_elsewhere(released, tmp_path_factory):
@@ -199,6 +226,8 @@ def test_release_diff_lists_exactly_the_changed_kernel(released):
     md = (out / "release_diff.md").read_text()
     assert "CUDA sources changed: cuda/rope/bfloat16-sm_90.cu" in md
     assert "## Verification deltas" in md and "## Latency" in md
+    assert "## Runtime: fresh load to first answer and runner vs eager" in md
+    assert {r["build"] for r in record["model"]["runtime"]} == {"cpu-float32"}
     assert "| exported program identical | package identical |" in md
 
 

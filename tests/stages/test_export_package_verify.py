@@ -48,9 +48,28 @@ def test_fresh_process_verification_passes(build, dtype, tmp_path, verify_cfg):
     child = record["child"]
     assert child["forbidden_modules_loaded"] == [] and child["aoti_runtime_check_inputs"] == "1"
     assert set(child["masked"]) == {"torch.compile", "torch.export.export",
-                                    "torch._inductor.aoti_compile_and_package", "torch._export.aot_compile"}
-    assert record["inductor_cache"]["initial"] == []
-    assert all(b["latency"]["median_ms"] > 0 for b in main["batches"])
+                                    "torch._inductor.aoti_compile_and_package", "torch._export.aot_compile",
+                                    "torch._inductor.cpp_builder.CppBuilder.build"}
+    # the CPU-ISA question was answered from the package: nothing was compiled or cached
+    assert record["inductor_cache"] == {"initial": [], "after_run": [], "removed": True}
+    assert all(p["cache_during_load"] == [] for p in record["programs"])
+    fresh = record["fresh_load"]
+    assert fresh["isa"]["mode"] == "pre-answered" and fresh["runner"] == "padded_calls"
+    phases = ("import_s", "sha256_s", "probe_s", "load_s", "capture_s", "first_call_s")
+    assert fresh["total_s"] == pytest.approx(sum(fresh[k] for k in phases)) and fresh["capture_s"] == 0
+    # the runtime's runner (default cpu buckets 1x32, 4x128) against eager.pt
+    runner = main["runner"]
+    assert [b["bucket"] for b in runner["batches"]] == [
+        {"rows": 1, "tokens": 32, "slots": 8}, {"rows": 4, "tokens": 128, "slots": 8}, None]
+    assert all(b["replay_vs_plain"] is None for b in runner["batches"])  # no graphs on the CPU
+    for head in ("decision", "act"):
+        assert runner["summary"][head]["argmax_agree"] == 7
+        assert runner["summary"][head]["max_logit_delta"] <= record["thresholds"][head]["logit_atol"]
+    assert all("runner" not in p for p in record["programs"][1:])
+    for b in main["batches"]:
+        lat = b["latency"]
+        assert lat["median_ms"] > 0 and lat["runs"] == lat["block_size"] * len(lat["blocks_ms"]) >= 1
+    assert record["timing"] == verify_cfg["timing"]["cpu"]
     assert not (tmp_path / "verify_job.json").exists()  # transient files are cleaned up
 
 
@@ -186,12 +205,25 @@ def test_export_checks_its_config(build, tmp_path):
 
 def test_latency_stage(build, tmp_path):
     cfg = {"timing": dict(FAST_TIMING)}
-    record = run_latency(cfg, build.checkpoint, build.inputs, build.package_record("bfloat16"), tmp_path, "cpu")
+    runtime_cfg = {"buckets": {"cpu": [{"rows": 2, "tokens": 64, "slots": 3}]}}
+    record = run_latency(cfg, build.checkpoint, build.inputs, build.package_record("bfloat16"), tmp_path, "cpu",
+                         runtime_cfg=runtime_cfg)
     assert record == read_record(tmp_path / "latency.json")
-    assert [v["name"] for v in record["variants"]] == ["eager_amp", "eager_bf16", "compiled_bf16", "package"]
+    assert [v["name"] for v in record["variants"]] == ["eager_amp", "eager_bf16", "compiled_bf16", "package",
+                                                       "package_graphed"]
     assert record["variants"][0]["parity_vs_eager_amp"] is None
     for variant in record["variants"]:
-        assert len(variant["batches"]) == 3 and all(b["latency"]["median_ms"] > 0 for b in variant["batches"])
+        assert len(variant["batches"]) == 3
+        for b in variant["batches"]:
+            assert b["latency"]["median_ms"] > 0 and b["latency"]["runs"] >= 1
+    graphed = record["variants"][-1]
+    assert graphed["runner"]["mode"] == "padded_calls" and graphed["runner"]["capture_s"] == 0
+    assert [b["bucket"] for b in graphed["batches"]] == [{"rows": 2, "tokens": 64, "slots": 3}] * 2 + [None]
+    package = record["variants"][-2]["parity_vs_eager_amp"]
+    for head in ("decision", "act"):  # padding changes nothing the argmax can see
+        assert graphed["parity_vs_eager_amp"][head]["argmax_agree"] == package[head]["argmax_agree"]
+    assert record["timing"] == FAST_TIMING["cpu"]
     table = (tmp_path / "latency.md").read_text()
     assert "| variant | what | batch 0 (1x32x2) | batch 1 (2x64x3) | batch 2 (4x512x8) |" in table
-    assert table.count("\n| ") == 5
+    assert "adaptive_autorange for 0.01 to 0.05 s" in table
+    assert table.count("\n| ") == 6

@@ -1,4 +1,4 @@
-"""The five config sections: defaults.yaml validates, bad values name their key."""
+"""The six config sections: defaults.yaml validates, bad values name their key."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +8,7 @@ from laya_build.errors import ConfigError
 from laya_build.records import load_schema, validate
 from laya_build.stages._model_common import DEFAULTS_PATH, section
 
-SECTIONS = ("model", "export", "package", "verify", "latency")
+SECTIONS = ("model", "export", "package", "verify", "latency", "runtime")
 
 
 def test_defaults_validate():
@@ -28,6 +28,10 @@ def test_defaults_validate():
     ("latency", {"variants": ["eager_fp8"]}, "latency.variants.0"),
     ("model", {"generate": {"seed": "x"}}, "model.generate.seed"),
     ("package", {"targets": ["tpu"]}, "package.targets.0"),
+    ("verify", {"timing": {"groups": 5}}, "verify.timing"),
+    ("latency", {"timing": {"cpu": {"min_run_time_s": 0}}}, "latency.timing.cpu.min_run_time_s"),
+    ("runtime", {"buckets": {"cuda": [{"rows": 1, "tokens": 100}]}}, "runtime.buckets.cuda.0.tokens"),
+    ("runtime", {"buckets": {"cuda": [{"rows": 1}]}}, "runtime.buckets.cuda.0"),
 ])
 def test_bad_values_name_their_key(name, cfg, key):
     with pytest.raises(ConfigError, match=rf"invalid at {key}"):
@@ -35,6 +39,28 @@ def test_bad_values_name_their_key(name, cfg, key):
 
 
 def test_partial_sections_take_defaults():
-    cfg = section("verify", {"timing": {"warmup": 0}})
-    assert cfg["timing"] == {"warmup": 0, "groups": 5, "group_size": 30}
+    cfg = section("verify", {"timing": {"cpu": {"warmup": 0}}})
+    assert cfg["timing"] == {"cpu": {"warmup": 0, "min_run_time_s": 0.1, "max_run_time_s": 0.5},
+                             "cuda": {"warmup": 10, "min_run_time_s": 1.0, "max_run_time_s": 5.0}}
     assert cfg["preload"] == {"cpu": [], "cuda": ["tilelang"]}
+    assert section("runtime", {"buckets": {"cuda": []}})["buckets"]["cpu"] == [{"rows": 1, "tokens": 32},
+                                                                              {"rows": 4, "tokens": 128}]
+
+
+def test_buckets_outside_the_export_ranges_stop_the_config(tmp_path):
+    from pathlib import Path
+
+    from laya_build import config
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "kernels").symlink_to(root / "kernels")
+    data = yaml.safe_load((root / "pipeline.yaml").read_text())
+    data["runtime"] = {"buckets": {"cuda": [{"rows": 1, "tokens": 128}, {"rows": 5, "tokens": 256}]}}
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"pipeline\.yaml: invalid at runtime\.buckets\.cuda\.1\.rows: 5 is "
+                                          r"outside the export range 1\.\.4 \(export\.dims\)"):
+        config.load(path, root=tmp_path)
+    data["export"]["dims"]["rows"]["max"] = 8  # a wider export range admits it
+    path.write_text(yaml.safe_dump(data))
+    assert config.load(path, root=tmp_path).data["runtime"]["buckets"]["cuda"][1] == {"rows": 5, "tokens": 256}
