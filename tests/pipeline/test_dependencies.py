@@ -41,8 +41,9 @@ def small(cfg: dict) -> None:
     cfg["probe"] = {"dtypes": ["bfloat16"]}
     cfg["export"]["targets"] = {"cpu": ["float32"]}
     cfg["package"] = {"targets": ["cpu"]}
-    cfg["verify"] = {"timing": {"warmup": 1, "groups": 1, "group_size": 1}}
-    cfg["latency"] = {"variants": ["eager_amp", "package"], "timing": {"warmup": 1, "groups": 1, "group_size": 1}}
+    fast = {"cpu": {"warmup": 0, "min_run_time_s": 0.01, "max_run_time_s": 0.05}}
+    cfg["verify"] = {"timing": fast}
+    cfg["latency"] = {"variants": ["eager_amp", "package", "package_graphed"], "timing": fast}
 
 
 def _order(name: str) -> int:
