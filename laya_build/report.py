@@ -6,7 +6,9 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from .stages._kernel_common import tir_flavour
+from . import model_report
+from .layout import tir_flavour
+from .markdown import table
 
 
 def records_by_stage(vdir: Path) -> dict[str, list[tuple[str, dict]]]:
@@ -19,17 +21,6 @@ def records_by_stage(vdir: Path) -> dict[str, list[tuple[str, dict]]]:
         if isinstance(record, dict) and "stage" in record and record["stage"] != "manifest":
             by_stage[record["stage"]].append((path.relative_to(vdir).as_posix(), record))
     return by_stage
-
-
-def table(headers: list[str], rows: list[list]) -> str:
-    def cell(v):
-        if isinstance(v, float):
-            return f"{v:.3g}"
-        return "" if v is None else str(v).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
 
 
 def _kernel_sections(recs) -> list[str]:
@@ -62,7 +53,6 @@ def _kernel_sections(recs) -> list[str]:
 
 
 def render_report(vdir: Path, config: dict, env: dict, git: dict) -> str:
-    from . import model_report
 
     recs = records_by_stage(Path(vdir))
     head = [f"# Release {config['version']}\n",

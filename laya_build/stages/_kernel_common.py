@@ -6,10 +6,7 @@ import importlib
 import importlib.metadata
 import platform
 
-
-def tir_flavour(dtype: str, cpu: bool) -> str:
-    """How a TIR specialisation is named in task names, reports and release diffs."""
-    return f"cpu-{dtype}" if cpu else dtype
+from ..layout import tir_flavour  # noqa: F401  (named in one place: laya_build.layout)
 
 
 def load_factory(name: str):

@@ -34,9 +34,18 @@ from pathlib import Path
 
 from ..atomic import write_json
 from ..buckets import parse_buckets
-from ..errors import (ArgmaxMismatchError, ConfigError, GraphReplayMismatchError, InputsMismatchError,
-                      LogitParityError, PackageIntegrityError, PackageIsaError, ProbabilityParityError,
-                      VerificationError, VerifyChildCrashError)
+from ..errors import (
+    ArgmaxMismatchError,
+    ConfigError,
+    GraphReplayMismatchError,
+    InputsMismatchError,
+    LogitParityError,
+    PackageIntegrityError,
+    PackageIsaError,
+    ProbabilityParityError,
+    VerificationError,
+    VerifyChildCrashError,
+)
 from ..records import sha256_file
 from ._aoti_runtime import HEADS, summarize
 from ._model_common import child_env, finish, inductor_cache, log_tail, run_child, section, skip_if_blocked, upstream
