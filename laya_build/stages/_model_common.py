@@ -24,6 +24,7 @@ from pathlib import Path
 from .. import PROJECT_ROOT
 from ..atomic import atomic_path
 from ..errors import ChildCrashError, ConfigError, PackageIntegrityError, StageError
+from ..log import get_logger
 from ..records import RecordError, read_record, sha256_file, validate, write_record
 
 DEFAULTS_PATH = PROJECT_ROOT / "laya_build" / "model" / "defaults.yaml"
@@ -31,6 +32,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 TARGETS = ("cpu", "cuda")
 STAGE_FILES = {"model": "model.json", "export": "export.json", "aoti_package": "aoti_package.json",
                "verify": "verify.json", "latency": "latency.json"}
+
+log = get_logger(__name__)
 
 
 # --------------------------------------------------------------------------------- config
@@ -284,15 +287,15 @@ def run_child(argv: list[str], *, env: dict, timeout: float, what: str, log_path
     """
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    print(f"[laya] {what}: started (log {log_path.name})", flush=True)
+    log.info(f"[laya] {what}: started (log {log_path.name})")
     start = time.perf_counter()
-    with open(log_path, "w", encoding="utf-8") as log:
+    with open(log_path, "w", encoding="utf-8") as out:
         try:
-            proc = subprocess.run([sys.executable, *argv], env=env, stdout=log,
+            proc = subprocess.run([sys.executable, *argv], env=env, stdout=out,
                                   stderr=subprocess.STDOUT, timeout=timeout, cwd=PROJECT_ROOT)
         except subprocess.TimeoutExpired:
             raise StageError(f"{what} ran past its {timeout:g} s timeout (log: {log_path})") from None
-    print(f"[laya] {what}: finished in {time.perf_counter() - start:.1f} s (exit status {proc.returncode})", flush=True)
+    log.info(f"[laya] {what}: finished in {time.perf_counter() - start:.1f} s (exit status {proc.returncode})")
     if proc.returncode < 0:
         name = signal.Signals(-proc.returncode).name
         raise crash_error(f"{what} died by signal {name} ({-proc.returncode}); this is a failure, "

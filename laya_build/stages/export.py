@@ -16,9 +16,12 @@ from pathlib import Path
 
 from ..atomic import atomic_path
 from ..errors import ConfigError, InputsMismatchError
+from ..log import get_logger
 from ..records import file_entry, sha256_file
 from ._aoti_runtime import EAGER_FORMAT, batch_args, run_batches
 from ._model_common import check_target, finish, section, skip, torch_dtype, torch_save, unsupported_reason, versions
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ def export_program(model, inputs: dict, program: Program, cfg: dict, device: str
         ep = torch.export.export(model, example,
                                  dynamic_shapes=dynamic_shapes(cfg["dims"], program.single_slot))
     export_s = time.perf_counter() - start
-    print(f"[laya] torch.export of {program.name} ({device}, {meta['dtype']}): {export_s:.1f} s", flush=True)
+    log.info(f"[laya] torch.export of {program.name} ({device}, {meta['dtype']}): {export_s:.1f} s")
     with atomic_path(out / program.exported) as tmp, open(tmp, "wb") as fh:
         torch.export.save(ep, fh)  # a file object: the temp name does not end in .pt2
 

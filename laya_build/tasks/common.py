@@ -8,7 +8,6 @@ toolchain (:mod:`laya_build.toolchain`) and the bytes of its own outputs.
 from __future__ import annotations
 
 import functools
-import logging
 import shutil
 from pathlib import Path
 
@@ -18,9 +17,10 @@ from doit.tools import config_changed
 from .. import SCHEMA_DIR, deps, isolate, release
 from ..errors import LayaBuildError
 from ..layout import tmp_leftovers
+from ..log import get_logger
 from .checks import Outputs, outputs_unchanged, toolchain_unchanged
 
-log = logging.getLogger("laya_build")
+log = get_logger(__name__)
 
 RUNNER = "laya_build.isolate"
 
@@ -60,7 +60,7 @@ def clean_action(p, outputs: Outputs) -> list:
 
     def clean(task):
         if (state := release.state(p.version_dir)) in ("released", "damaged"):
-            print(f"laya-build: not cleaning {task.name}: version {p.version} is {state} and immutable")
+            log.info(f"laya-build: not cleaning {task.name}: version {p.version} is {state} and immutable")
             return None
         outputs.forget()
         clear_outputs(outputs.files, outputs.dirs)

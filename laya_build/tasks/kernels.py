@@ -14,9 +14,12 @@ from doit.tools import config_changed
 from .. import config as config_mod
 from .. import gitrev, release
 from ..layout import cuda_name, tir_flavour
+from ..log import get_logger
 from ..records import write_record
 from .checks import outputs_unchanged
 from .common import clean_action, clear_outputs, derived_deps, reported, stage_task, task_outputs
+
+log = get_logger(__name__)
 
 
 def _variants(p):
@@ -196,5 +199,5 @@ def _compare_action(p, spec: dict, record: Path, outputs):
     rec = run_cuda_diff(spec)
     write_record(record, rec)
     outputs.save()
-    print(f"cuda_diff: {rec['summary']} against {spec['baseline']['describe']}")
+    log.info(f"cuda_diff: {rec['summary']} against {spec['baseline']['describe']}")
     return None

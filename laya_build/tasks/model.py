@@ -10,7 +10,10 @@ import json
 from .. import config as config_mod
 from .. import isolate, release
 from ..layout import build_name
+from ..log import get_logger
 from .common import reported, stage_env, stage_task
+
+log = get_logger(__name__)
 
 
 def model_builds(p) -> list[tuple[str, str]]:
@@ -117,7 +120,7 @@ def _verify_release_task(p) -> dict:
     @reported(f"verify {p.version}: ")
     def act():
         manifest = release.check_files(vdir)
-        print(f"verify {p.version}: {manifest['totals']['files']} files match {release.MANIFEST}", flush=True)
+        log.info(f"verify {p.version}: {manifest['totals']['files']} files match {release.MANIFEST}")
         config = json.loads((vdir / manifest["pipeline"]["effective"]).read_text())
         packages = sorted(f["path"] for f in manifest["files"] if f["path"].endswith("/aoti_package.json"))
         for rel in packages:
@@ -128,7 +131,7 @@ def _verify_release_task(p) -> dict:
             isolate.run("laya_build.stages.verify", "run_verify", spec, label=f"verify {p.version} {build}",
                         env=stage_env(p), kwargs=True)
             result = json.loads((out_root / build / "verify.json").read_text())
-            print(f"verify {p.version} {build}: {result['status']}"
+            log.info(f"verify {p.version} {build}: {result['status']}"
                   + (f" ({result['reason']})" if result["status"] == "skipped" else ""), flush=True)
         return None
 

@@ -8,12 +8,15 @@ from doit.exceptions import TaskFailed
 
 from .. import config as config_mod
 from .. import isolate, release
+from ..log import get_logger
 from . import kernels, model
 from .common import reported
 
 STAGE_GENERATORS = (kernels.tir_tasks, kernels.probe_c_tasks, kernels.lower_c_tasks, kernels.cuda_source_tasks,
                     kernels.cuda_diff_tasks, model.model_tasks, model.export_tasks, model.aoti_package_tasks,
                     model.verify_tasks, model.latency_tasks)
+
+log = get_logger(__name__)
 
 
 def stage_name(gen) -> str:
@@ -45,9 +48,9 @@ def release_task(p) -> dict:
         release.clear_interrupted(p.version_dir)
         spec = {"version": p.version, "version_dir": str(p.version_dir), "root": str(p.root),
                 "config": p.data, "owners": owners(p)}
-        print(f"release {p.version}: writing REPORT.md and {release.MANIFEST} (environment snapshot)", flush=True)
+        log.info(f"release {p.version}: writing REPORT.md and {release.MANIFEST} (environment snapshot)")
         isolate.run("laya_build.release", "build_manifest", spec, label="release")
-        print(f"release {p.version}: {release.manifest_path(p.version_dir)}")
+        log.info(f"release {p.version}: {release.manifest_path(p.version_dir)}")
 
     return {
         "actions": [act],
@@ -79,7 +82,7 @@ def release_diff_task(p) -> dict:
     def act():
         isolate.run("laya_build.stages.release_diff", "run_release_diff", spec, record=out / "release_diff.json",
                     label="release_diff")
-        print((out / "release_diff.md").read_text())
+        log.info((out / "release_diff.md").read_text())
 
     return {"actions": [act], "doc": doc, "uptodate": [False], "verbosity": 2,
             "targets": [str(out / "release_diff.json"), str(out / "release_diff.md")]}
