@@ -246,7 +246,6 @@ MODEL_SECTIONS = ("model", "export", "package", "verify", "latency", "runtime")
 def _merge_model_defaults(data: dict, path: Path) -> None:
     """Fill the model sections from ``laya_build/model/defaults.yaml``: ``Pipeline.data`` is
     then the effective configuration that every task reads and a release records."""
-    from .buckets import check_config as check_buckets
     from .stages._model_common import section
 
     for name in MODEL_SECTIONS:
@@ -254,10 +253,6 @@ def _merge_model_defaults(data: dict, path: Path) -> None:
             data[name] = section(name, data.get(name))
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
-    try:
-        check_buckets(data)  # runtime.buckets must lie inside export.dims
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _fail(path: Path, key: str, message: str):
@@ -334,6 +329,8 @@ def _check_variant(path: Path, name: str, variant: dict) -> dict:
 def _check_model(data: dict, path: Path, root: Path) -> None:
     """The effective model sections: a local checkpoint is a folder, the batch layout fits
     the export ranges, and every package that is built has verification thresholds."""
+    from .buckets import check_config as check_buckets
+
     local = data["model"].get("path")
     if local is not None and not (root / local).is_dir():
         _fail(path, "model.path", f"{local!r} ({(root / local).resolve()}) is not a checkpoint folder")
@@ -347,3 +344,7 @@ def _check_model(data: dict, path: Path, root: Path) -> None:
             _fail(path, f"verify.thresholds.{target}.{dtype}",
                   f"no verification thresholds for the {target} {dtype} package, which is built "
                   f"(package.targets has {target}, export.targets.{target} has {dtype})")
+    try:
+        check_buckets(data)  # runtime.buckets inside export.dims (checked after the batch layout)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

@@ -39,7 +39,7 @@ def small(cfg: dict) -> None:
     cfg["cpu_checks"]["atol_overrides"] = {}
     cfg["cuda"].update(dtypes=["bfloat16"], baseline={"git_ref": "HEAD"}, expect="identical")
     cfg["probe"] = {"dtypes": ["bfloat16"]}
-    cfg["export"]["targets"] = {"cpu": ["float32"]}
+    cfg.setdefault("export", {})["targets"] = {"cpu": ["float32"]}
     cfg["package"] = {"targets": ["cpu"]}
     fast = {"cpu": {"warmup": 0, "min_run_time_s": 0.01, "max_run_time_s": 0.05}}
     cfg["verify"] = {"timing": fast}
@@ -312,7 +312,7 @@ def test_one_versions_state_never_answers_for_another(built):
     project, *_ = built
     run = project.doit("version=0.50.0", "model")
     assert run.executed == ["model:build"]
-    project.edit_config(lambda c: c["model"].setdefault("generate", {}).update(seed=99))
+    project.edit_config(lambda c: c.setdefault("model", {}).setdefault("generate", {}).update(seed=99))
     try:
         run = project.doit("version=0.51.0", "model")
         assert run.executed == ["model:build"]

@@ -17,16 +17,16 @@ def small_release_config(cfg: dict, checkpoint) -> None:
     """Two kernels, one dtype, the fp32 CPU package only, few timed forwards: a whole release
     on a 2-core CI machine in a few minutes.  The model is ``checkpoint``, written by upstream
     Laya itself (``model.path``), as a release engineer packages a trained one."""
-    cfg["model"]["path"] = str(checkpoint)
+    cfg.setdefault("model", {})["path"] = str(checkpoint)
     keep = ("gemm_gelu", "rope")
     cfg["kernels"]["variants"] = {k: v for k, v in cfg["kernels"]["variants"].items() if k in keep}
     cfg["cpu_checks"]["shapes"] = {k: v for k, v in cfg["cpu_checks"]["shapes"].items() if k in keep}
     cfg["cpu_checks"]["atol_overrides"] = {k: v for k, v in cfg["cpu_checks"]["atol_overrides"].items() if k in keep}
     cfg["cuda"].update(dtypes=["bfloat16"], baseline={"git_ref": "HEAD"}, expect="identical")
     cfg["probe"] = {"dtypes": ["bfloat16"]}
-    cfg["export"]["targets"] = {"cpu": ["float32"], "cuda": ["bfloat16"]}
-    cfg["verify"]["timing"] = {"cpu": {"warmup": 0, "min_run_time_s": 0.01, "max_run_time_s": 0.05}}
-    cfg["latency"]["timing"] = {"cpu": {"warmup": 0, "min_run_time_s": 0.01, "max_run_time_s": 0.05}}
+    cfg.setdefault("export", {})["targets"] = {"cpu": ["float32"], "cuda": ["bfloat16"]}
+    cfg.setdefault("verify", {})["timing"] = {"cpu": {"warmup": 0, "min_run_time_s": 0.01, "max_run_time_s": 0.05}}
+    cfg.setdefault("latency", {})["timing"] = {"cpu": {"warmup": 0, "min_run_time_s": 0.01, "max_run_time_s": 0.05}}
     cfg["latency"]["variants"] = ["eager_amp", "eager_bf16", "package", "package_graphed"]
 
 
