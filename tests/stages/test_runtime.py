@@ -102,7 +102,8 @@ def test_one_option_rows_padded_to_two_slots_equal_the_single_slot_program(build
     which must give what the separately exported one-slot branch gives."""
     record = read_record(build.package_record("float32"))
     single = next(p for p in record["programs"] if p["name"] == "decision_single_slot")
-    package = runtime.load_package(build.package_dir("float32") / single["package"]["path"], single["package"]["sha256"])
+    package = runtime.load_package(build.package_dir("float32") / single["package"]["path"],
+                                   single["package"]["sha256"])
     runner = runtime.open_build(build.package_record("float32"), buckets=BUCKETS)
     for batch in inputs["single_slot_batches"]:
         args = args_of(batch, inputs)
@@ -156,7 +157,8 @@ def test_the_isa_question_is_answered_from_the_package(build):
 
     original = cpu_vec_isa.valid_vec_isa_list
     path = build.package_dir("float32") / "decision.pt2"
-    package = runtime.load_package(path, read_record(build.package_record("float32"))["programs"][0]["package"]["sha256"])
+    sha = read_record(build.package_record("float32"))["programs"][0]["package"]["sha256"]
+    package = runtime.load_package(path, sha)
     assert cpu_vec_isa.valid_vec_isa_list is original
     recorded = runtime.package_metadata(path)["AOTI_CPU_ISA"]
     assert package.isa["package"] == recorded
@@ -222,7 +224,8 @@ def test_a_fresh_process_answers_without_importing_inductor(build, inputs, tmp_p
                                   "load_s", "capture_s", "first_call_s", "total_s"}
     assert run["runner"]["mode"] == "padded_calls"
     record = read_record(build.package_record("bfloat16"))
-    package = runtime.load_package(build.package_dir("bfloat16") / "decision.pt2", record["programs"][0]["package"]["sha256"])
+    package = runtime.load_package(build.package_dir("bfloat16") / "decision.pt2",
+                                   record["programs"][0]["package"]["sha256"])
     decision, _ = package(*args_of(inputs["batches"][0], inputs))
     assert run["answer"] == int(decision[0].argmax())
 
@@ -232,7 +235,8 @@ def test_a_fresh_process_answers_without_importing_inductor(build, inputs, tmp_p
     ([{"rows": 1, "tokens": 16}], r"invalid at b\.0\.tokens: 16 is outside the export range 32\.\.512"),
     ([{"rows": 1, "tokens": 40}], r"invalid at b\.0\.tokens: 40 is not a multiple of 16"),
     ([{"rows": 1, "tokens": 32, "slots": 9}], r"invalid at b\.0\.slots: 9 is outside the export range 2\.\.8"),
-    ([{"rows": 1, "tokens": 32}, {"rows": 1, "tokens": 32, "slots": 8}], r"invalid at b\.1: bucket 1x32x8 repeats b\.0"),
+    ([{"rows": 1, "tokens": 32}, {"rows": 1, "tokens": 32, "slots": 8}],
+     r"invalid at b\.1: bucket 1x32x8 repeats b\.0"),
 ])
 def test_buckets_must_lie_inside_the_export_ranges(entries, message):
     dims = {"rows": {"min": 1, "max": 4}, "tokens16": {"min": 2, "max": 32}, "slots": {"min": 2, "max": 8}}
