@@ -132,7 +132,7 @@ def _verify_release_task(p) -> dict:
                         env=stage_env(p), kwargs=True)
             result = json.loads((out_root / build / "verify.json").read_text())
             log.info(f"verify {p.version} {build}: {result['status']}"
-                  + (f" ({result['reason']})" if result["status"] == "skipped" else ""), flush=True)
+                  + (f" ({result['reason']})" if result["status"] == "skipped" else ""))
         return None
 
     return {"name": "release", "doc": f"verify released version {p.version}: manifest, then every package",

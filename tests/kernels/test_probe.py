@@ -86,7 +86,7 @@ def test_lowers_to_cuda(kernel, dtype):
     case = PROBE_CASES[kernel]
     src = cuda_source(case.factory, case.args, case.kwargs, dtype=dtype)
     prim_name = case.factory.get_tir(*case.args, **case.kwargs, dtype=dtype).attrs["global_symbol"]
-    assert f"__global__ void __launch_bounds__" in src and f"{prim_name}_kernel(" in src
+    assert "__global__ void __launch_bounds__" in src and f"{prim_name}_kernel(" in src
     assert TYPE_NAME[dtype] in src
     if kernel in ("gemm", "geglu"):
         assert "wgmma" in src and "rasterization2DRow" in src  # tensor cores + block swizzle

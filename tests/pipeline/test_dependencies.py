@@ -185,6 +185,17 @@ def _outputs_by_task(project: Project, graph: dict) -> dict[str, list[Path]]:
     return out
 
 
+def _downstream(graph: dict, tasks: set[str]) -> set[str]:
+    """``tasks`` and every task that reads (transitively) what they write."""
+    out = set(tasks)
+    while True:
+        targets = {t for n in out for t in graph[n]["targets"]}
+        more = {n for n, t in graph.items() if n not in out and set(t["file_dep"]) & targets}
+        if not more:
+            return out
+        out |= more
+
+
 def _without_trace(project: Project, *args: str):
     """Run doit, then put its task state back as it was (a failed task loses its state in
     doit, which would make it out of date for the tests that follow)."""
