@@ -101,23 +101,6 @@ def _construct_mapping(loader, node, deep=False):
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-@dataclass(frozen=True)
-class Factory:
-    """A kernel factory as declared in its source: where, and its parameters."""
-
-    module: str  # relative to the project root
-    positional: tuple[str, ...]  # parameters that may be passed positionally
-    keyword: frozenset[str]  # every parameter name
-
-
-def kernel_factories(kernels_dir: Path | None = None) -> dict[str, Factory]:
-    """The kernel factories of :data:`kernels.registry.KERNELS` (``kernels_dir`` is ignored:
-    the registry reads the sources of the ``kernels`` package it belongs to)."""
-    return {name: Factory(f"kernels/{k.module}.py", tuple(p.name for p in k.params if not p.keyword_only),
-                          frozenset(p.name for p in k.params))
-            for name, k in KERNELS.items()}
-
-
 # ----------------------------------------------------------------------------------- loading
 
 def _shown(value: str) -> str:

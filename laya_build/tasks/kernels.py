@@ -11,7 +11,8 @@ from pathlib import Path
 from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
-from .. import config as config_mod
+from kernels.registry import KERNELS
+
 from .. import gitrev, release
 from ..layout import cuda_name, tir_flavour
 from ..log import get_logger
@@ -27,7 +28,7 @@ def _variants(p):
 
 
 def _factory_module(p, factory: str) -> str:
-    return config_mod.kernel_factories(p.root / "kernels")[factory].module.removesuffix(".py").replace("/", ".")
+    return f"kernels.{KERNELS[factory].module}"
 
 
 def tir_tasks(p):
