@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,7 +75,7 @@ def main() -> int:
     edit, out = timed(dest, "version=0.2.0")
     rows.append(("one-kernel edit (kernels/rope.py), then `doit`", edit, executed(out)))
     rope.write_text(original)
-    print(f"# laya-build build benchmark, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
+    print(f"# laya-build build benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}, load average before: {os.getloadavg()[0]:.2f}")
     print()

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import ast
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 __all__ = ["ACTIVATIONS", "CPU_DTYPE", "GPU_DTYPES", "KERNELS", "STAGE_PARAMS", "Kernel", "Param",
            "check_args", "check_dtype", "check_choice", "check_positive", "jit_factories"]
@@ -263,7 +263,7 @@ class RegistryError(RuntimeError):
     """The registry and the kernel sources disagree (a programming error, not a config one)."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parse(path: Path) -> ast.Module:
     return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
 
@@ -303,7 +303,7 @@ def _static_value(node: ast.AST, module: ast.Module, where: str):
     raise RegistryError(f"{where}: default {ast.unparse(node)!r} is not a static value the registry can read")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _signature(path: Path, factory: str) -> tuple[Param, ...]:
     module = _parse(path)
     for node in module.body:

@@ -8,8 +8,8 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 def _file_mode() -> int:
@@ -68,3 +68,13 @@ def dump_json(obj) -> str:
 
 def write_json(target: str | os.PathLike, obj, *, exclusive: bool = False) -> Path:
     return write_text(target, dump_json(obj), exclusive=exclusive)
+
+
+def torch_save(obj, target: str | os.PathLike) -> Path:
+    """``torch.save`` atomically and reproducibly: through a file object, so the archive's
+    inner folder is not named after the (random) temporary file."""
+    import torch
+
+    with atomic_path(target) as tmp, open(tmp, "wb") as fh:
+        torch.save(obj, fh)
+    return Path(target)

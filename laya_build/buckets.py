@@ -38,7 +38,7 @@ class ExportDims:
     slots: Range
 
     @classmethod
-    def from_dims(cls, dims: dict) -> "ExportDims":
+    def from_dims(cls, dims: dict) -> ExportDims:
         t16 = dims["tokens16"]
         return cls(rows=Range(dims["rows"]["min"], dims["rows"]["max"]),
                    tokens=Range(TOKEN_MULTIPLE * t16["min"], TOKEN_MULTIPLE * t16["max"]),
@@ -48,7 +48,7 @@ class ExportDims:
         return (rows in self.rows and tokens in self.tokens and slots in self.slots
                 and tokens % TOKEN_MULTIPLE == 0)
 
-    def fitted(self, rows: int, tokens: int, slots: int) -> "Bucket":
+    def fitted(self, rows: int, tokens: int, slots: int) -> Bucket:
         """The smallest shape the package accepts that holds a call of this shape (tokens
         rounded up to a multiple of 16 and raised to the minima); the call must not exceed
         the maxima (see :meth:`too_large`)."""

@@ -229,7 +229,7 @@ MODEL_SECTIONS = ("model", "export", "package", "verify", "latency", "runtime")
 def _merge_model_defaults(data: dict, path: Path) -> None:
     """Fill the model sections from ``laya_build/model/defaults.yaml``: ``Pipeline.data`` is
     then the effective configuration that every task reads and a release records."""
-    from .stages._model_common import section
+    from .sections import section
 
     for name in MODEL_SECTIONS:
         try:

@@ -3,7 +3,7 @@
 A stage task depends on every project file its process can import or read: the import
 closure of its entry modules (``import`` statements anywhere in a module, function bodies
 included), the project modules and files its code names in string constants (a child
-module run with ``-m laya_build.stages._package_child``, a script ``_verify_child.py``, a
+module named ``"laya_build.children.package"``, a script named by its file name, a
 data file ``probe_pins.json``), the JSON Schemas it validates against (with their ``$ref``
 closure) and the third-party distributions it imports (for the toolchain check).  Nothing
 is imported to find this: sources are parsed with :mod:`ast`, once per process.
@@ -91,7 +91,7 @@ class Project:
         return self._by_path.get(Path(path))
 
     # ------------------------------------------------------------------------- parsing
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def info(self, module: str) -> ModuleInfo:
         """What ``module`` imports and names, parsed (or taken from the parse cache, keyed by
         the sha256 of the source: parsing all the sources is most of building the graph)."""
@@ -202,7 +202,7 @@ class Project:
         named = self.files_by_name.get(value, [])
         return named if len(named) == 1 else []
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def edges(self, module: str) -> tuple[tuple[str, ...], frozenset[Path], frozenset[str]]:
         """What ``module`` itself leads to: (project modules, data files, third-party imports)."""
         info = self.info(module)
@@ -236,7 +236,7 @@ class Project:
                     files.add(path)
         return tuple(dict.fromkeys(modules)), frozenset(files), frozenset(third_party)
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def closure(self, entries: tuple[str, ...]) -> tuple[frozenset[Path], frozenset[str]]:
         """(project files, third-party top-level imports) reachable from ``entries``."""
         missing = [e for e in entries if e not in self.modules]
@@ -271,7 +271,7 @@ def _resolve_from(package: str, module: str | None, level: int) -> str | None:
     return ".".join(base) or None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _schemas(schema_dir: Path) -> tuple[dict[str, Path], dict[Path, tuple[str, ...]]]:
     """(``$id`` or file name -> schema file, schema file -> the ``$ref`` targets it names)."""
     by_id: dict[str, Path] = {}
@@ -283,7 +283,7 @@ def _schemas(schema_dir: Path) -> tuple[dict[str, Path], dict[Path, tuple[str, .
     return by_id, refs
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def schema_closure(schema_dir: Path, names: tuple[str, ...]) -> frozenset[Path]:
     """``schemas/<name>.schema.json`` of each name and every schema they ``$ref``."""
     by_id, refs = _schemas(schema_dir)
@@ -312,7 +312,7 @@ def _refs(node):
             yield from _refs(item)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def project(root: Path = PROJECT_ROOT) -> Project:
     """The sources of ``root``; the parse cache is saved when the process ends."""
     found = Project(root)
@@ -320,7 +320,7 @@ def project(root: Path = PROJECT_ROOT) -> Project:
     return found
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def module_constant(module: str, name: str, default=None, root: Path = PROJECT_ROOT):
     """The literal value of a module-level ``NAME = <literal>`` of a project module, read
     without importing it (e.g. a stage's ``TOOLS``)."""

@@ -50,12 +50,12 @@ class CudaSourceMismatch(LayaBuildError):
 class GitRefError(LayaBuildError, ValueError):
     """The baseline git revision cannot be resolved or holds no kernels/."""
 
-class StageFailed(LayaBuildError):
-    """A stage failed in its own process; the message is the child's error."""
-
-
 class StageError(LayaBuildError):
     """A stage could not do its work on a supported install (e.g. compilation failed)."""
+
+
+class StageFailed(StageError):
+    """A stage (or a stage's child) failed in its own process; the message is its error."""
 
 
 class ChildCrashError(StageError):

@@ -1,47 +1,57 @@
-"""Run a stage function in a process of its own: the one process runner of laya-build.
+"""Run a function in a process of its own: the one process runner of laya-build.
 
 Compiling stages run here rather than in the doit process because TileLang renames
 PrimFuncs whose names collide within one process (which changes generated source), because
 CUDA cannot be re-initialised in a forked worker, and because a crashing native compiler
-must not take the build down with it.
+must not take the build down with it.  The model stages use it a second time for their
+children (:mod:`laya_build.children`): the AOTInductor compile, the fresh-process
+verification and the latency measurement, each in a new interpreter with its own
+environment (an empty Inductor cache, ``AOTI_RUNTIME_CHECK_INPUTS=1``), log file and timeout.
 
 Two ways to start that process, one protocol:
 
 * fresh (default): a new interpreter, ``python -m laya_build.isolate``;
-* ``fork=True`` (kernel stages): a child forked from a *fork server*, an interpreter started
-  once per doit process that imports torch and TileLang (5-12 s) and nothing of the project,
-  then forks one child per request.  Each child starts from that same clean state, so no
-  generation sees another's (the bytes equal a fresh interpreter's: tested), a crash takes
-  only the child down, and CUDA is never initialised in the server.  Stages that use CUDA
-  or compile packages keep the fresh interpreter.
+* ``fork=True``: a child forked from a *fork server*, an interpreter started once per doit
+  process that imports torch and TileLang (5-12 s) and nothing of the project, then forks
+  one child per request.  Each child starts from that same clean state, so no generation
+  sees another's (the bytes equal a fresh interpreter's: tested), a crash takes only the
+  child down, and CUDA is never initialised in the server (a child may initialise it: the
+  server never did).
 
-Protocol: the parent sends ``{"module", "function", "spec", "record"}`` as JSON on stdin;
-the child imports ``module``, calls ``function(spec)`` and, if ``record`` is set, validates
-and writes the returned record there.  A failure in the child is reported as one
-``LAYA-ERROR <type>: <message>`` line on stderr, which the parent re-raises as
-:class:`StageFailed` with that message.
+Protocol: the parent sends ``{"module", "function", "spec", "record", "result"}`` as JSON;
+the child imports ``module``, calls ``function(spec)`` (``function(**spec)`` for
+``call: kwargs``) and, if ``record`` is set, validates and writes the returned record there;
+if ``result`` is set, writes the returned value there as JSON (the parent returns it).  A
+failure in the child is reported as one ``LAYA-ERROR <type>: <message>`` line on stderr:
+the parent raises :class:`StageFailed` with it, or with ``reraise`` the child's own
+:mod:`laya_build.errors` class with the child's message.  A child killed by a signal raises
+``crash_error`` naming the signal; one past its ``timeout`` is killed and raises
+:class:`StageError`: neither can ever pass as success.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from pathlib import Path
 
-from . import PROJECT_ROOT
-from .errors import StageFailed  # noqa: F401  (StageFailed re-exported)
+from . import PROJECT_ROOT, errors
+from .errors import StageError, StageFailed
 
 ERROR_PREFIX = "LAYA-ERROR "
-# What the fork server imports before forking: the heavy modules the kernel stages use.
+# What the fork server imports before forking: the heavy modules the stages use.
 SERVER_PRELOAD = ("torch", "tilelang", "jsonschema", "referencing")
-
-
+TAIL_LINES = 25
 
 
 def child_env(env: dict | None = None) -> dict:
@@ -57,50 +67,100 @@ def child_env(env: dict | None = None) -> dict:
     # set iteration (the two rotary inv_freq buffers of ModernBERT), so exported.pt2 bytes
     # changed from run to run.
     out["PYTHONHASHSEED"] = "0"
+    out["PYTHONUNBUFFERED"] = "1"
     out.update(env or {})
     return out
 
 
 def run(module: str, function: str, spec: dict, *, record: str | os.PathLike | None = None,
-        extra_path: list[str] | None = None, env: dict | None = None, label: str | None = None,
-        kwargs: bool = False, fork: bool = False) -> None:
+        result: bool = False, extra_path: list[str] | None = None, env: dict | None = None,
+        label: str | None = None, kwargs: bool = False, fork: bool = False, log: str | os.PathLike | None = None,
+        timeout: float | None = None, crash_error: type[StageFailed | errors.ChildCrashError] = StageFailed,
+        reraise: bool = False):
     """Run ``module.function(spec)`` (``function(**spec)`` with ``kwargs=True``) in a process
-    of its own (forked from the fork server with ``fork``); raise :class:`StageFailed` on
-    failure."""
-    request = {"module": module, "function": function, "spec": spec, "call": "kwargs" if kwargs else "spec",
-               "record": str(record) if record else None, "sys_path": list(extra_path or [])}
+    of its own (forked from the fork server with ``fork``); return what it returned when
+    ``result`` is set.  ``log``: a file that keeps the child's output (else it is shown as
+    it comes, fresh, or once it succeeded, forked); ``timeout``: seconds (fresh only)."""
+    if fork and timeout is not None:
+        raise ValueError("a timeout needs a fresh process (fork=False)")
     what = label or f"{module}.{function}"
-    if fork:
-        returncode, err_text = _server(env).run(request)
-    else:
-        returncode, err_text = _run_fresh(request, env)
-    if returncode == 0:
-        return
-    errors = [line[len(ERROR_PREFIX):] for line in err_text.splitlines() if line.startswith(ERROR_PREFIX)]
-    if errors:
-        raise StageFailed(f"{what}: {errors[-1]}")
+    with tempfile.TemporaryDirectory(prefix="laya-run-") as scratch:
+        request = {"module": module, "function": function, "spec": spec, "call": "kwargs" if kwargs else "spec",
+                   "record": str(record) if record else None, "sys_path": list(extra_path or []),
+                   "result": str(Path(scratch) / "result.json") if result else None,
+                   "error": str(Path(scratch) / "error.json")}
+        log_path = Path(log) if log else Path(scratch) / "output.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        if log:
+            _log(f"[laya] {what}: started (log {log_path.name})")
+        start = time.perf_counter()
+        if fork:
+            returncode = _server(env).run(request, log_path, show=not log)
+        else:
+            returncode = _run_fresh(request, env, log_path, show=not log, timeout=timeout, what=what)
+        if log:
+            _log(f"[laya] {what}: finished in {time.perf_counter() - start:.1f} s (exit status {returncode})")
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+        if returncode == 0:
+            return json.loads(Path(request["result"]).read_text()) if result else None
+        error = Path(request["error"])
+        reported = json.loads(error.read_text()) if error.is_file() else None
+    _raise(what, returncode, text, reported, log, crash_error, reraise)
+
+
+def _log(message: str) -> None:
+    from .log import get_logger
+
+    get_logger(__name__).info(message)
+
+
+def tail(text: str, lines: int = TAIL_LINES) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _raise(what: str, returncode: int, text: str, reported: dict | None, log, crash_error, reraise: bool):
+    if reported:
+        cls = getattr(errors, reported["type"], None)
+        if reraise and isinstance(cls, type) and issubclass(cls, errors.LayaBuildError):
+            raise cls(reported["message"])
+        raise StageFailed(f"{what}: {reported['type']}: {reported['message']}".replace("\n", " | "))
+    where = f"Last output ({log})" if log else "Last output"
     if returncode < 0:
-        reason = f"killed by signal {signal.Signals(-returncode).name}"
-    else:
-        reason = f"exit status {returncode}"
-    tail = "\n".join(err_text.strip().splitlines()[-20:])
-    raise StageFailed(f"{what}: process failed ({reason})\n{tail}")
+        name = signal.Signals(-returncode).name
+        if issubclass(crash_error, errors.ChildCrashError):
+            raise crash_error(f"{what} died by signal {name} ({-returncode}); this is a failure, not a pass. "
+                              f"{where}:\n{tail(text)}", signal=name)
+        raise crash_error(f"{what}: process failed (killed by signal {name})\n{tail(text, 20)}")
+    raise StageFailed(f"{what}: process failed (exit status {returncode})\n{tail(text, 20)}")
 
 
-def _run_fresh(request: dict, env: dict | None) -> tuple[int, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "laya_build.isolate"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=PROJECT_ROOT,
-                            env=child_env(env))
-    stderr: list[str] = []
-    reader = threading.Thread(target=lambda: stderr.extend(proc.stderr), daemon=True)
-    reader.start()
-    proc.stdin.write(json.dumps(request))
-    proc.stdin.close()
-    for line in proc.stdout:  # progress lines of long stages, shown as they come
-        print(line, end="", flush=True)
-    proc.wait()
-    reader.join()
-    return proc.returncode, "".join(stderr)
+def _run_fresh(request: dict, env: dict | None, log_path: Path, *, show: bool, timeout: float | None,
+               what: str) -> int:
+    with open(log_path, "w", encoding="utf-8") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "laya_build.isolate"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE if show else out, stderr=out, text=True, cwd=PROJECT_ROOT,
+                                env=child_env(env))
+        lines: list[str] = []
+        reader = None
+        if show:  # progress lines of long stages, shown as they come (and kept for the error)
+            def relay():
+                for line in proc.stdout:
+                    print(line, end="", flush=True)
+                    lines.append(line)
+            reader = threading.Thread(target=relay, daemon=True)
+            reader.start()
+        proc.stdin.write(json.dumps(request))
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise StageError(f"{what} ran past its {timeout:g} s timeout (log: {log_path})") from None
+        if reader:
+            reader.join()
+            out.write("".join(lines))
+    return proc.returncode
 
 
 class ForkServer:
@@ -108,8 +168,8 @@ class ForkServer:
 
     Requests go as JSON lines on its stdin; it answers each with one JSON line
     ``{"returncode": <exit status, or -signal>}`` once the child has ended.  The child's
-    stdout and stderr go to a log file the client reads.  The server ends when its stdin
-    closes (the doit process ended, however it ended)."""
+    stdout and stderr go to the request's log file.  The server ends when its stdin closes
+    (the doit process ended, however it ended)."""
 
     def __init__(self, env: dict | None):
         self.proc = subprocess.Popen([sys.executable, "-m", "laya_build.isolate", "--server"],
@@ -117,23 +177,21 @@ class ForkServer:
                                      env=child_env(env))
         self.lock = threading.Lock()
 
-    def run(self, request: dict) -> tuple[int, str]:
-        fd, log = tempfile.mkstemp(prefix="laya-stage-", suffix=".log")
-        os.close(fd)
-        try:
-            with self.lock:
-                self.proc.stdin.write(json.dumps({**request, "log": log}) + "\n")
-                self.proc.stdin.flush()
-                answer = self.proc.stdout.readline()
-            if not answer:
-                raise StageFailed(f"the stage fork server died (exit status {self.proc.poll()})")
-            text = Path(log).read_text(encoding="utf-8", errors="replace")
-        finally:
-            os.unlink(log)
-        out = [ln for ln in text.splitlines() if ln and not ln.startswith(ERROR_PREFIX)]
-        if out and json.loads(answer)["returncode"] == 0:
-            print("\n".join(out), flush=True)
-        return json.loads(answer)["returncode"], text
+    def run(self, request: dict, log_path: Path, *, show: bool) -> int:
+        log_path.write_text("")
+        with self.lock:
+            self.proc.stdin.write(json.dumps({**request, "log": str(log_path)}) + "\n")
+            self.proc.stdin.flush()
+            answer = self.proc.stdout.readline()
+        if not answer:
+            raise StageFailed(f"the stage fork server died (exit status {self.proc.poll()})")
+        returncode = json.loads(answer)["returncode"]
+        if show and returncode == 0:
+            text = log_path.read_text(encoding="utf-8", errors="replace")
+            out = [ln for ln in text.splitlines() if ln and not ln.startswith(ERROR_PREFIX)]
+            if out:
+                print("\n".join(out), flush=True)
+        return returncode
 
 
 _SERVERS: dict[str, ForkServer] = {}
@@ -149,6 +207,58 @@ def _server(env: dict | None) -> ForkServer:
     return server
 
 
+# ------------------------------------------------------------------------ Inductor caches
+
+class InductorCache:
+    """The path a child uses as ``TORCHINDUCTOR_CACHE_DIR``; ``removed`` is set when the
+    context exits, checked while the lock is still held (another build of the same key may
+    re-create the folder the moment the lock is released)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.removed: bool | None = None
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+
+@contextlib.contextmanager
+def inductor_cache(key: str):
+    """A child process's own empty Inductor cache, at a path that depends only on ``key``
+    (stage, target, dtype) and the user, outside the artifacts.
+
+    AOTInductor writes its cache path into the package (compile-command comments, kernel
+    file names, debug info), so a random ``mkdtemp`` name would make two builds of one
+    exported program differ.  The directory is emptied before and removed after use; an
+    exclusive ``flock`` on a sibling lock file serialises concurrent builds of one key (of
+    any checkout of this user), and every check about the folder happens under that lock.
+    """
+    root = Path(tempfile.gettempdir()) / f"laya-build-{os.getuid()}" / "inductor"
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    cache = InductorCache(root / key)
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        shutil.rmtree(cache.path, ignore_errors=True)
+        cache.path.mkdir()
+        try:
+            yield cache
+        finally:
+            shutil.rmtree(cache.path, ignore_errors=True)
+            cache.removed = not cache.path.exists()
+
+
+# ------------------------------------------------------------------------------ the child
+
+def _write_json(path: str, obj) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh)
+    os.replace(tmp, path)
+
+
 def _execute(request: dict) -> int:
     """Run one request in this process (a fresh interpreter or a forked child)."""
     # ``python -m`` puts the working directory first on sys.path; paths the parent asked for
@@ -157,15 +267,17 @@ def _execute(request: dict) -> int:
     try:
         func = getattr(importlib.import_module(request["module"]), request["function"])
         spec = request["spec"]
-        record = func(**spec) if request["call"] == "kwargs" else func(spec)
+        value = func(**spec) if request["call"] == "kwargs" else func(spec)
         if request.get("record"):
             from .records import write_record
 
-            write_record(Path(request["record"]), record)
-    except Exception as exc:  # reported to the parent, which raises StageFailed
+            write_record(Path(request["record"]), value)
+        if request.get("result"):
+            _write_json(request["result"], value)
+    except Exception as exc:  # reported to the parent (StageFailed, or the class itself)
         traceback.print_exc()
-        message = str(exc).replace("\n", " | ")
-        print(f"{ERROR_PREFIX}{type(exc).__name__}: {message}", file=sys.stderr)
+        print(f"{ERROR_PREFIX}{type(exc).__name__}: {exc}".replace("\n", " | "), file=sys.stderr)
+        _write_json(request["error"], {"type": type(exc).__name__, "message": str(exc)})
         return 1
     return 0
 

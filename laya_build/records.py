@@ -14,10 +14,10 @@ from pathlib import Path
 
 from . import SCHEMA_DIR
 from .atomic import write_json
-from .errors import RecordError  # noqa: F401  (RecordError re-exported)
+from .errors import ConfigError, PackageIntegrityError, RecordError  # noqa: F401  (RecordError re-exported)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_schema(name: str) -> dict:
     path = SCHEMA_DIR / f"{name}.schema.json"
     if not path.is_file():
@@ -25,7 +25,7 @@ def load_schema(name: str) -> dict:
     return json.loads(path.read_text())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _registry():
     """Schemas ``$ref`` each other by file name (their ``$id``); a referenced schema is read
     when first needed, so a stage reads only the schemas it validates against (which is
@@ -94,7 +94,7 @@ def _ascending(validator, keys, instance, schema):
             yield ValidationError(f"{a} {va!r} is greater than {b} {vb!r}: the range is empty")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _validator(name: str):
     import jsonschema
 
@@ -171,3 +171,54 @@ def file_entry(path: str | os.PathLike, root: str | os.PathLike | None = None) -
     path = Path(path)
     rel = path.relative_to(root).as_posix() if root is not None else path.as_posix()
     return {"path": rel, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+# ------------------------------------------------------------------- the model stages' records
+
+STAGE_FILES = {"model": "model.json", "export": "export.json", "aoti_package": "aoti_package.json",
+               "verify": "verify.json", "latency": "latency.json"}
+
+
+def record_path(out_dir, stage: str) -> Path:
+    return Path(out_dir) / STAGE_FILES[stage]
+
+
+def finish(out_dir, record: dict) -> dict:
+    """Validate and atomically write ``record`` as ``out_dir/<stage>.json``; return it."""
+    write_record(record_path(out_dir, record["stage"]), record)
+    return record
+
+
+def skip(stage: str, out_dir, reason: str, **fields) -> dict:
+    """Write an explicit skip record (never a silent pass)."""
+    return finish(out_dir, {"stage": stage, "status": "skipped", "reason": reason, **fields})
+
+
+def skip_if_blocked(stage: str, out_dir, up: dict, target: str, *, aoti: bool = False) -> dict | None:
+    """The skip record of ``stage`` when its upstream record ``up`` was skipped or ``target``
+    cannot run here (:func:`laya_build.toolchain.unsupported_reason`); ``None`` when the
+    stage can run."""
+    from .toolchain import unsupported_reason
+
+    if up["status"] == "skipped":
+        reason = f"{up['stage']} skipped: {up['reason']}"
+    elif not (reason := unsupported_reason(target, aoti=aoti)):
+        return None
+    return skip(stage, out_dir, reason, target=target, **({"dtype": up["dtype"]} if "dtype" in up else {}))
+
+
+def check_sha256(path, expected: str, record: str, consequence: str = "") -> str:
+    """``path``'s sha256, which must be ``expected`` (from ``record``) before anything uses it."""
+    actual = sha256_file(path)
+    if actual != expected:
+        raise PackageIntegrityError(f"{path}: sha256 {actual} does not match the {record}'s "
+                                    f"{expected}{consequence}")
+    return actual
+
+
+def upstream(path, stage: str) -> dict:
+    """Read and validate an upstream record, checking it is the expected stage's."""
+    record = read_record(path)
+    if record["stage"] != stage:
+        raise ConfigError(f"{path}: expected a {stage} record, got stage {record['stage']!r}")
+    return record

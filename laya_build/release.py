@@ -10,7 +10,7 @@ import json
 import platform
 import shutil
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .atomic import write_json, write_text
@@ -21,7 +21,7 @@ from .errors import (  # noqa: F401  (ReleasedVersionError re-exported)
 )
 from .layout import EFFECTIVE_CONFIG_NAME, MANIFEST_NAME, RELEASE_FILES, REPORT_NAME
 from .records import file_entry, read_record, sha256_file
-from .stages._model_common import dist_version, nvidia_smi_q
+from .toolchain import dist_version, nvidia_smi_q
 
 MANIFEST, REPORT, EFFECTIVE_CONFIG = MANIFEST_NAME, REPORT_NAME, EFFECTIVE_CONFIG_NAME
 # Present while `doit release` publishes (from REPORT.md to the manifest): a folder with
@@ -165,7 +165,7 @@ def build_manifest(spec: dict) -> dict:
     manifest = {
         "stage": "manifest",
         "version": spec["version"],
-        "created": spec.get("created") or datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": spec.get("created") or datetime.now(UTC).isoformat(timespec="seconds"),
         "pipeline": {"sha256": config_digest(spec["config"]), "effective": EFFECTIVE_CONFIG},
         "git": git,
         "environment": env,

@@ -1,4 +1,7 @@
-"""The installed toolchain a stage's bytes depend on, read without importing it.
+"""The toolchain and machine a build runs on: what its up-to-date checks compare, what its
+records snapshot, and what it can build here.
+
+Up-to-date checks (read without importing anything heavy):
 
 * Distributions: the third-party packages a stage imports (found by :mod:`laya_build.deps`),
   mapped to their distributions (``tvm_ffi`` -> ``apache-tvm-ffi``) and closed over their
@@ -10,6 +13,11 @@
 
 Everything is computed at most once per process (one ``doit`` invocation) and only when an
 up-to-date check asks: ``doit list`` pays nothing.
+
+Snapshots for records (:func:`versions`, :func:`kernel_toolchain`, :func:`device_snapshot`,
+:func:`env_info` with ``torch.utils.collect_env``, :func:`nvidia_smi_q`) and support checks
+(:func:`unsupported_reason`: missing CUDA, AOTInductor APIs or C++ compiler become explicit
+skip records, never silent passes).
 """
 from __future__ import annotations
 
@@ -38,7 +46,7 @@ def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _requirements(dist: str) -> tuple[str, ...]:
     """Names of ``dist``'s unconditional requirements (no extras) that are installed."""
     from packaging.requirements import InvalidRequirement, Requirement
@@ -59,7 +67,7 @@ def _requirements(dist: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _version(dist: str) -> str | None:
     try:
         return md.version(dist)
@@ -67,7 +75,7 @@ def _version(dist: str) -> str | None:
         return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def distributions(imports: frozenset[str]) -> dict[str, str | None]:
     """{distribution: installed version} for the top-level ``imports`` and everything they
     require (transitively).  Imports with no distribution (a package bundled inside another,
@@ -84,13 +92,19 @@ def distributions(imports: frozenset[str]) -> dict[str, str | None]:
     return dict(sorted(out.items()))
 
 
-@functools.lru_cache(maxsize=None)
+def tool_path(role: str) -> str | None:
+    """The compiler of a role of :data:`TOOLS` (its environment variable, else the first of
+    its names on PATH); None where there is none."""
+    env_var, names = TOOLS[role]
+    candidates = [os.environ[env_var]] if env_var and os.environ.get(env_var) else list(names)
+    return next((found for name in candidates if (found := shutil.which(name))), None)
+
+
+@functools.cache
 def tool_identity(role: str) -> str | None:
     """First (nvcc: last) line of ``<compiler> --version`` for a role of :data:`TOOLS`;
     None where no such compiler is installed."""
-    env_var, names = TOOLS[role]
-    candidates = [os.environ[env_var]] if env_var and os.environ.get(env_var) else list(names)
-    exe = next((found for name in candidates if (found := shutil.which(name))), None)
+    exe = tool_path(role)
     if exe is None:
         return None
     try:
@@ -123,3 +137,111 @@ def describe_changes(old: dict, new: dict) -> list[str]:
             if before.get(name) != after.get(name):
                 changes.append(f"{name} {before.get(name, 'absent')} -> {after.get(name, 'absent')}")
     return changes
+
+
+# ------------------------------------------------------------------ snapshots for records
+
+def dist_version(dist: str) -> str | None:
+    return _version(dist)
+
+
+def versions() -> dict:
+    """Versions of the stack (from metadata: initialising no CUDA)."""
+    import torch
+
+    cxx = tool_path("cxx")
+    cxx_version = None
+    if cxx:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
+        cxx_version = (out.stdout.splitlines() or [""])[0] or None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "transformers": _version("transformers"),
+        "tokenizers": _version("tokenizers"),
+        "safetensors": _version("safetensors"),
+        "tilelang": _version("tilelang"),
+        "platform": platform.platform(),
+        "cxx": cxx_version,
+    }
+
+
+def kernel_toolchain() -> dict:
+    """Versions that determine generated kernel code."""
+    import tilelang  # noqa: F401  (puts its bundled tvm on sys.path)
+    import torch
+
+    return {
+        "tilelang": md.version("tilelang"),
+        "tvm": getattr(__import__("tvm"), "__version__", "unknown"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def env_info() -> str | None:
+    """``torch.utils.collect_env``'s report (informational: a failure is recorded, not raised)."""
+    try:
+        from torch.utils import collect_env
+
+        return collect_env.get_pretty_env_info()
+    except Exception as exc:  # informational only
+        return f"collect_env failed: {type(exc).__name__}: {exc}"
+
+
+def nvidia_smi_q() -> str | None:
+    """``nvidia-smi -q`` where there is one (None without a GPU driver or on failure)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    out = subprocess.run([smi, "-q"], capture_output=True, text=True, check=False, timeout=60)
+    return out.stdout if out.returncode == 0 else None
+
+
+def device_snapshot(target: str) -> dict:
+    """The machine the artifact was built on: CPU, and ``nvidia-smi -q`` where there is one."""
+    return {"target": target, "cpu": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count() or 1, "nvidia_smi_q": nvidia_smi_q()}
+
+
+# ------------------------------------------------------------------------- support checks
+
+def cuda_unavailable_reason() -> str | None:
+    """Why CUDA cannot be used here, or None.  Asks NVML, so the calling process (possibly
+    a fork server's child) does not initialise CUDA."""
+    import torch
+
+    if not torch.version.cuda:
+        return f"torch {torch.__version__} is a CPU-only build (no CUDA)"
+    saved = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    try:
+        available = torch.cuda.is_available()
+    finally:
+        if saved is None:
+            os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
+        else:
+            os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = saved
+    return None if available else "no CUDA device is visible"
+
+
+def unsupported_reason(target: str, *, aoti: bool = False) -> str | None:
+    """Why ``target`` cannot be built here (missing CUDA; with ``aoti``, missing AOTInductor
+    APIs or C++ compiler), or None when it can."""
+    from .sections import check_target
+
+    check_target(target)
+    if target == "cuda" and (reason := cuda_unavailable_reason()):
+        return f"target cuda: {reason}"
+    if aoti:
+        import torch._inductor as inductor
+
+        missing = [api for api in ("aoti_compile_and_package", "aoti_load_package")
+                   if not hasattr(inductor, api)]
+        if missing:
+            return f"torch {__import__('torch').__version__} lacks torch._inductor.{', '.join(missing)}"
+        if tool_path("cxx") is None:
+            wanted = os.environ.get("CXX") or "g++/c++/clang++"
+            return f"no C++ compiler found ({wanted}); AOTInductor needs one"
+    return None

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import torch
 
+from ..aoti import applied_calibration
 from ..atomic import write_json
 from ..errors import CheckpointError, UnsupportedCheckpointError
-from ..stages._aoti_runtime import applied_calibration
 from .decision import QUESTION_TYPES, DecisionModel
 from .tokenizer import DEFAULT_VOCAB_SIZE, build_tokenizer, load_tokenizer, special_token_ids
 
@@ -154,7 +154,7 @@ def read_agent_config(path: str | os.PathLike) -> dict:
     """``rl_agent_config.json`` of the checkpoint ``path``, checked key by key (:data:`KEYS`).
 
     Returns the values the build uses (defaults filled in as upstream fills them), the
-    calibration (raw and as applied, see ``_aoti_runtime.applied_calibration``) and
+    calibration (raw and as applied, see ``aoti.applied_calibration``) and
     ``recorded_keys``: every other key with why it does not change the computation.
     """
     path = Path(path)

@@ -32,7 +32,7 @@ range (:func:`check_dims_reached`).
      "single_slot_batches": [...same, every row with exactly one option...]}
 
 ``calibration`` is the checkpoint's temperatures as upstream applies them; verify and latency
-compute the published decision probabilities with it (``_aoti_runtime.decision_probabilities``).
+compute the published decision probabilities with it (``aoti.decision_probabilities``).
 """
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ import os
 
 import torch
 
+from ..aoti import INPUTS_FORMAT, load_weights_only
 from ..errors import ConfigError, InputsMismatchError
-from ..stages._aoti_runtime import INPUTS_FORMAT, load_weights_only
 from .batches import DECISIONS, Decision, DimsError, batch_layout, check_dims, planned_shapes
 from .decision import QUESTION_TYPES
 from .tokenizer import build_sequence, noul_labels, special_token_ids, to_internal
@@ -145,7 +145,7 @@ def build_inputs(tokenizer, spec: dict, agent: dict) -> dict:
 
 
 def save_inputs(inputs: dict, path: str | os.PathLike) -> None:
-    from ..stages._model_common import torch_save
+    from ..atomic import torch_save
 
     torch_save(inputs, path)
 

@@ -11,7 +11,8 @@ import importlib
 import time
 from pathlib import Path
 
-from ._kernel_common import call_args, load_factory, publish, sha256_text, toolchain
+from ..kernelgen import call_args, load_factory, publish, sha256_text
+from ..toolchain import kernel_toolchain
 
 # The module of ``kernels`` that lowers to CUDA (a baseline revision from before it existed
 # names its own, ``kernels.probe``: see laya_build.gitrev.lowering_module).
@@ -59,7 +60,7 @@ def run_cuda_source(spec: dict) -> dict:
         "source": spec["source_rel"],
         "sha256": sha256_text(source),
         "bytes": len(source.encode("utf-8")),
-        "toolchain": toolchain(),
+        "toolchain": kernel_toolchain(),
         "elapsed_s": round(time.perf_counter() - start, 4),
     }
     return publish(record, spec["source"], source)

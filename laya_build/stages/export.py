@@ -14,12 +14,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..atomic import atomic_path
+from ..aoti import EAGER_FORMAT, batch_args, run_batches
+from ..atomic import atomic_path, torch_save
 from ..errors import ConfigError, InputsMismatchError
 from ..log import get_logger
-from ..records import file_entry, sha256_file
-from ._aoti_runtime import EAGER_FORMAT, batch_args, run_batches
-from ._model_common import check_target, finish, section, skip, torch_dtype, torch_save, unsupported_reason, versions
+from ..records import file_entry, finish, sha256_file, skip
+from ..sections import check_target, section, torch_dtype
+from ..toolchain import unsupported_reason, versions
 
 log = get_logger(__name__)
 

@@ -1,7 +1,8 @@
 """Stage ``latency``: eager AMP, eager explicit bf16, ``torch.compile`` bf16, the package, and
 the package behind the serving runtime (``package_graphed``).
 
-Measured in a fresh subprocess (``_latency_child``) with its own empty Inductor cache, on
+Measured in a fresh interpreter (:mod:`laya_build.children.latency`, started by
+:func:`laya_build.isolate.run`) with its own empty Inductor cache, on
 the saved inputs: per variant and batch, ``timing.<target>.warmup`` calls, then
 ``torch.utils.benchmark``'s ``blocked_autorange`` for ``timing.<target>.min_run_time_s``
 seconds (the median per-call time over its blocks; the record says how many calls each
@@ -9,37 +10,27 @@ figure rests on).  ``package_graphed`` is :class:`laya_build.runtime.DecisionRun
 ``runtime.buckets.<target>``: one CUDA graph per bucket on CUDA (capture time recorded),
 padded plain calls on the CPU.  Outputs are compared with eager AMP (decision
 probabilities calibrated with the checkpoint's temperatures, upstream Laya's rule:
-``_aoti_runtime.decision_probabilities``).  Writes ``latency.json`` (the record) and ``latency.md`` (a Markdown table).
+``aoti.decision_probabilities``).  Writes ``latency.json`` (the record) and ``latency.md`` (a Markdown table).
 Latencies exclude tokenisation, export and compilation (the first calls, which compile for
 ``compiled_bf16``, are recorded apart).
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-from ..atomic import write_json, write_text
+from ..atomic import write_text
 from ..buckets import parse_buckets
 from ..errors import StageError
-from ..records import check_record, sha256_file
-from ._model_common import (
-    check_sha256,
-    child_env,
-    device_snapshot,
-    finish,
-    inductor_cache,
-    log_tail,
-    run_child,
-    section,
-    skip_if_blocked,
-    upstream,
-    versions,
-)
+from ..isolate import inductor_cache
+from ..isolate import run as run_process
+from ..records import check_record, check_sha256, finish, sha256_file, skip_if_blocked, upstream
+from ..sections import section
+from ..toolchain import device_snapshot, versions
 
 # Compilers this stage runs (torch.compile): part of its up-to-date check (laya_build.toolchain).
 TOOLS = ("cxx",)
-CHILD_MODULE = "laya_build.stages._latency_child"
+CHILD_MODULE = "laya_build.children.latency"
 DESCRIPTIONS = {
     "eager_amp": "eager, fp32 weights, {amp} autocast",
     "eager_bf16": "eager, explicit bf16 weights",
@@ -103,23 +94,17 @@ def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_p
     parse_buckets(buckets, pkg["dims"], where=f"runtime.buckets.{target}")  # the package's own ranges
     timing = cfg["timing"][target]
     out.mkdir(parents=True, exist_ok=True)
-    result_path, log = out / "latency_child.json", out / "latency_child.log"
-    job_path = write_json(out / "latency_job.json", {
+    job = {
         "checkpoint": str(checkpoint_dir), "inputs": str(inputs_path), "device": target,
         "variants": cfg["variants"], "amp_dtype": cfg["amp_dtype"], "compile": cfg["compile"],
-        "timing": timing, "package": {"path": str(package_path), "sha256": actual}, "result": str(result_path),
+        "timing": timing, "package": {"path": str(package_path), "sha256": actual},
         "preload": cfg["preload"].get(target, []),
         "runtime": {"dims": pkg["dims"], "buckets": buckets, "capture_warmup": runtime["capture_warmup"]},
-    })
-    result_path.unlink(missing_ok=True)
+    }
     with inductor_cache(f"latency-{target}-{pkg['dtype']}") as cache:
-        rc = run_child(["-m", CHILD_MODULE, str(job_path)], timeout=cfg["timeout_s"], log_path=log,
-                       env=child_env(TORCHINDUCTOR_CACHE_DIR=str(cache)), what="latency measurement")
-    if rc != 0 or not result_path.is_file():
-        raise StageError(f"latency measurement failed (exit status {rc}); log {log}:\n{log_tail(log)}")
-    result = json.loads(result_path.read_text())
-    for path in (job_path, result_path):
-        path.unlink()
+        result = run_process(CHILD_MODULE, "measure_variants", job, result=True, log=out / "latency_child.log",
+                             timeout=cfg["timeout_s"], env={"TORCHINDUCTOR_CACHE_DIR": str(cache)},
+                             label=f"latency measurement ({target}-{pkg['dtype']})", reraise=True)
 
     names = {"amp": cfg["amp_dtype"], "dtype": pkg["dtype"], "runner": RUNNERS[target], **cfg["compile"]}
     shapes = [batch_shape(b) for b in load_inputs(inputs_path)["batches"]]

@@ -8,16 +8,17 @@ untouched with ``residual=False``; RoPE must leave V bit for bit unchanged).
 """
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import NumericalCheckFailed  # noqa: F401  (NumericalCheckFailed re-exported)
+from ..kernelgen import call_args, load_factory, publish, sha256_text
+from ..toolchain import kernel_toolchain
+
 # Compilers this stage runs (TileLang builds target c with the C++ compiler): part of its
 # up-to-date check (laya_build.toolchain).
 TOOLS = ("cxx",)
-
-import time
-from dataclasses import dataclass, field
-from typing import Callable
-
-from ..errors import NumericalCheckFailed  # noqa: F401  (NumericalCheckFailed re-exported)
-from ._kernel_common import call_args, load_factory, publish, sha256_text, toolchain
 
 
 @dataclass
@@ -183,7 +184,7 @@ def run_lower_c(spec: dict) -> dict:
         "max_abs_err": max(c["max_abs_err"] for c in checks),
         "passed": True,
         "compile_s": round(compile_s, 4),
-        "toolchain": toolchain(),
+        "toolchain": kernel_toolchain(),
         "elapsed_s": round(time.perf_counter() - start, 4),
     }
     return publish(record, spec["source"], source)

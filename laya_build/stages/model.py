@@ -14,17 +14,18 @@ import math
 import time
 from pathlib import Path
 
-from ..records import file_entry
-from ._model_common import finish, section, versions
+from ..records import file_entry, finish
+from ..sections import section
+from ..toolchain import versions
 
 CHECKPOINT_DIRNAME = "checkpoint"
 INPUTS_NAME = "inputs.pt"
 
 
 def run_model(model_cfg: dict, out_dir) -> dict:
+    from ..aoti import PROBABILITY_RULE, PROBABILITY_RULE_SOURCE
     from ..model.checkpoint import DEFAULT_ATTN, UPSTREAM_LAYA, WEIGHTS, install_checkpoint
     from ..model.inputs import batch_shape, build_inputs, save_inputs
-    from ._aoti_runtime import PROBABILITY_RULE, PROBABILITY_RULE_SOURCE
 
     start = time.perf_counter()
     cfg = section("model", model_cfg)

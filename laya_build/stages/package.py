@@ -1,6 +1,7 @@
 """Stage ``aoti_package``: AOTInductor packages (``decision.pt2``) of an export stage's programs.
 
-Compilation runs in a fresh subprocess (``_package_child``): CUDA cannot be re-initialised
+Compilation runs in a fresh interpreter (:mod:`laya_build.children.package`, started by
+:func:`laya_build.isolate.run`): CUDA cannot be re-initialised
 in a forked worker, a crashing native compiler must not take the build down, and memory
 stays bounded.  The child gets its own initially empty ``TORCHINDUCTOR_CACHE_DIR`` in a temp
 directory outside the artifacts, removed afterwards (compiler caches are never artifacts).
@@ -14,32 +15,19 @@ give an explicit skip record; on a supported install a compile failure raises.
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-from ..atomic import write_json
-from ..errors import ConfigError, StageError
-from ..records import file_entry
-from ._model_common import (
-    check_sha256,
-    check_target,
-    child_env,
-    device_snapshot,
-    finish,
-    inductor_cache,
-    log_tail,
-    record_path,
-    run_child,
-    section,
-    skip_if_blocked,
-    upstream,
-    versions,
-)
+from ..errors import ConfigError
+from ..isolate import inductor_cache
+from ..isolate import run as run_process
+from ..records import check_sha256, file_entry, finish, record_path, skip_if_blocked, upstream
+from ..sections import check_target, section
+from ..toolchain import device_snapshot, versions
 
 # Compilers this stage runs: part of its up-to-date check (laya_build.toolchain).
 TOOLS = ("cxx", "nvcc")
-CHILD_MODULE = "laya_build.stages._package_child"
+CHILD_MODULE = "laya_build.children.package"
 
 
 def package_name(program: str) -> str:
@@ -65,22 +53,14 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     job = {
         "inductor_configs": cfg["inductor_configs"], "preload": cfg["preload"].get(target, []),
-        "result": str(out / "package_child.json"),
         "programs": [{"name": p["name"], "exported": str(export_dir / p["exported"]["path"]),
                       "package_tmp": str(out / f".{p['name']}.partial.pt2")} for p in programs],
     }
-    job_path = write_json(out / "package_job.json", job)
-    Path(job["result"]).unlink(missing_ok=True)
-    log = out / "package_child.log"
     with inductor_cache(f"package-{target}-{exp['dtype']}") as cache:
-        rc = run_child(["-m", CHILD_MODULE, str(job_path)], timeout=cfg["timeout_s"], log_path=log,
-                       env=child_env(TORCHINDUCTOR_CACHE_DIR=str(cache)), what="AOTInductor compile")
-    if rc != 0 or not Path(job["result"]).is_file():
-        raise StageError(f"AOTInductor packaging of {export_dir} for {target}/{exp['dtype']} "
-                         f"failed (exit status {rc}); log {log}:\n{log_tail(log)}")
-    result = json.loads(Path(job["result"]).read_text())
-    for path in (job_path, Path(job["result"])):
-        path.unlink()
+        result = run_process(CHILD_MODULE, "compile_packages", job, result=True, log=out / "package_child.log",
+                             timeout=cfg["timeout_s"], env={"TORCHINDUCTOR_CACHE_DIR": str(cache)},
+                             label=f"AOTInductor compile of {export_dir} for {target}/{exp['dtype']}",
+                             reraise=True)
 
     entries = []
     for p, spec, res in zip(programs, job["programs"], result["programs"]):

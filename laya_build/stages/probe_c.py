@@ -8,13 +8,14 @@ this version) is flagged in the record for a human to re-probe.
 """
 from __future__ import annotations
 
+import time
+
+from ..kernelgen import call_args, load_factory
+from ..toolchain import kernel_toolchain
+
 # Compilers this stage runs (TileLang builds target c with the C++ compiler): part of its
 # up-to-date check (laya_build.toolchain).
 TOOLS = ("cxx",)
-
-import time
-
-from ._kernel_common import call_args, load_factory, toolchain
 
 
 def pin_key(factory_name: str) -> str | None:
@@ -49,6 +50,6 @@ def run_probe_c(spec: dict) -> dict:
         "target": "c",
         **result,
         "pin": {"kernel": key, "tilelang": kprobe.tilelang_version(), "expected": pin, "status": status},
-        "toolchain": toolchain(),
+        "toolchain": kernel_toolchain(),
         "elapsed_s": round(time.perf_counter() - start, 4),
     }

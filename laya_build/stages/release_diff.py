@@ -12,10 +12,10 @@ from pathlib import Path
 
 from .. import model_report
 from ..atomic import write_text
+from ..layout import tir_flavour
 from ..records import check_record
 from ..release import check_files
 from ..report import records_by_stage, table
-from ._kernel_common import tir_flavour
 from .cuda_diff import compare_file
 
 

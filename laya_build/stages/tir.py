@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import time
 
-from ._kernel_common import call_args, load_factory, publish, sha256_text, toolchain
+from ..kernelgen import call_args, load_factory, publish, sha256_text
+from ..toolchain import kernel_toolchain
 
 
 def run_tir(spec: dict) -> dict:
@@ -32,7 +33,7 @@ def run_tir(spec: dict) -> dict:
         "script": spec["script_rel"],
         "script_sha256": sha256_text(script),
         "script_bytes": len(script.encode("utf-8")),
-        "toolchain": toolchain(),
+        "toolchain": kernel_toolchain(),
         "elapsed_s": round(time.perf_counter() - start, 4),
     }
     return publish(record, spec["script"], script)

@@ -1,9 +1,9 @@
 """Stage ``verify``: the package, alone in a fresh Python process, reproduces ``eager.pt``.
 
-The parent writes a job file and launches ``_verify_child.py`` as a standalone script with
-``sys.executable`` (see that module for what the child does and does not import), with
-``AOTI_RUNTIME_CHECK_INPUTS=1`` and a new, empty ``TORCHINDUCTOR_CACHE_DIR`` that is removed
-afterwards.  The child writes its measurements; the parent applies the thresholds of
+The stage runs :func:`laya_build.children.verify.verify` in a fresh interpreter
+(:func:`laya_build.isolate.run`; see that module for what the child does and does not
+import), with ``AOTI_RUNTIME_CHECK_INPUTS=1`` and a new, empty ``TORCHINDUCTOR_CACHE_DIR``
+that is removed afterwards.  The child returns its measurements; the parent applies the thresholds of
 ``verify.thresholds.<target>.<dtype>`` and raises one exception class per failure kind
 (:mod:`laya_build.errors`): :class:`PackageIntegrityError` (sha256 mismatch, found before
 loading), :class:`InputsMismatchError` (eager outputs or inputs that do not belong to the
@@ -28,31 +28,26 @@ installed; if it still crashes, the signal is reported as a failure.
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-from ..atomic import write_json
+from ..aoti import HEADS, summarize
 from ..buckets import parse_buckets
 from ..errors import (
     ArgmaxMismatchError,
     ConfigError,
     GraphReplayMismatchError,
-    InputsMismatchError,
     LogitParityError,
-    PackageIntegrityError,
-    PackageIsaError,
     ProbabilityParityError,
     VerificationError,
     VerifyChildCrashError,
 )
-from ..records import sha256_file
-from ._aoti_runtime import HEADS, summarize
-from ._model_common import child_env, finish, inductor_cache, log_tail, run_child, section, skip_if_blocked, upstream
+from ..isolate import inductor_cache
+from ..isolate import run as run_process
+from ..records import finish, sha256_file, skip_if_blocked, upstream
+from ..sections import section
 
-CHILD_SCRIPT = Path(__file__).with_name("_verify_child.py")
-FAILURE_KINDS = {"integrity": PackageIntegrityError, "isa": PackageIsaError, "inputs": InputsMismatchError,
-                 "runtime": VerificationError}
+CHILD_MODULE = "laya_build.children.verify"
 MEASURES = (("logit", "logits", LogitParityError), ("prob", "probabilities", ProbabilityParityError))
 
 
@@ -146,27 +141,15 @@ def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, o
                               else eager_path.with_name(p["eager"]["path"]))}
                 for p in pkg["programs"]]
     out.mkdir(parents=True, exist_ok=True)
-    result_path, log = out / "verify_child.json", out / "verify_child.log"
     job = {"programs": programs, "inputs": str(Path(inputs_path)),
            "inputs_sha256": pkg["inputs"]["sha256"], "target": target, "dtype": pkg["dtype"],
            "device": target, "preload": cfg["preload"].get(target, []), "timing": timing,
-           "dims": pkg["dims"], "buckets": buckets, "capture_warmup": runtime["capture_warmup"],
-           "result": str(result_path)}
-    job_path = write_json(out / "verify_job.json", job)
-    result_path.unlink(missing_ok=True)
+           "dims": pkg["dims"], "buckets": buckets, "capture_warmup": runtime["capture_warmup"]}
     with inductor_cache(f"verify-{target}-{pkg['dtype']}") as cache:
-        rc = run_child([str(CHILD_SCRIPT), str(job_path)], timeout=cfg["timeout_s"], log_path=log,
-                       env=child_env(TORCHINDUCTOR_CACHE_DIR=str(cache), AOTI_RUNTIME_CHECK_INPUTS="1"),
-                       what=f"verification process for {programs[0]['package']}",
-                       crash_error=VerifyChildCrashError)
-    if not result_path.is_file():
-        raise VerificationError(f"verification process exited with status {rc} without a result; "
-                                f"log {log}:\n{log_tail(log)}")
-    result = json.loads(result_path.read_text())
-    if result["status"] == "error":
-        raise FAILURE_KINDS[result["kind"]](result["message"])
-    if rc != 0:
-        raise VerificationError(f"verification process exited with status {rc}; log {log}")
+        result = run_process(CHILD_MODULE, "verify", job, result=True, log=out / "verify_child.log",
+                             timeout=cfg["timeout_s"], reraise=True, crash_error=VerifyChildCrashError,
+                             env={"TORCHINDUCTOR_CACHE_DIR": str(cache), "AOTI_RUNTIME_CHECK_INPUTS": "1"},
+                             label=f"verification process for {programs[0]['package']}")
     runners = runner_checks(result["programs"])
     ties = check_parity(result["programs"] + runners, thresholds,
                         f"package {programs[0]['package']} vs {eager_path}")
@@ -193,6 +176,4 @@ def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, o
         "child": result["child"],
         "elapsed_s": round(time.perf_counter() - start, 4),
     })
-    for path in (job_path, result_path):
-        path.unlink(missing_ok=True)
     return record

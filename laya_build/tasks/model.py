@@ -1,7 +1,10 @@
 """Model stage tasks: model -> export -> aoti_package -> verify, latency.
 
-Each runs in a fresh interpreter (they start CUDA or compilers of their own), one folder per
-(target, dtype) build, emptied before the stage writes into it.
+Each stage runs in a child forked from the pre-imported fork server (:mod:`laya_build.isolate`),
+except a CUDA export, which initialises CUDA itself and gets a fresh interpreter; the stages
+that compile, verify or time a package start their own fresh interpreter for that
+(:mod:`laya_build.children`).  One folder per (target, dtype) build, emptied before the
+stage writes into it.
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ def model_tasks(p):
     yield stage_task(p, basename="model", name="build", doc="checkpoint (generated or local) + inputs.pt",
                      module="laya_build.stages.model", function="run_model",
                      spec={"model_cfg": cfg, "out_dir": str(v.model_dir)}, kwargs=True, label="model",
-                     record=v.model_record, dirs=[v.model_dir], inputs=inputs,
+                     record=v.model_record, dirs=[v.model_dir], inputs=inputs, fork=True,
                      schemas=("model", "model_sections"), config={"model": cfg})
 
 
@@ -56,7 +59,13 @@ def _build_task(p, stage: str, module: str, function: str, target: str, dtype: s
                       schemas=(stage, *schemas, "model_sections"),
                       config={config_key: spec[config_key], "target": target, "dtype": dtype,
                               **({"runtime": spec["runtime_cfg"]} if "runtime_cfg" in spec else {})},
-                      always=always, verbosity=2)
+                      always=always, verbosity=2, fork=fork_stage(stage, target))
+
+
+def fork_stage(stage: str, target: str) -> bool:
+    """Whether a stage process may be forked from the fork server: all but one that uses CUDA
+    in its own process (a CUDA export; the others hand CUDA work to a fresh child)."""
+    return not (stage == "export" and target == "cuda")
 
 
 def export_tasks(p):
@@ -129,7 +138,7 @@ def _verify_release_task(p) -> dict:
             spec = {**verify_spec(p, config.get("verify", {}), config.get("runtime", {}), target, dtype),
                     "out_dir": str(out_root / build)}
             isolate.run("laya_build.stages.verify", "run_verify", spec, label=f"verify {p.version} {build}",
-                        env=stage_env(p), kwargs=True)
+                        env=stage_env(p), kwargs=True, fork=True)
             result = json.loads((out_root / build / "verify.json").read_text())
             log.info(f"verify {p.version} {build}: {result['status']}"
                   + (f" ({result['reason']})" if result["status"] == "skipped" else ""))

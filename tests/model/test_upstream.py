@@ -16,12 +16,12 @@ import torch
 from laya import common as up
 from laya.agent import Agent, _fix_tokenizer_config
 
+from laya_build import aoti as rt
 from laya_build.errors import CheckpointError, ConfigError, UnsupportedCheckpointError
 from laya_build.model.checkpoint import KEYS, UNKNOWN_KEY_NOTE, load_checkpoint, read_agent_config
 from laya_build.model.inputs import DECISIONS, load_inputs
 from laya_build.model.tokenizer import build_sequence, to_internal, upstream_tokenizer_config
 from laya_build.records import read_record, sha256_file
-from laya_build.stages import _aoti_runtime as rt
 from laya_build.stages.model import run_model
 from tests.upstream_checkpoint import UPSTREAM_CONFIG, upstream_agent, upstream_forward, write_upstream_checkpoint
 
@@ -134,7 +134,7 @@ def test_sequence_port_equals_upstream_under_every_budget(checkpoint, max_len, h
 
 @pytest.mark.parametrize("build", BUILDS)
 def test_probabilities_equal_upstream_answers(build, request, tmp_path):
-    """The calibrated probabilities of verify/latency (``_aoti_runtime.decision_probabilities``
+    """The calibrated probabilities of verify/latency (``aoti.decision_probabilities``
     with the saved calibration) are the ones ``laya.load(...).system_one`` publishes."""
     out = request.getfixturevalue(build)
     inputs = load_inputs(out / "inputs.pt")

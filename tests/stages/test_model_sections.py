@@ -6,7 +6,7 @@ import yaml
 
 from laya_build.errors import ConfigError
 from laya_build.records import load_schema, validate
-from laya_build.stages._model_common import DEFAULTS_PATH, section
+from laya_build.sections import DEFAULTS_PATH, section
 
 SECTIONS = ("model", "export", "package", "verify", "latency", "runtime")
 

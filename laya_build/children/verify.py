@@ -1,11 +1,10 @@
-"""The fresh verification process: load a ``.pt2`` package and check it against ``eager.pt``.
+"""The verify stage's child process: load a ``.pt2`` package and check it against ``eager.pt``.
 
-Run as a standalone script, ``python laya_build/stages/_verify_child.py JOB.json``.  It
-imports only ``torch``, the standard library and laya-build's runtime layer
-(:mod:`laya_build.runtime`, :mod:`laya_build.buckets`, :mod:`laya_build.errors` and the
-sibling ``_aoti_runtime``, all torch + stdlib): no transformers, no laya_build model code,
-no checkpoint.  The result records which of those modules were present at the end, to
-prove it.
+Run by :func:`laya_build.isolate.run` (``verify(job)``) in a fresh interpreter.  It imports
+only ``torch``, the standard library and laya-build's runtime layer (:mod:`laya_build.runtime`,
+:mod:`laya_build.buckets`, :mod:`laya_build.aoti`, :mod:`laya_build.errors`, all torch +
+stdlib, and the process runner itself): no transformers, no laya_build model code, no
+checkpoint.  The result records which of those modules were present at the end, to prove it.
 
 Order of work:
 
@@ -34,9 +33,10 @@ Order of work:
    CUDA the largest difference between each graph replay and the plain package call on
    the same padded inputs; time the package's calls.
 
-Errors are written to the result as ``{"status": "error", "kind": ..., "message": ...}``
-(kinds: integrity, isa, inputs, runtime) and the process exits 3.  A native crash kills the
-process by a signal, which the parent reports as a failure naming the signal.  For tests
+Errors are raised as their own classes (:class:`PackageIntegrityError`,
+:class:`PackageIsaError`, :class:`InputsMismatchError`, :class:`VerificationError`), which
+the runner raises again in the parent.  A native crash kills the process by a signal, which
+the parent reports as a failure naming the signal.  For tests
 only, ``LAYA_VERIFY_CHILD_CRASH=SIGSEGV`` (any signal name) makes the process kill itself
 with that signal just before loading, to simulate the GPU image's crash on any machine.
 """
@@ -49,53 +49,50 @@ STARTED = time.perf_counter()
 os.environ["AOTI_RUNTIME_CHECK_INPUTS"] = "1"
 
 import faulthandler  # noqa: E402
-import json  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 
 import torch  # noqa: E402
 
+from laya_build import aoti as rt  # noqa: E402
 from laya_build import runtime  # noqa: E402
-from laya_build.errors import PackageIntegrityError, PackageIsaError  # noqa: E402
-from laya_build.stages import _aoti_runtime as rt  # noqa: E402
+from laya_build.errors import (  # noqa: E402
+    InputsMismatchError,
+    PackageIntegrityError,
+    PackageIsaError,
+    VerificationError,
+)
 
 IMPORTED = time.perf_counter()
 CRASH_ENV = "LAYA_VERIFY_CHILD_CRASH"
 # The runtime layer of laya_build (torch + stdlib); any other laya_build module, or
 # transformers, in this process would mean it ran more than the package.
 RUNTIME_MODULES = {"laya_build", "laya_build.errors", "laya_build.buckets", "laya_build.runtime",
-                   "laya_build.stages", "laya_build.stages._aoti_runtime"}
-EXIT_ERROR = 3
-
-
-class ChildFailure(Exception):
-    def __init__(self, kind: str, message: str):
-        super().__init__(message)
-        self.kind = kind
+                   "laya_build.aoti", "laya_build.isolate", "laya_build.children", "laya_build.children.verify"}
 
 
 def check_inputs(job: dict, inputs: dict, eagers: list[dict]) -> None:
     actual = rt.sha256_file(job["inputs"])
     if actual != job["inputs_sha256"]:
-        raise ChildFailure("inputs", f"{job['inputs']}: sha256 {actual} is not that of the "
+        raise InputsMismatchError(f"{job['inputs']}: sha256 {actual} is not that of the "
                                      f"inputs the package was exported with ({job['inputs_sha256']})")
     for p, eager in zip(job["programs"], eagers):
         expected = {"program": p["name"], "target": job["target"], "dtype": job["dtype"],
                     "inputs_sha256": job["inputs_sha256"], "batches_key": p["batches_key"]}
         for field, want in expected.items():
             if eager.get(field) != want:
-                raise ChildFailure("inputs", f"{p['eager']}: {field} is {eager.get(field)!r} but the "
+                raise InputsMismatchError(f"{p['eager']}: {field} is {eager.get(field)!r} but the "
                                              f"package {p['package']} needs {want!r}")
         batches = inputs[p["batches_key"]]
         if len(eager["outputs"]) != len(batches):
-            raise ChildFailure("inputs", f"{p['eager']}: {len(eager['outputs'])} batches of outputs "
+            raise InputsMismatchError(f"{p['eager']}: {len(eager['outputs'])} batches of outputs "
                                          f"for {len(batches)} saved batches")
         for b, (batch, out) in enumerate(zip(batches, eager["outputs"])):
             rows, slots = batch["marker_pos"].shape
             if tuple(out["decision"].shape) != (rows, slots) or out["act"].shape[0] != rows:
-                raise ChildFailure("inputs", (
+                raise InputsMismatchError(
                     f"{p['eager']}: batch {b} outputs have decision {tuple(out['decision'].shape)} / "
-                    f"act {tuple(out['act'].shape)} for a batch of {rows} rows x {slots} slots"))
+                    f"act {tuple(out['act'].shape)} for a batch of {rows} rows x {slots} slots")
 
 
 def forbidden_modules() -> list[str]:
@@ -131,13 +128,11 @@ def simulate_crash() -> None:
 def load(p: dict):
     try:
         return runtime.load_package(p["package"], p["sha256"], what="package record", single_threaded=True)
-    except PackageIntegrityError as exc:
-        raise ChildFailure("integrity", str(exc)) from exc
-    except PackageIsaError as exc:
-        raise ChildFailure("isa", str(exc)) from exc
+    except (PackageIntegrityError, PackageIsaError):
+        raise
     except Exception as exc:
-        raise ChildFailure("runtime", f"{p['package']}: aoti_load_package failed: "
-                                      f"{type(exc).__name__}: {exc}") from exc
+        raise VerificationError(f"{p['package']}: aoti_load_package failed: "
+                                f"{type(exc).__name__}: {exc}") from exc
 
 
 def call(fn, args, what: str):
@@ -145,7 +140,7 @@ def call(fn, args, what: str):
         with torch.inference_mode():
             return rt.outputs_dict(fn(*args))
     except Exception as exc:
-        raise ChildFailure("runtime", f"{what} failed: {type(exc).__name__}: {exc}") from exc
+        raise VerificationError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
 
 
 def max_abs(a: dict, b: dict) -> dict:
@@ -160,7 +155,7 @@ def run_runner(p: dict, package, job: dict, batches: list, refs: list, calibrati
         runner = runtime.DecisionRunner(package, dims=job["dims"], buckets=job["buckets"],
                                         capture_warmup=job["capture_warmup"])
     except Exception as exc:
-        raise ChildFailure("runtime", f"{p['package']}: the runner could not be set up "
+        raise VerificationError(f"{p['package']}: the runner could not be set up "
                                       f"({len(job['buckets'])} buckets): {type(exc).__name__}: {exc}") from exc
     setup_s = time.perf_counter() - start
     arg_lists = [rt.batch_args(b, job["arg_names"], job["device"]) for b in batches]
@@ -188,6 +183,7 @@ def run_runner(p: dict, package, job: dict, batches: list, refs: list, calibrati
 
 
 def verify(job: dict) -> dict:
+    faulthandler.enable()
     programs = job["programs"]
     inputs = rt.load_weights_only(job["inputs"], "inputs", rt.INPUTS_FORMAT)
     eagers = [rt.load_weights_only(p["eager"], "eager outputs", rt.EAGER_FORMAT) for p in programs]
@@ -228,7 +224,7 @@ def verify(job: dict) -> dict:
                         "cache_during_load": [f for f in cache_after_load if f not in cache_before],
                         "batches": rows, **({"runner": runner} if runner else {})})
     return {
-        "status": "ok", "programs": results, "fresh_load": fresh_load,
+        "programs": results, "fresh_load": fresh_load,
         "cache_initial": cache_initial, "cache_after_run": rt.list_tree(cache_dir),
         "child": {
             "pid": os.getpid(), "python": sys.version.split()[0], "torch": torch.__version__,
@@ -237,22 +233,3 @@ def verify(job: dict) -> dict:
             "forbidden_modules_loaded": forbidden_modules(),
         },
     }
-
-
-def main(job_path: str) -> int:
-    faulthandler.enable()
-    with open(job_path, encoding="utf-8") as fh:
-        job = json.load(fh)
-    try:
-        result = verify(job)
-    except ChildFailure as exc:
-        rt.write_json_atomic(job["result"], {"status": "error", "kind": exc.kind,
-                                             "message": str(exc)})
-        print(f"verification failed ({exc.kind}): {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    rt.write_json_atomic(job["result"], result)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))

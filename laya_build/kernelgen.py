@@ -1,12 +1,9 @@
-"""What the kernel stages share: importing a factory and describing the toolchain."""
+"""What the kernel stages (tir, probe_c, lower_c, cuda_source) share: importing a factory,
+its call arguments, and publishing a generated source with its record."""
 from __future__ import annotations
 
 import hashlib
 import importlib
-import importlib.metadata
-import platform
-
-from ..layout import tir_flavour  # noqa: F401  (named in one place: laya_build.layout)
 
 
 def load_factory(name: str):
@@ -17,19 +14,6 @@ def load_factory(name: str):
         return getattr(kernels, name)
     except AttributeError:
         raise LookupError(f"kernels ({kernels.__file__}) has no factory {name!r}") from None
-
-
-def toolchain() -> dict:
-    """Versions that determine generated code."""
-    import tilelang  # noqa: F401  (puts its bundled tvm on sys.path)
-    import torch
-
-    return {
-        "tilelang": importlib.metadata.version("tilelang"),
-        "tvm": getattr(__import__("tvm"), "__version__", "unknown"),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
 
 
 def call_args(spec: dict, **override) -> tuple[list, dict]:
@@ -46,8 +30,8 @@ def publish(record: dict, path: str, text: str) -> dict:
 
     The record itself is written by the stage runner; an invalid one leaves nothing behind.
     """
-    from ..atomic import write_text
-    from ..records import check_record
+    from .atomic import write_text
+    from .records import check_record
 
     check_record(path, record)
     write_text(path, text)

@@ -1,7 +1,7 @@
-"""Child process of the latency stage: time the model variants on the saved inputs.
+"""The latency stage's child process: time the model variants on the saved inputs.
 
-Run as ``python -m laya_build.stages._latency_child JOB.json`` with a fresh, empty
-``TORCHINDUCTOR_CACHE_DIR`` (``torch.compile`` writes there).  Variants:
+Run by :func:`laya_build.isolate.run` (``measure_variants(job)``) in a fresh interpreter with
+a fresh, empty ``TORCHINDUCTOR_CACHE_DIR`` (``torch.compile`` writes there).  Variants:
 
 - ``eager_amp``: fp32 weights under ``torch.autocast(amp_dtype)``;
 - ``eager_bf16``: a separate eval copy with explicit bf16 weights, no autocast;
@@ -14,22 +14,20 @@ Run as ``python -m laya_build.stages._latency_child JOB.json`` with a fresh, emp
 
 Per variant and batch: the first call (compilation for ``compiled_bf16``), outputs compared
 with ``eager_amp`` (decision probabilities calibrated as upstream Laya publishes them:
-``_aoti_runtime.decision_probabilities``), then warm-ups and the budgeted timing of
-:func:`_aoti_runtime.time_calls`.
+``aoti.decision_probabilities``), then warm-ups and the budgeted timing of
+:func:`aoti.time_calls`.
 """
 from __future__ import annotations
 
 import faulthandler
-import json
-import sys
 import time
 
 import torch
 
+from .. import aoti as rt
 from .. import runtime
 from ..model.checkpoint import load_checkpoint
 from ..model.decision import eval_copy
-from . import _aoti_runtime as rt
 
 
 def make_variant(name: str, job: dict, model):
@@ -88,10 +86,8 @@ def measure(name: str, job: dict, model, inputs: dict, reference) -> dict:
     return result
 
 
-def main(job_path: str) -> int:
+def measure_variants(job: dict) -> dict:
     faulthandler.enable()
-    with open(job_path, encoding="utf-8") as fh:
-        job = json.load(fh)
     model = load_checkpoint(job["checkpoint"])[0]
     inputs = rt.load_weights_only(job["inputs"], "inputs", rt.INPUTS_FORMAT)
     order = sorted(job["variants"], key=lambda v: v != "eager_amp")  # the reference first
@@ -103,9 +99,4 @@ def main(job_path: str) -> int:
             reference = outputs
         results.append(result)
     results.sort(key=lambda r: job["variants"].index(r["name"]))
-    rt.write_json_atomic(job["result"], {"variants": results})
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    return {"variants": results}

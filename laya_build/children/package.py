@@ -1,33 +1,22 @@
-"""Child process of the aoti_package stage: compile each exported program into a ``.pt2``.
+"""The aoti_package stage's child process: compile each exported program into a ``.pt2``.
 
-Run as ``python -m laya_build.stages._package_child JOB.json`` with a fresh, empty
-``TORCHINDUCTOR_CACHE_DIR``.  For every program it loads ``exported.pt2``, calls
-``torch._inductor.aoti_compile_and_package`` and loads the package back (after importing
-the ``preload`` modules, see :func:`_aoti_runtime.preload_modules`), reporting compile and
-load times (parity is the fresh-process verify stage's job).  Writes the JSON result
-named by the job; a Python failure exits non-zero with the traceback in the log.
+Run by :func:`laya_build.isolate.run` (``compile_packages(job)``) in a fresh interpreter with
+a fresh, empty ``TORCHINDUCTOR_CACHE_DIR``.  For every program it loads ``exported.pt2``,
+calls ``torch._inductor.aoti_compile_and_package`` and loads the package back (after
+importing the ``preload`` modules, see :func:`laya_build.aoti.preload_modules`), reporting
+compile and load times (parity is the fresh-process verify stage's job).
 """
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
-import sys
 import time
 
 import torch
 import torch._inductor
 
-from . import _aoti_runtime as rt
-
-
-def env_info() -> str | None:
-    try:
-        from torch.utils import collect_env
-
-        return collect_env.get_pretty_env_info()
-    except Exception as exc:  # informational only
-        return f"collect_env failed: {type(exc).__name__}: {exc}"
+from .. import aoti as rt
+from ..toolchain import env_info
 
 
 def restore_symbol_hints(ep) -> list[str]:
@@ -78,19 +67,10 @@ def compile_program(program: dict, job: dict) -> dict:
             "restored_hints": restored}
 
 
-def main(job_path: str) -> int:
+def compile_packages(job: dict) -> dict:
     faulthandler.enable()
-    with open(job_path, encoding="utf-8") as fh:
-        job = json.load(fh)
     preloaded = rt.preload_modules(job["preload"])
     programs = [compile_program(p, job) for p in job["programs"]]
     cache = rt.list_tree(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-    rt.write_json_atomic(job["result"], {
-        "programs": programs, "env_info": env_info(), "preload": preloaded,
-        "cache": {"files": len(cache), "bytes": sum(f["bytes"] for f in cache)},
-    })
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    return {"programs": programs, "env_info": env_info(), "preload": preloaded,
+            "cache": {"files": len(cache), "bytes": sum(f["bytes"] for f in cache)}}

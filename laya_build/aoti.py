@@ -1,33 +1,26 @@
-"""Helpers shared by the package, verify and latency child processes.
+"""Torch-only helpers around a decision program and its package, shared by the export stage
+and the child processes (:mod:`laya_build.children`): the saved-input and eager-output
+formats, calling a program on a saved batch, comparing heads (decision probabilities as
+upstream Laya publishes them), timing calls to a budget.
 
 This module imports nothing but ``torch``, the standard library and the serving runtime
 (:mod:`laya_build.runtime`, itself torch + stdlib): the fresh verification process
-(``_verify_child.py``) imports it and must not pull in transformers or any model code.
+(:mod:`laya_build.children.verify`) imports it and must not pull in transformers or any
+model code.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 
 import torch
 
-from ..runtime import preload_modules, sha256_file  # noqa: F401  (used by the child processes)
+from .runtime import preload_modules, sha256_file  # noqa: F401  (used by the child processes)
 
 HEADS = ("decision", "act")
 INPUTS_FORMAT = 2  # 2: upstream build_sequence tokenisation and the checkpoint's "calibration"
 EAGER_FORMAT = 1
-
-
-def write_json_atomic(path, obj) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def load_weights_only(path, what: str, fmt: int) -> dict:

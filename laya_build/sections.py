@@ -1,0 +1,58 @@
+"""The model sections of ``pipeline.yaml`` (model, export, package, verify, latency, runtime):
+their defaults (``laya_build/model/defaults.yaml``), merging and validation, and the names
+of targets and dtypes they use."""
+from __future__ import annotations
+
+import copy
+import functools
+
+from . import PROJECT_ROOT
+from .errors import ConfigError, RecordError
+from .records import validate
+
+DEFAULTS_PATH = PROJECT_ROOT / "laya_build" / "model" / "defaults.yaml"
+DTYPES = ("float32", "bfloat16", "float16")
+TARGETS = ("cpu", "cuda")
+
+
+@functools.cache
+def _defaults() -> dict:
+    import yaml
+
+    return yaml.safe_load(DEFAULTS_PATH.read_text())
+
+
+def merge(base: dict, override: dict) -> dict:
+    """Deep merge of mappings; lists and scalars of ``override`` replace ``base``'s."""
+    out = copy.deepcopy(base)
+    for key, value in (override or {}).items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def section(name: str, cfg: dict | None) -> dict:
+    """``cfg`` (a pipeline.yaml section) over the defaults, validated against
+    ``model_sections.schema.json#/$defs/<name>``; errors name the key path."""
+    merged = merge(_defaults()[name], cfg or {})
+    try:
+        validate("model_sections", {name: merged}, what=f"{name} config")
+    except RecordError as exc:
+        raise ConfigError(str(exc)) from None
+    return merged
+
+
+def torch_dtype(name: str):
+    import torch
+
+    if name not in DTYPES:
+        raise ConfigError(f"unknown dtype {name!r}; allowed: {', '.join(DTYPES)}")
+    return getattr(torch, name)
+
+
+def check_target(target: str) -> str:
+    if target not in TARGETS:
+        raise ConfigError(f"unknown target {target!r}; allowed: {', '.join(TARGETS)}")
+    return target
