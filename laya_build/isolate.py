@@ -225,6 +225,19 @@ class InductorCache:
         return str(self.path)
 
 
+def inductor_root() -> Path:
+    """This user's folder of Inductor caches, outside every checkout's artifacts."""
+    root = Path(tempfile.gettempdir()) / f"laya-build-{os.getuid()}" / "inductor"
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return root
+
+
+def vec_isa_root() -> Path:
+    """Where :func:`laya_build.aoti.check_vec_isas` keeps Inductor's CPU-ISA checks, one folder
+    per torch, compiler and CPU: paid once per toolchain, not once per compile."""
+    return inductor_root() / "vec-isa"
+
+
 @contextlib.contextmanager
 def inductor_cache(key: str):
     """A child process's own empty Inductor cache, at a path that depends only on ``key``
@@ -236,8 +249,7 @@ def inductor_cache(key: str):
     exclusive ``flock`` on a sibling lock file serialises concurrent builds of one key (of
     any checkout of this user), and every check about the folder happens under that lock.
     """
-    root = Path(tempfile.gettempdir()) / f"laya-build-{os.getuid()}" / "inductor"
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    root = inductor_root()
     cache = InductorCache(root / key)
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

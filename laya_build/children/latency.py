@@ -43,6 +43,8 @@ def make_variant(name: str, job: dict, model):
     if name == "eager_bf16":
         return eval_copy(model, torch.bfloat16, device)
     if name == "compiled_bf16":
+        if device == "cpu":
+            rt.check_vec_isas(job["vec_isa_root"])
         mode = job["compile"].get("mode", "default")
         return torch.compile(eval_copy(model, torch.bfloat16, device),
                              dynamic=job["compile"].get("dynamic", True),

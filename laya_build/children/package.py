@@ -70,6 +70,7 @@ def compile_program(program: dict, job: dict) -> dict:
 def compile_packages(job: dict) -> dict:
     faulthandler.enable()
     preloaded = rt.preload_modules(job["preload"])
+    rt.check_vec_isas(job["vec_isa_root"])
     programs = [compile_program(p, job) for p in job["programs"]]
     cache = rt.list_tree(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     return {"programs": programs, "env_info": env_info(), "preload": preloaded,

@@ -22,7 +22,7 @@ from pathlib import Path
 from ..atomic import write_text
 from ..buckets import parse_buckets
 from ..errors import StageError
-from ..isolate import inductor_cache
+from ..isolate import inductor_cache, vec_isa_root
 from ..isolate import run as run_process
 from ..records import check_record, check_sha256, finish, sha256_file, skip_if_blocked, upstream
 from ..sections import section
@@ -98,7 +98,7 @@ def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_p
         "checkpoint": str(checkpoint_dir), "inputs": str(inputs_path), "device": target,
         "variants": cfg["variants"], "amp_dtype": cfg["amp_dtype"], "compile": cfg["compile"],
         "timing": timing, "package": {"path": str(package_path), "sha256": actual},
-        "preload": cfg["preload"].get(target, []),
+        "preload": cfg["preload"].get(target, []), "vec_isa_root": str(vec_isa_root()),
         "runtime": {"dims": pkg["dims"], "buckets": buckets, "capture_warmup": runtime["capture_warmup"]},
     }
     with inductor_cache(f"latency-{target}-{pkg['dtype']}") as cache:

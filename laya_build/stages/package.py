@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..isolate import inductor_cache
+from ..isolate import inductor_cache, vec_isa_root
 from ..isolate import run as run_process
 from ..records import check_sha256, file_entry, finish, record_path, skip_if_blocked, upstream
 from ..sections import check_target, section
@@ -53,6 +53,7 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     job = {
         "inductor_configs": cfg["inductor_configs"], "preload": cfg["preload"].get(target, []),
+        "vec_isa_root": str(vec_isa_root()),
         "programs": [{"name": p["name"], "exported": str(export_dir / p["exported"]["path"]),
                       "package_tmp": str(out / f".{p['name']}.partial.pt2")} for p in programs],
     }
