@@ -5,6 +5,11 @@ measured build starts cold and the checkout's own artifacts are untouched) with 
 pipeline.yaml, and prints one Markdown table plus the machine.  Wall-clock times of whole
 commands, as a release engineer sees them; the machine should be otherwise idle.
 
+Cold means cold everywhere: every command runs with its own empty ``TMPDIR``, so the
+per-user compiler caches that outlive a build (Inductor's precompiled headers under
+``$TMPDIR/torchinductor_<user>``, the CPU-ISA checks under ``$TMPDIR/laya-build-<uid>``)
+start empty too.
+
     .venv/bin/python benchmarks/bench_build.py [--keep DIR] [--repeat N]
 """
 from __future__ import annotations
@@ -38,7 +43,7 @@ def copy_checkout(dest: Path) -> None:
 
 
 def timed(dest: Path, *args: str) -> tuple[float, str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(dest / ".bench-tmp")}
     env.pop("PYTHONPATH", None)
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=dest, env=env, capture_output=True, text=True)
@@ -60,6 +65,7 @@ def main() -> int:
     dest = args.keep or Path(tempfile.mkdtemp(prefix="laya-bench-"))
     dest.mkdir(parents=True, exist_ok=True)
     copy_checkout(dest)
+    (dest / ".bench-tmp").mkdir()
     rows = []
     cold, out = timed(dest, "release")
     rows.append(("cold `doit release` (default pipeline.yaml)", cold, executed(out)))

@@ -3,9 +3,9 @@
 Kills are real: ``doit`` runs in its own process group and the whole group gets SIGKILL when
 the build reaches a point (a fork-server child generating a kernel, the model stage, torch.export,
 the AOTInductor compile, the fresh-process verification).  After every kill nothing is
-accepted that is not complete, and a plain re-run carries on; at the end the version
-releases and verifies, and its packages are byte-identical to two builds of other checkouts
-that ran at the same time.
+accepted that is not complete, and a plain re-run carries on, while another checkout builds
+from scratch all along (shared compiler-cache paths and locks, one user); at the end the
+version releases and verifies, and its packages are byte-identical to the other checkout's.
 """
 from __future__ import annotations
 
@@ -94,28 +94,27 @@ KILL_POINTS = {  # (task, seconds after it started): each runs for several secon
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
-    """(killed-and-resumed project, two projects built at the same time)."""
+    """(killed-and-resumed project, the kill points reached, its resumed run, the other
+    checkout (built from scratch all along), both builds' (exit status, output))."""
     killed = Project(tmp_path_factory.mktemp("killed"))
-    others = [Project(tmp_path_factory.mktemp(f"concurrent{i}")) for i in range(2)]
+    others = [Project(tmp_path_factory.mktemp("concurrent"))]
     for project in (killed, *others):
         project.edit_config(small)
         project.commit("small pipeline")
+    # another checkout builds from scratch while the kills and the resumed run happen
+    other = _start(others[0], *BUILD)
+    other_out: list[str] = []
+    reader = threading.Thread(target=lambda: other_out.append(other.communicate()[0]))
+    reader.start()
     kills = []
     for point, (task, after) in KILL_POINTS.items():
         proc = _start(killed, "-n", "1", *BUILD)
         if _kill_when(proc, _running_for(task, after)):
             kills.append(point)
             _assert_nothing_half_done(killed)
-    # two other checkouts build at the same time (shared compiler-cache paths, one user)
-    procs = [_start(p, *BUILD) for p in others]
-    outs = [None, None]
-    readers = [threading.Thread(target=lambda i=i: outs.__setitem__(i, procs[i].communicate()[0])) for i in range(2)]
-    for t in readers:
-        t.start()
-    for t in readers:
-        t.join()
     resumed = killed.doit(*BUILD)
-    return killed, kills, resumed, others, [(proc.returncode, out) for proc, out in zip(procs, outs)]
+    reader.join()
+    return killed, kills, resumed, others, [(resumed.returncode, resumed.stdout), (other.returncode, other_out[0])]
 
 
 def test_every_kill_point_was_reached(builds):
