@@ -155,7 +155,8 @@ def markdown(rows: list[dict]) -> str:
     head = ("| window | impl | tiles (M,N,stages,threads) | B×L×H×Dh | timing | ms | TFLOP/s | max abs diff vs SDPA |\n"
             "|---|---|---|---|---|---:|---:|---:|")
     body = [
-        f"| {r['window'] or 'full'} | {r['impl']} | {','.join(str(r['tiles'][k]) for k in TILE_KEYS) if r['tiles'] else ''} | "
+        f"| {r['window'] or 'full'} | {r['impl']} | "
+        f"{','.join(str(r['tiles'][k]) for k in TILE_KEYS) if r['tiles'] else ''} | "
         f"{r['B']}×{r['L']}×{r['H']}×{r['Dh']} | {r['timing']} | {r['ms']:.4f} | {r['tflops']:.1f} | "
         f"{r['max_abs_diff_vs_sdpa']:.2e} |"
         for r in rows

@@ -60,7 +60,8 @@ def bench_gemm(M: int, dtype: str) -> list[Case]:
         W = torch.randn(N, K, device="cuda", dtype=t) / K**0.5
         b, C = torch.zeros(N, device="cuda"), torch.empty(M, N, device="cuda", dtype=t)
         kernel = gemm_kernel(N, K, dtype=dtype)
-        cases.append(Case(f"gemm/{name}", f"{M}x{N}x{K}", 2.0 * M * N * K, lambda k=kernel, a=(A, W, b, C): k(*a), lambda A=A, W=W: torch.matmul(A, W.t())))
+        cases.append(Case(f"gemm/{name}", f"{M}x{N}x{K}", 2.0 * M * N * K, lambda k=kernel, a=(A, W, b, C): k(*a),
+                          lambda A=A, W=W: torch.matmul(A, W.t())))
     return cases
 
 
@@ -84,7 +85,8 @@ def bench_geglu(M: int, dtype: str) -> list[Case]:
     flops = 2.0 * M * 2 * INTERMEDIATE * HIDDEN
     return [
         Case("geglu/fused", f"{M}x{2 * INTERMEDIATE}x{HIDDEN}", flops, lambda: kernel(A, W, C), torch_geglu),
-        Case("geglu/matmul-only", f"{M}x{2 * INTERMEDIATE}x{HIDDEN}", flops, lambda: kernel(A, W, C), lambda: torch.matmul(A, W.t())),
+        Case("geglu/matmul-only", f"{M}x{2 * INTERMEDIATE}x{HIDDEN}", flops, lambda: kernel(A, W, C),
+             lambda: torch.matmul(A, W.t())),
     ]
 
 

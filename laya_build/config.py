@@ -217,7 +217,8 @@ def load(path: str | Path | None = None, *, root: str | Path = PROJECT_ROOT, ove
         raise ConfigError(str(exc)) from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply (a recursive alias?)") from None
-    _check_kernels(data, path, root, version_from=_argument("version", given["version"]) if "version" in given else None)
+    _check_kernels(data, path, root,
+                   version_from=_argument("version", given["version"]) if "version" in given else None)
     _merge_model_defaults(data, path)
     _check_model(data, path, root)
     return Pipeline(data=data, path=path, root=root)

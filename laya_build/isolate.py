@@ -76,18 +76,20 @@ def run(module: str, function: str, spec: dict, *, record: str | os.PathLike | N
         result: bool = False, extra_path: list[str] | None = None, env: dict | None = None,
         label: str | None = None, kwargs: bool = False, fork: bool = False, log: str | os.PathLike | None = None,
         timeout: float | None = None, crash_error: type[StageFailed | errors.ChildCrashError] = StageFailed,
-        reraise: bool = False):
+        reraise: bool = False, task: str | None = None):
     """Run ``module.function(spec)`` (``function(**spec)`` with ``kwargs=True``) in a process
     of its own (forked from the fork server with ``fork``); return what it returned when
     ``result`` is set.  ``log``: a file that keeps the child's output (else it is shown as
-    it comes, fresh, or once it succeeded, forked); ``timeout``: seconds (fresh only)."""
+    it comes, fresh, or once it succeeded, forked); ``timeout``: seconds (fresh only);
+    ``task``: the doit task it serves, exported to the process and its children as
+    ``LAYA_TASK`` (a process of a build names its task)."""
     if fork and timeout is not None:
         raise ValueError("a timeout needs a fresh process (fork=False)")
     what = label or f"{module}.{function}"
     with tempfile.TemporaryDirectory(prefix="laya-run-") as scratch:
         request = {"module": module, "function": function, "spec": spec, "call": "kwargs" if kwargs else "spec",
                    "record": str(record) if record else None, "sys_path": list(extra_path or []),
-                   "result": str(Path(scratch) / "result.json") if result else None,
+                   "result": str(Path(scratch) / "result.json") if result else None, "task": task,
                    "error": str(Path(scratch) / "error.json")}
         log_path = Path(log) if log else Path(scratch) / "output.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -276,6 +278,8 @@ def _execute(request: dict) -> int:
     # ``python -m`` puts the working directory first on sys.path; paths the parent asked for
     # (a baseline revision's kernels/) must win over the project's own.
     sys.path[:0] = request.get("sys_path", [])
+    if request.get("task"):
+        os.environ["LAYA_TASK"] = request["task"]
     try:
         func = getattr(importlib.import_module(request["module"]), request["function"])
         spec = request["spec"]

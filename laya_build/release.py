@@ -119,7 +119,8 @@ def environment() -> dict:
     return {
         "collect_env": env,
         "python": platform.python_version(),
-        "packages": {d: dist_version(d) for d in ("torch", "tilelang", "transformers", "tokenizers", "doit", "jsonschema")},
+        "packages": {d: dist_version(d)
+                     for d in ("torch", "tilelang", "transformers", "tokenizers", "doit", "jsonschema")},
         "tvm": tvm_version,
         "cc": _first_line(["cc", "--version"]),
         "cxx": _first_line(["c++", "--version"]),
@@ -195,7 +196,8 @@ def check_files(version_dir: Path) -> dict:
     every missing, extra or altered file.  Returns the (validated) manifest."""
     vdir = Path(version_dir)
     if state(vdir) != "released":
-        raise ManifestMismatch(vdir, [f"missing: {MANIFEST} ({damaged_message(vdir) if state(vdir) == 'damaged' else 'not a release'})"])
+        raise ManifestMismatch(vdir, [f"missing: {MANIFEST} "
+                                      f"({damaged_message(vdir) if state(vdir) == 'damaged' else 'not a release'})"])
     manifest = read_record(manifest_path(vdir))
     problems = []
     listed = {f["path"]: f for f in manifest["files"]}

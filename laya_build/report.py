@@ -26,7 +26,8 @@ def records_by_stage(vdir: Path) -> dict[str, list[tuple[str, dict]]]:
 def _kernel_sections(recs) -> list[str]:
     out = []
     if recs.get("lower_c"):
-        rows = [[r["variant"], len(r["checks"]), f"{r['max_abs_err']:.2e}", f"{min(c['atol'] for c in r['checks']):.0e}",
+        rows = [[r["variant"], len(r["checks"]), f"{r['max_abs_err']:.2e}",
+                 f"{min(c['atol'] for c in r['checks']):.0e}",
                  "exact" if all(c["exact"] for c in r["checks"]) else "NOT exact", "pass" if r["passed"] else "FAIL"]
                 for _, r in recs["lower_c"]]
         out += ["## CPU (C target) numerical checks\n",

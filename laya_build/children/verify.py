@@ -174,7 +174,8 @@ def run_runner(p: dict, package, job: dict, batches: list, refs: list, calibrati
             rows_, _, slots_ = shape
             plain = {"decision": plain["decision"][:rows_, :slots_], "act": plain["act"][:rows_]}
             replay = max_abs(got, plain)
-        rows.append({"batch": b, "bucket": bucket and bucket.as_dict(), "compare": rt.compare_heads(ref, got, batches[b], calibration),
+        rows.append({"batch": b, "bucket": bucket and bucket.as_dict(),
+                     "compare": rt.compare_heads(ref, got, batches[b], calibration),
                      "replay_vs_plain": replay})
     described = runner.describe()
     return ({**described, "setup_s": setup_s, "batches": rows,

@@ -75,7 +75,8 @@ def _add_ln_case(a, shape, gen):
     w, b = _rand(gen, D), _rand(gen, D)
     Y = torch.empty(M, D)
     x_new, ref = add_ln_reference(X, R, w, b if bias else None, a["eps"], residual)
-    return Case((X, R, w, b, Y), compare=[("Y", lambda: Y, ref, None)], exact=[("X (residual stream)", lambda: X, x_new)])
+    return Case((X, R, w, b, Y), compare=[("Y", lambda: Y, ref, None)],
+                exact=[("X (residual stream)", lambda: X, x_new)])
 
 
 def _rope_case(a, shape, gen):
@@ -133,7 +134,8 @@ def check_case(case: Case, atol: float, where: str) -> dict:
         result["max_abs_err"] = max(result["max_abs_err"], worst)
         if not worst <= atol:  # also catches NaN
             idx = divmod(int(err.argmax()), err.shape[-1]) if err.dim() == 2 else int(err.argmax())
-            raise NumericalCheckFailed(f"{where}: {name} differs from the reference by {worst:.3e} > atol {atol:.1e} (at {idx})")
+            raise NumericalCheckFailed(f"{where}: {name} differs from the reference by {worst:.3e} > atol {atol:.1e} "
+                                       f"(at {idx})")
     for name, actual_fn, expected in case.exact:
         actual = actual_fn()
         if not torch.equal(actual, expected):

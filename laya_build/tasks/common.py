@@ -95,7 +95,7 @@ def stage_action(p, task_name: str, module: str, function: str, spec: dict, outp
         outputs.forget()
         clear_outputs(outputs.files, outputs.dirs)
         isolate.run(module, function, spec, record=record, extra_path=extra_path, label=label, env=env,
-                    kwargs=kwargs, fork=fork)
+                    kwargs=kwargs, fork=fork, task=task_name)
         outputs.save()
 
     action.__name__ = f"{module.rsplit('.', 1)[-1]}:{label or function}"

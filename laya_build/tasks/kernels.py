@@ -56,7 +56,8 @@ def probe_c_tasks(p):
         for dtype, cpu in flavours:
             flavour = f"{'cpu' if cpu else 'gpu'}-{dtype}"
             spec = {"variant": variant, **vspec, "dtype": dtype, "cpu": cpu}
-            yield stage_task(p, basename="probe_c", name=f"{variant}.{flavour}", doc=f"probe {variant} for target c ({flavour})",
+            yield stage_task(p, basename="probe_c", name=f"{variant}.{flavour}",
+                             doc=f"probe {variant} for target c ({flavour})",
                              module="laya_build.stages.probe_c", function="run_probe_c", spec=spec,
                              record=p.layout.probe_record(variant, flavour), schemas=("probe_c",),
                              kernel_module=_factory_module(p, vspec["factory"]),

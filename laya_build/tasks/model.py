@@ -138,7 +138,7 @@ def _verify_release_task(p) -> dict:
             spec = {**verify_spec(p, config.get("verify", {}), config.get("runtime", {}), target, dtype),
                     "out_dir": str(out_root / build)}
             isolate.run("laya_build.stages.verify", "run_verify", spec, label=f"verify {p.version} {build}",
-                        env=stage_env(p), kwargs=True, fork=True)
+                        env=stage_env(p), kwargs=True, fork=True, task="verify:release")
             result = json.loads((out_root / build / "verify.json").read_text())
             log.info(f"verify {p.version} {build}: {result['status']}"
                   + (f" ({result['reason']})" if result["status"] == "skipped" else ""))

@@ -49,7 +49,7 @@ def release_task(p) -> dict:
         spec = {"version": p.version, "version_dir": str(p.version_dir), "root": str(p.root),
                 "config": p.data, "owners": owners(p)}
         log.info(f"release {p.version}: writing REPORT.md and {release.MANIFEST} (environment snapshot)")
-        isolate.run("laya_build.release", "build_manifest", spec, label="release")
+        isolate.run("laya_build.release", "build_manifest", spec, label="release", task="release")
         log.info(f"release {p.version}: {release.manifest_path(p.version_dir)}")
 
     return {
@@ -66,7 +66,8 @@ def release_diff_task(p) -> dict:
     old, new = get_var("old", None), get_var("new", None)
     doc = "what changed between two releases: doit release_diff old=<version> new=<version>"
     if old is None or new is None:
-        return {"actions": [lambda: TaskFailed("release_diff needs two released versions: doit release_diff old=<v> new=<v>")],
+        return {"actions": [lambda: TaskFailed("release_diff needs two released versions: "
+                                               "doit release_diff old=<v> new=<v>")],
                 "doc": doc, "uptodate": [False]}
     try:
         for name, value in (("old", old), ("new", new)):

@@ -56,7 +56,8 @@ def _canonical(name):
 
 
 BAD_SIZES = [(name, p.name, bad) for name, k in sorted(KERNELS.items()) for p in k.config_params
-             if type(_canonical(name)[p.name]) is int for bad in ((-1,) if p.name in ("window", "num_stages") else (0, -1))]
+             if type(_canonical(name)[p.name]) is int
+             for bad in ((-1,) if p.name in ("window", "num_stages") else (0, -1))]
 
 
 @pytest.mark.parametrize("name, param, bad", BAD_SIZES)
@@ -85,7 +86,8 @@ def test_bind_refuses_what_python_refuses():
     assert info.value.param == "Dh"
     with pytest.raises(ValueError, match=r"'H' is already given in args"):
         rope.bind([4, 32], {"H": 4})
-    with pytest.raises(ValueError, match=r"rope_kernel takes at most 4 positional arguments \(H, Dh, block_M, threads\)"):
+    with pytest.raises(ValueError,
+                       match=r"rope_kernel takes at most 4 positional arguments \(H, Dh, block_M, threads\)"):
         rope.bind([4, 32, 4, 128, 1])
     with pytest.raises(ValueError, match=r"rope_kernel has no parameter 'heads'"):
         rope.bind([4, 32], {"heads": 4})
@@ -99,7 +101,8 @@ def test_a_default_the_registry_cannot_read_is_a_programming_error(tmp_path):
 
 
 def test_the_registry_does_not_import_tilelang():
-    out = subprocess.run([sys.executable, "-c", "import sys, kernels.registry as r; [k.params for k in r.KERNELS.values()];"
+    out = subprocess.run([sys.executable, "-c",
+                          "import sys, kernels.registry as r; [k.params for k in r.KERNELS.values()];"
                           "from laya_build import config; config.load(); print(' '.join(sys.modules))"],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     assert not {"tilelang", "torch", "transformers", "tvm"} & set(out)

@@ -26,7 +26,8 @@ def test_generated_checkpoint_loads_strictly(model_dir, checkpoint):
     assert all(torch.equal(state[k].float(), v) for k, v in model.state_dict().items())
     assert next(model.parameters()).dtype == torch.float32
     assert model.temperature.tolist() == [1.0, 1.0, 1.0] and state["temperature"].shape == (3,)
-    assert agent["head_layers"] == 2 and agent["n_act"] == len(agent["act_costs"]) + 1 == model.act_head[-1].out_features
+    assert (agent["head_layers"] == 2
+            and agent["n_act"] == len(agent["act_costs"]) + 1 == model.act_head[-1].out_features)
     assert agent["calibration"]["applied"] == {"temperature": [1.5, 2.0, 1.25],
                                                "temperature_by_options": {"choice:3-5": 0.8}}
     assert model.encoder.config.vocab_size == len(tokenizer)

@@ -89,6 +89,7 @@ def test_failed_check_fails_the_task_and_writes_nothing(project):
     record.unlink()
     run = project.doit("lower_c")
     assert run.returncode != 0
-    assert re.search(r"gemm_gelu shape 0 \{'M': 1\}: C differs from the reference by [0-9.e-]+ > atol 1.0e-12", run.stdout + run.stderr)
+    assert re.search(r"gemm_gelu shape 0 \{'M': 1\}: C differs from the reference by [0-9.e-]+ > atol 1.0e-12",
+                     run.stdout + run.stderr)
     assert not record.exists()
     assert not list(record.parent.glob(".*.tmp")), "no temp file left behind"

@@ -135,7 +135,8 @@ for bkey in BATCH_KEYS:
         case(f"layout:{bkey}.{i}:slots too few", setting(f"model.inputs.{bkey}.{i}.slots", most - 1),
              f"model.inputs.{bkey}.{i}.slots", f"has a row with {most} options; slots={most - 1} is too few")
         if "tokens" in batch:
-            case(f"layout:{bkey}.{i}:tokens not aligned", setting(f"model.inputs.{bkey}.{i}.tokens", batch["tokens"] + 1),
+            case(f"layout:{bkey}.{i}:tokens not aligned",
+                 setting(f"model.inputs.{bkey}.{i}.tokens", batch["tokens"] + 1),
                  f"model.inputs.{bkey}.{i}.tokens", "is not a multiple of 16")
 
 # -- kernel factory arguments (the registry's parameters, their defaults' types) -------------
@@ -182,7 +183,8 @@ for variant, spec in GOOD["kernels"]["variants"].items():
                  f"{kernel.factory} needs {p.name}")
         value = bound[p.name]
         if isinstance(value, bool):
-            case(f"{cid}:int for a flag", _variant_arg(variant, kernel, p.name, 1), key, f"{p.name} must be true or false")
+            case(f"{cid}:int for a flag", _variant_arg(variant, kernel, p.name, 1), key,
+                 f"{p.name} must be true or false")
         elif isinstance(value, str):
             case(f"{cid}:unknown choice", _variant_arg(variant, kernel, p.name, value + "x"), key,
                  f"{p.name}={value + 'x'!r} is not supported")
@@ -199,7 +201,8 @@ for variant, spec in GOOD["kernels"]["variants"].items():
                      repr(bad) if wrong_type else f"{p.name} must be")
     case(f"kernel:{variant}:unknown keyword", _variant_arg(variant, kernel, "tile_size", 8),
          f"kernels.variants.{variant}.kwargs.tile_size", f"{kernel.factory} has no parameter 'tile_size'")
-    case(f"kernel:{variant}:too many args", setting(f"kernels.variants.{variant}.args", [1] * (len(kernel.positional) + 1)),
+    case(f"kernel:{variant}:too many args",
+         setting(f"kernels.variants.{variant}.args", [1] * (len(kernel.positional) + 1)),
          f"kernels.variants.{variant}.args", f"{kernel.factory} takes at most {len(kernel.positional)} positional")
     # check shapes: every runtime size is needed, a size the arguments fix cannot change, and
     # a key the kernel does not use is refused
@@ -350,7 +353,8 @@ def test_version_from_the_command_line_is_named_when_it_clashes(tmp_path):
     data = copy.deepcopy(BASE)
     data["cuda"]["baseline"] = {"version": "2.0.0"}
     (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(data))
-    with pytest.raises(config.ConfigError, match=r"invalid at cuda.baseline.version: .*\(2\.0\.0, from doit argument version=2\.0\.0\)"):
+    with pytest.raises(config.ConfigError,
+                       match=r"invalid at cuda.baseline.version: .*\(2\.0\.0, from doit argument version=2\.0\.0\)"):
         config.from_command_line({"version": "2.0.0"}.get, root=tmp_path)
 
 
@@ -384,8 +388,8 @@ def _doit_fails(project: Project, *args: str) -> str:
 FIRST_OF_EACH_CLASS = sorted({cid.split(":")[0]: cid for cid in sorted(CASES, reverse=True)}.values())
 
 
-@pytest.mark.parametrize("cid", FIRST_OF_EACH_CLASS + ["kernel:rope.Dh:0", "kernel:rope.Dh:-1", "kernel:rope.Dh:missing",
-                                                        "version:block scalar |"])
+@pytest.mark.parametrize("cid", FIRST_OF_EACH_CLASS + ["kernel:rope.Dh:0", "kernel:rope.Dh:-1",
+                                                        "kernel:rope.Dh:missing", "version:block scalar |"])
 def test_doit_list_refuses_a_bad_config(project, cid):
     mutation, key, fragment = CASES[cid]
     text = mutation if isinstance(mutation, str) else _dump(_mutated(mutation))

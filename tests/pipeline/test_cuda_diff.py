@@ -21,7 +21,8 @@ def project(tmp_path_factory):
     project.edit_config(small)
     base = project.commit("baseline")
     rope = project.path / "kernels" / "rope.py"
-    text, n = re.subn(r"block_M: int = (\d+)", lambda m: f"block_M: int = {int(m.group(1)) * 2}", rope.read_text(), count=1)
+    text, n = re.subn(r"block_M: int = (\d+)", lambda m: f"block_M: int = {int(m.group(1)) * 2}", rope.read_text(),
+                      count=1)
     assert n == 1, "rope_kernel's block_M default not found"
     rope.write_text(text)
     project.commit("rope: larger row tile")

@@ -1,7 +1,8 @@
 """What makes a task re-run, checked against what its processes really read.
 
-One small project is built once, task by task, with a file tracer (``tracer/sitecustomize.py``,
-an audit hook in every Python process the task starts).  Then:
+One small project is built once, in one ``doit`` run, with a file tracer
+(``tracer/sitecustomize.py``, an audit hook in every Python process; each line names the task
+its process serves).  Then:
 
 * the oracle: every project file a task's processes opened (sources, imports, data, schemas)
   is among the task's ``file_dep``;
@@ -52,14 +53,15 @@ def _order(name: str) -> int:
     return next(i for i, s in enumerate(stages) if name.startswith(s))
 
 
-def _traced_files(trace_dir: Path, root: Path) -> set[str]:
-    """Project files (relative) opened by any process of one task but the doit process."""
-    seen = set()
+def _traced_files(trace_dir: Path, root: Path) -> dict[str, set[str]]:
+    """Project files (relative) opened by the processes of each task (not doit's own: it
+    loads the graph, all of laya_build.tasks; nor the fork server's before it forks)."""
+    seen = defaultdict(set)
     for path in trace_dir.glob("*.txt"):
         for line in path.read_text().splitlines():
-            argv0, _, opened = line.partition("\t")
-            if argv0.endswith(("doit/__main__.py", "/doit")) or "-m doit" in argv0:
-                break  # the doit process itself (it loads the graph: all of laya_build.tasks)
+            _, opened, task = line.split("\t")
+            if not task:
+                continue
             p = Path(opened)
             if p.parent.name == "__pycache__":  # a cached import: its source is the dependency
                 p = p.parent.parent / (p.name.split(".")[0] + ".py")
@@ -68,7 +70,7 @@ def _traced_files(trace_dir: Path, root: Path) -> set[str]:
             except ValueError:
                 continue
             if rel.parts and rel.parts[0] in PROJECT_DIRS and p.is_file():
-                seen.add(rel.as_posix())
+                seen[task].add(rel.as_posix())
     return seen
 
 
@@ -78,15 +80,12 @@ def built(tmp_path_factory):
     project.edit_config(small)
     project.commit("small pipeline")
     graph = project.graph()
-    traces = {}
-    for name in sorted(graph, key=lambda n: (_order(n), n)):
-        trace_dir = tmp_path_factory.mktemp("trace")
-        env = {"PYTHONPATH": str(TRACER), "LAYA_TRACE_DIR": str(trace_dir)}
-        run = project.doit("-n", "1", name, env=env)
-        assert run.returncode == 0, name + run.stdout + run.stderr
-        assert name in run.executed, (name, run.stdout)
-        traces[name] = _traced_files(trace_dir, project.path)
-    return project, graph, traces
+    trace_dir = tmp_path_factory.mktemp("trace")
+    stages = sorted({name.split(":")[0] for name in graph}, key=_order)
+    run = project.doit(*stages, env={"PYTHONPATH": str(TRACER), "LAYA_TRACE_DIR": str(trace_dir)})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert set(run.executed) == set(graph), run.stdout
+    return project, graph, _traced_files(trace_dir, project.path)
 
 
 def _rel(project: Project, paths) -> set[str]:
@@ -102,9 +101,10 @@ def _rel(project: Project, paths) -> set[str]:
 def test_every_file_a_task_reads_is_a_dependency(built):
     project, graph, traces = built
     in_process = ("cuda_diff:compare", "cuda_diff:baseline_kernels")  # run inside doit: not traceable apart
-    for name, opened in traces.items():
+    for name in graph:
         if name in in_process:
             continue
+        opened = traces[name]
         assert opened, f"{name}: the tracer saw no project file (is it active?)"
         undeclared = opened - _rel(project, graph[name]["file_dep"])
         assert not undeclared, f"{name} reads {sorted(undeclared)} but does not depend on them"

@@ -28,7 +28,8 @@ def test_loading_the_task_graph_imports_no_heavy_module():
 def test_invalid_record_is_not_written(tmp_path):
     target = tmp_path / "lower_c" / "rope.json"
     bad = {"stage": "lower_c", "variant": "rope"}  # most required fields missing
-    with pytest.raises(records.RecordError, match=r"lower_c record for .*rope.json: invalid at <root>: '.*' is a required property"):
+    with pytest.raises(records.RecordError,
+                       match=r"lower_c record for .*rope.json: invalid at <root>: '.*' is a required property"):
         records.write_record(target, bad)
     assert not target.exists()
     assert not list(tmp_path.rglob("*.tmp"))

@@ -3,7 +3,9 @@ dependency oracle of tests/pipeline/test_dependencies.py.
 
 Active only when ``LAYA_TRACE_DIR`` is set; every process (fork-server children and the
 stages' own child processes included: they inherit PYTHONPATH) appends one line per newly
-opened file to ``<LAYA_TRACE_DIR>/<pid>.txt``, as ``<argv0>\\t<path>``.
+opened file to ``<LAYA_TRACE_DIR>/<pid>.txt``, as ``<argv0>\\t<path>\\t<task>``, where
+``<task>`` is the doit task the process serves (``LAYA_TASK``, set by the process runner
+and inherited by the stage's own children; empty in doit and the fork server).
 """
 import os
 import sys
@@ -32,7 +34,8 @@ if _DIR:
         try:
             fd = os.open(os.path.join(_DIR, f"{os.getpid()}.txt"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
-                os.write(fd, f"{sys.argv[0] if sys.argv else ''}\t{path}\n".encode())
+                task = os.environ.get("LAYA_TASK", "")
+                os.write(fd, f"{sys.argv[0] if sys.argv else ''}\t{path}\t{task}\n".encode())
             finally:
                 os.close(fd)
         finally:
