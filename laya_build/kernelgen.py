@@ -1,9 +1,12 @@
 """What the kernel stages (tir, probe_c, lower_c, cuda_source) share: importing a factory,
-its call arguments, and publishing a generated source with its record."""
+its call arguments, the toolchain that determines generated code, and publishing a
+generated source with its record."""
 from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.metadata
+import platform
 
 
 def load_factory(name: str):
@@ -14,6 +17,19 @@ def load_factory(name: str):
         return getattr(kernels, name)
     except AttributeError:
         raise LookupError(f"kernels ({kernels.__file__}) has no factory {name!r}") from None
+
+
+def kernel_toolchain() -> dict:
+    """Versions that determine generated kernel code."""
+    import tilelang  # noqa: F401  (puts its bundled tvm on sys.path)
+    import torch
+
+    return {
+        "tilelang": importlib.metadata.version("tilelang"),
+        "tvm": getattr(__import__("tvm"), "__version__", "unknown"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def call_args(spec: dict, **override) -> tuple[list, dict]:

@@ -14,7 +14,7 @@ Up-to-date checks (read without importing anything heavy):
 Everything is computed at most once per process (one ``doit`` invocation) and only when an
 up-to-date check asks: ``doit list`` pays nothing.
 
-Snapshots for records (:func:`versions`, :func:`kernel_toolchain`, :func:`device_snapshot`,
+Snapshots for records (:func:`versions`, :func:`device_snapshot`,
 :func:`env_info` with ``torch.utils.collect_env``, :func:`nvidia_smi_q`) and support checks
 (:func:`unsupported_reason`: missing CUDA, AOTInductor APIs or C++ compiler become explicit
 skip records, never silent passes).
@@ -164,19 +164,6 @@ def versions() -> dict:
         "tilelang": _version("tilelang"),
         "platform": platform.platform(),
         "cxx": cxx_version,
-    }
-
-
-def kernel_toolchain() -> dict:
-    """Versions that determine generated kernel code."""
-    import tilelang  # noqa: F401  (puts its bundled tvm on sys.path)
-    import torch
-
-    return {
-        "tilelang": md.version("tilelang"),
-        "tvm": getattr(__import__("tvm"), "__version__", "unknown"),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
     }
 
 

@@ -201,7 +201,7 @@ def render_options(q: dict) -> list[str]:
     if t == "choice":
         return [str(k) if v is None or v == "" else f"{k}: {render_criterion(v)}" for k, v in crit.items()]
     if t == "score":
-        return ["level %d: %s" % (i, render_criterion(c)) for i, c in enumerate(crit)]
+        return [f"level {i:d}: {render_criterion(c)}" for i, c in enumerate(crit)]
     crit = crit or {}
     labels = dict(zip(("false", "true"), noul_labels(q.get("labels"))))
     return [labels[side] + ": " + (render_criterion(crit.get(side)) if crit.get(side) not in (None, "")
@@ -217,7 +217,7 @@ def build_head(tokenizer, q: dict, head_max_len: int) -> tuple[list[int], list[i
     ``[MASK]`` positions, with upstream's head budget."""
     mask = tokenizer.mask_token
     opts = render_options(q)
-    head_ids = _ids(tokenizer, "%s question: %s" % (q["t"], str(q["ins"]).replace(mask, " ")))
+    head_ids = _ids(tokenizer, f"{q['t']} question: {str(q['ins']).replace(mask, ' ')}")
     opt_ids = [[tokenizer.mask_token_id] + _ids(tokenizer, " " + o.replace(mask, " "), truncation=True,
                                                 max_length=OPTION_MAX_TOKENS) for o in opts]
     budget = head_max_len - sum(len(o) for o in opt_ids)

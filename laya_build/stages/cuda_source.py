@@ -11,8 +11,7 @@ import importlib
 import time
 from pathlib import Path
 
-from ..kernelgen import call_args, load_factory, publish, sha256_text
-from ..toolchain import kernel_toolchain
+from ..kernelgen import call_args, kernel_toolchain, load_factory, publish, sha256_text
 
 # The module of ``kernels`` that lowers to CUDA (a baseline revision from before it existed
 # names its own, ``kernels.probe``: see laya_build.gitrev.lowering_module).

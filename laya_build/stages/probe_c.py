@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import time
 
-from ..kernelgen import call_args, load_factory
-from ..toolchain import kernel_toolchain
+from ..kernelgen import call_args, kernel_toolchain, load_factory
 
 # Compilers this stage runs (TileLang builds target c with the C++ compiler): part of its
 # up-to-date check (laya_build.toolchain).

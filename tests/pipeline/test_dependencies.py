@@ -334,4 +334,5 @@ def test_one_versions_state_never_answers_for_another(built):
         assert read_record(project.version_dir("0.50.0") / "model" / "model.json")["config"]["generate"]["seed"] == 99
     finally:
         project.edit_config(lambda c: c["model"]["generate"].pop("seed"))
-    assert json.loads((project.version_dir("0.51.0") / "model" / "model.json").read_text())["config"]["generate"]["seed"] == 99
+    record = json.loads((project.version_dir("0.51.0") / "model" / "model.json").read_text())
+    assert record["config"]["generate"]["seed"] == 99
