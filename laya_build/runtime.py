@@ -246,10 +246,9 @@ def load_package(path, sha256: str, *, what: str = "package record", single_thre
 def preload_modules(names) -> dict:
     """Import each named module that is installed, before a package is loaded.
 
-    On the GPU image, ``aoti_load_package`` of a CUDA package segfaulted (in a fresh process,
-    and also in the process that had just compiled it) unless ``import tilelang`` ran first;
-    the cause is unknown.  Every process that loads a package calls this with its stage's
-    ``preload.<target>`` list (default ``[tilelang]`` for cuda).
+    Every process that loads a package calls this with its stage's ``preload.<target>`` list
+    (default ``[tilelang]`` for cuda: the GPU image's load crash, docs/aoti.md "How verify
+    copes with the image's load crash").
     """
     done, missing = [], []
     for name in names:

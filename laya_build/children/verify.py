@@ -11,9 +11,8 @@ Order of work:
 1. ``AOTI_RUNTIME_CHECK_INPUTS=1`` before torch is imported; ``faulthandler`` on.
 2. The inputs' hash and every eager file's metadata (program, target, dtype, inputs hash)
    and shapes must match the package.
-3. Preload: import the configured modules when installed (``tilelang`` for CUDA targets: on
-   the GPU image a fresh-process ``aoti_load_package`` of a CUDA package segfaulted unless
-   ``import tilelang`` ran first; the cause is unknown), and Inductor's loader modules.
+3. Preload: import the configured modules when installed
+   (:func:`laya_build.runtime.preload_modules`), and Inductor's loader modules.
 4. Mask ``torch.compile``, ``torch.export.export``, ``torch._inductor.aoti_compile_and_package``,
    ``torch._export.aot_compile`` and Inductor's C++ builder (``CppBuilder.build``) with
    functions that raise: the process cannot compile anything.

@@ -7,8 +7,7 @@ stays bounded.  The child gets its own initially empty ``TORCHINDUCTOR_CACHE_DIR
 directory outside the artifacts, removed afterwards (compiler caches are never artifacts).
 
 The child loads each package back once (load time; a package that cannot load fails here
-already), after importing ``package.preload.<target>`` (default ``[tilelang]`` for cuda: on
-the GPU image loading a CUDA package segfaulted without it, even in the compiling process).
+already), after importing ``package.preload.<target>`` (:func:`laya_build.runtime.preload_modules`).
 
 Missing CUDA (target cuda), missing AOTInductor APIs, no C++ compiler or a skipped export
 give an explicit skip record; on a supported install a compile failure raises.

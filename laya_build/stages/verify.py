@@ -21,10 +21,9 @@ lacks fails with :class:`PackageIsaError` before it is loaded.  The record's ``f
 breaks the child's time to its first answer down (imports, sha256, ISA answer, load,
 graph capture, first call).
 
-Known on the GPU image: a fresh-process ``aoti_load_package`` of a CUDA package segfaulted
-unless ``import tilelang`` ran first.  The child therefore imports the modules listed in
-``verify.preload.<target>`` (default ``[tilelang]`` for cuda) before loading, when they are
-installed; if it still crashes, the signal is reported as a failure.
+The child imports the modules of ``verify.preload.<target>`` before loading (why: docs/aoti.md,
+"How verify copes with the image's load crash"); if it still crashes, the signal is reported
+as a failure.
 """
 from __future__ import annotations
 
