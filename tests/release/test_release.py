@@ -42,7 +42,8 @@ def released(tmp_path_factory):
 
 
 def _snapshot(vdir):
-    return {p.relative_to(vdir).as_posix(): (p.stat().st_mtime_ns, sha256_file(p)) for p in sorted(vdir.rglob("*")) if p.is_file()}
+    return {p.relative_to(vdir).as_posix(): (p.stat().st_mtime_ns, sha256_file(p))
+            for p in sorted(vdir.rglob("*")) if p.is_file()}
 
 
 def test_manifest_is_valid_and_every_hash_right(released):
@@ -207,7 +208,8 @@ def test_tampering_fails_verify_naming_the_file(released, tmp_path_factory, tamp
 def test_release_diff_lists_exactly_the_changed_kernel(released):
     project, _ = released
     rope = project.path / "kernels" / "rope.py"
-    text, n = re.subn(r"block_M: int = (\d+)", lambda m: f"block_M: int = {int(m.group(1)) * 2}", rope.read_text(), count=1)
+    text, n = re.subn(r"block_M: int = (\d+)", lambda m: f"block_M: int = {int(m.group(1)) * 2}", rope.read_text(),
+                      count=1)
     assert n == 1
     rope.write_text(text)
     project.commit("rope: larger row tile")
