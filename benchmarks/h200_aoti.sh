@@ -10,8 +10,9 @@
 #   doit config=pipeline.h200.yaml aoti_package verify latency
 # under setsid (it outlives the call while the machine stays warm) and then waits up to
 # WAIT_S seconds; `wait` waits again.  Either copies the records, logs and the latency table
-# to $OUT (at most 8 files come back).  Then, when GPU_TESTS=1, the GPU kernel tests run
-# after the pipeline, never beside it (they would disturb the latency numbers).
+# (one per target: `latency/<target>/`) to $OUT (at most 8 files come back).  Then, when
+# GPU_TESTS=1, the GPU kernel tests run after the pipeline, never beside it (they would
+# disturb the latency numbers).
 set -u
 cd "$(dirname "$0")/.."
 STATE=artifacts/h200-run

@@ -133,7 +133,7 @@ collect() {
   } > "$status"
   cp "$status" "$OUT/status.txt"
   for f in fresh_load fresh_load_direct runner_default; do [ -f "$STATE/$f.json" ] && cp "$STATE/$f.json" "$OUT/"; done
-  cp $V/latency/$BUILD/latency.md "$OUT/" 2>/dev/null
+  cp $V/latency/$TARGET/latency.md "$OUT/" 2>/dev/null   # one latency record per target
   cp $V/verify/$BUILD/verify.json "$OUT/" 2>/dev/null
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.csv" 2>&1
   # everything else (records, logs, the autotune and no-preload results), without packages

@@ -21,7 +21,10 @@ MANIFEST_NAME, REPORT_NAME, EFFECTIVE_CONFIG_NAME = "manifest.json", "REPORT.md"
 # manifest is a damaged release, not a build in progress).
 RELEASE_FILES = (REPORT_NAME, EFFECTIVE_CONFIG_NAME)
 # Stages of the model builds: one folder per (target, dtype), record ``<stage>.json``.
-BUILD_STAGES = ("export", "aoti_package", "verify", "latency")
+BUILD_STAGES = ("export", "aoti_package", "verify")
+# Model stages over every build of a target at once: one folder per target (``latency``
+# measures the dtype-independent variants once and then each package of the target).
+TARGET_STAGES = ("latency",)
 # An atomic write's temporary file beside its target (laya_build.atomic).
 TMP_GLOB = ".{name}.*.tmp"
 
@@ -31,8 +34,10 @@ def tir_flavour(dtype: str, cpu: bool) -> str:
     return f"cpu-{dtype}" if cpu else dtype
 
 
-def build_name(target: str, dtype: str) -> str:
-    return f"{target}-{dtype}"
+def build_name(target: str, dtype: str | None = None) -> str:
+    """A model-stage folder and sub-task name: ``<target>-<dtype>`` for a build stage,
+    ``<target>`` for a per-target stage (``dtype`` None)."""
+    return target if dtype is None else f"{target}-{dtype}"
 
 
 def cuda_name(variant: str, dtype: str, arch: str) -> str:
@@ -111,10 +116,19 @@ class VersionLayout:
     def model_record(self) -> Path:
         return self.model_dir / MODEL_RECORD_NAME
 
-    def build_dir(self, stage: str, target: str, dtype: str) -> Path:
+    def build_dir(self, stage: str, target: str, dtype: str | None = None) -> Path:
+        """``<stage>/<target>-<dtype>`` of a build stage, ``<stage>/<target>`` of a per-target
+        stage (no ``dtype``)."""
+        if stage in TARGET_STAGES:
+            if dtype is not None:
+                raise ValueError(f"stage {stage} has one folder per target, not per dtype (got dtype {dtype!r})")
+        elif stage not in BUILD_STAGES:
+            raise ValueError(f"{stage!r} is not a model stage ({', '.join(BUILD_STAGES + TARGET_STAGES)})")
+        elif dtype is None:
+            raise ValueError(f"stage {stage} has one folder per (target, dtype): a dtype is needed")
         return self.root / stage / build_name(target, dtype)
 
-    def build_record(self, stage: str, target: str, dtype: str) -> Path:
+    def build_record(self, stage: str, target: str, dtype: str | None = None) -> Path:
         return self.build_dir(stage, target, dtype) / f"{stage}.json"
 
     def eager(self, target: str, dtype: str) -> Path:

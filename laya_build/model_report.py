@@ -12,6 +12,53 @@ def _by_key(records) -> dict[str, dict]:
     return {_key(r): r for _, r in records}
 
 
+def variant_label(variant: dict, record_dtype: str | None = None) -> str:
+    """A latency variant as tables name it: a package variant with its package's dtype
+    (``package (float32)``); in a record made per (target, dtype) build, before latency was
+    measured per target, every variant with that build's dtype (``record_dtype``)."""
+    dtype = variant.get("dtype") or record_dtype
+    return f"{variant['name']} ({dtype})" if dtype else variant["name"]
+
+
+def _latency_by_target(records) -> dict[str, list[dict]]:
+    """target -> its latency records: one, or one per (target, dtype) build in a release made
+    before latency was measured per target (those have a top-level ``dtype``)."""
+    out: dict[str, list[dict]] = {}
+    for _, r in sorted(records, key=lambda item: (item[1].get("target", "?"), item[1].get("dtype", ""))):
+        out.setdefault(r.get("target", "?"), []).append(r)
+    return out
+
+
+def _latency_sections(records) -> list[str]:
+    out = []
+    for target, recs in _latency_by_target(records).items():
+        for r in recs:
+            name = target if "dtype" not in r else f"{target}-{r['dtype']}"
+            if r["status"] == "skipped":
+                out += [f"## Latency {name}\n", f"skipped: {r['reason']}\n"]
+                continue
+            labels = [variant_label(v, r.get("dtype")) for v in r["variants"]]
+            rows = []
+            for i, b in enumerate(r["variants"][0]["batches"]):
+                sh = b["shape"]
+                rows.append([b["batch"], f"{sh['rows']}×{sh['tokens']}×{sh['slots']}",
+                             *[v["batches"][i]["latency"]["median_ms"] for v in r["variants"]]])
+            out += [f"## Latency {name} (median ms per call; {_timing(r['timing'])})\n",
+                    table(["batch", "rows×tokens×slots", *labels], rows)]
+            runs = [n for v in r["variants"] for b in v["batches"] if (n := _runs(b["latency"])) is not None]
+            notes = [f"Each figure rests on {min(runs)} to {max(runs)} timed calls."] if runs else []
+            notes += [f"Not measured: the {p['dtype']} package ({p['reason']})." for p in r.get("skipped_packages", [])]
+            for v, label in zip(r["variants"], labels):
+                if "runner" in v:
+                    used = ", ".join(f"batch {b['batch']}: {_bucket(b.get('bucket'))}" for b in v["batches"])
+                    n = v["runner"]
+                    buckets = ", ".join(_bucket(b) for b in n["buckets"]) or "none"
+                    notes.append(f"{label}: {n['mode']}, buckets {buckets} ({used}); set-up {v['setup_s']:.3g} s, "
+                                 f"of which graph capture {n['capture_s']:.3g} s.")
+            out += [" ".join(notes) + "\n"]
+    return out
+
+
 def sections(recs: dict) -> list[str]:
     out = []
     packages = _by_key(recs.get("aoti_package", []))
@@ -35,7 +82,8 @@ def sections(recs: dict) -> list[str]:
                 continue
             for p in r["programs"]:
                 s = p["summary"]
-                rows.append([key, p["name"], p["load_s"], s["decision"]["max_logit_delta"], s["decision"]["max_prob_delta"],
+                rows.append([key, p["name"], p["load_s"], s["decision"]["max_logit_delta"],
+                             s["decision"]["max_prob_delta"],
                              f"{s['decision']['argmax_agree']}/{s['decision']['rows']}", s["act"]["max_logit_delta"],
                              s["act"]["max_prob_delta"], f"{s['act']['argmax_agree']}/{s['act']['rows']}"])
         out += ["## Fresh-process verification (package vs eager.pt)\n",
@@ -53,28 +101,7 @@ def sections(recs: dict) -> list[str]:
             out += ["Package latency in the verification process (median ms per call):\n",
                     table(["target", "program", "batch", "rows×tokens×slots", "median ms", "calls"], lat)]
         out += _runtime_sections(verifies)
-    for key, r in sorted(_by_key(recs.get("latency", [])).items()):
-        if r["status"] == "skipped":
-            out += [f"## Latency {key}\n", f"skipped: {r['reason']}\n"]
-            continue
-        names = [v["name"] for v in r["variants"]]
-        batches = r["variants"][0]["batches"]
-        rows = []
-        for i, b in enumerate(batches):
-            sh = b["shape"]
-            rows.append([b["batch"], f"{sh['rows']}×{sh['tokens']}×{sh['slots']}",
-                         *[v["batches"][i]["latency"]["median_ms"] for v in r["variants"]]])
-        out += [f"## Latency {key} (median ms per call; {_timing(r['timing'])})\n",
-                table(["batch", "rows×tokens×slots", *names], rows)]
-        runs = [_runs(b["latency"]) for v in r["variants"] for b in v["batches"]]
-        notes = [f"Each figure rests on {min(runs)} to {max(runs)} timed calls."]
-        for v in r["variants"]:
-            if "runner" in v:
-                used = ", ".join(f"batch {b['batch']}: {_bucket(b.get('bucket'))}" for b in v["batches"])
-                notes.append(f"{v['name']}: {v['runner']['mode']}, buckets "
-                             f"{', '.join(_bucket(b) for b in v['runner']['buckets']) or 'none'} ({used}); "
-                             f"set-up {v['setup_s']:.3g} s, of which graph capture {v['runner']['capture_s']:.3g} s.")
-        out += [" ".join(notes) + "\n"]
+    out += _latency_sections(recs.get("latency", []))
     return out
 
 
@@ -152,10 +179,10 @@ def _fresh_load(record) -> dict | None:
             "runner_max_logit_delta": None if not deltas or None in deltas else max(deltas)}
 
 
-def _latencies(record) -> dict:
-    if not record or record["status"] != "ok":
-        return {}
-    return {(v["name"], b["batch"]): b["latency"]["median_ms"] for v in record["variants"] for b in v["batches"]}
+def _latencies(records) -> dict:
+    """(variant label, batch) -> median ms of a target's latency records (in their order)."""
+    return {(variant_label(v, r.get("dtype")), b["batch"]): b["latency"]["median_ms"]
+            for r in records if r["status"] == "ok" for v in r["variants"] for b in v["batches"]}
 
 
 def diff(old_recs: dict, new_recs: dict) -> dict:
@@ -185,7 +212,8 @@ def diff(old_recs: dict, new_recs: dict) -> dict:
                 o, n = (so.get(name) or {}).get(head), (sn.get(name) or {}).get(head)
                 result["verify"].append({
                     "build": key, "program": name, "head": head,
-                    "old_max_logit_delta": o and o["max_logit_delta"], "new_max_logit_delta": n and n["max_logit_delta"],
+                    "old_max_logit_delta": o and o["max_logit_delta"],
+                    "new_max_logit_delta": n and n["max_logit_delta"],
                     "old_max_prob_delta": o and o["max_prob_delta"], "new_max_prob_delta": n and n["max_prob_delta"],
                     "old_argmax": o and f"{o['argmax_agree']}/{o['rows']}",
                     "new_argmax": n and f"{n['argmax_agree']}/{n['rows']}"})
@@ -194,11 +222,13 @@ def diff(old_recs: dict, new_recs: dict) -> dict:
         if fo or fn:
             result["runtime"].append({"build": key, **{f"{side}_{k}": (f or {}).get(k) for side, f in
                                                        (("old", fo), ("new", fn)) for k in FRESH_LOAD_KEYS}})
-    old_l, new_l = both("latency")
-    for key in sorted(set(old_l) | set(new_l)):
-        lo, ln = _latencies(old_l.get(key)), _latencies(new_l.get(key))
-        for variant, batch in sorted(set(lo) | set(ln)):
-            result["latency"].append({"build": key, "variant": variant, "batch": batch,
+    # by target: a release made before latency was measured per target has one record per
+    # (target, dtype) build, its variants labelled with the build's dtype
+    old_l, new_l = (_latency_by_target(recs.get("latency", [])) for recs in (old_recs, new_recs))
+    for target in sorted(set(old_l) | set(new_l)):
+        lo, ln = _latencies(old_l.get(target, [])), _latencies(new_l.get(target, []))
+        for variant, batch in dict.fromkeys([*ln, *lo]):  # the new release's order, then what only the old has
+            result["latency"].append({"target": target, "variant": variant, "batch": batch,
                                       "old_ms": lo.get((variant, batch)), "new_ms": ln.get((variant, batch))})
     return result
 
@@ -232,6 +262,7 @@ def diff_sections(model: dict, old: str, new: str) -> list[str]:
                         r["new_runner_max_logit_delta"]] for r in model["runtime"]])]
     if model["latency"]:
         out += ["## Latency (median ms)\n",
-                table(["build", "variant", "batch", old, new],
-                      [[r["build"], r["variant"], r["batch"], r["old_ms"], r["new_ms"]] for r in model["latency"]])]
+                table(["target", "variant", "batch", old, new],
+                      [[r.get("target", r.get("build")), r["variant"], r["batch"], r["old_ms"], r["new_ms"]]
+                       for r in model["latency"]])]
     return out

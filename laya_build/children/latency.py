@@ -1,7 +1,10 @@
-"""The latency stage's child process: time the model variants on the saved inputs.
+"""The latency stage's child process: time the model variants of one target on the saved inputs.
 
 Run by :func:`laya_build.isolate.run` (``measure_variants(job)``) in a fresh interpreter with
-a fresh, empty ``TORCHINDUCTOR_CACHE_DIR`` (``torch.compile`` writes there).  Variants:
+a fresh, empty ``TORCHINDUCTOR_CACHE_DIR`` (``torch.compile`` writes there).  The job's
+``variants`` (those that do not depend on a package) are measured once, then its
+``package_variants`` for each of its ``packages`` (one per dtype of the target), in order.
+Variants:
 
 - ``eager_amp``: fp32 weights under ``torch.autocast(amp_dtype)``;
 - ``eager_bf16``: a separate eval copy with explicit bf16 weights, no autocast;
@@ -30,7 +33,7 @@ from ..model.checkpoint import load_checkpoint
 from ..model.decision import eval_copy
 
 
-def make_variant(name: str, job: dict, model):
+def make_variant(name: str, job: dict, model, package: dict | None = None):
     device = job["device"]
     if name == "eager_amp":
         fp32 = eval_copy(model, torch.float32, device)
@@ -51,19 +54,18 @@ def make_variant(name: str, job: dict, model):
                              mode=None if mode == "default" else mode)
     if name in ("package", "package_graphed"):
         rt.preload_modules(job["preload"])
-        package = runtime.load_package(job["package"]["path"], job["package"]["sha256"],
-                                       single_threaded=name == "package_graphed")
+        loaded = runtime.load_package(package["path"], package["sha256"], single_threaded=name == "package_graphed")
         if name == "package":
-            return package
+            return loaded
         spec = job["runtime"]
-        return runtime.DecisionRunner(package, dims=spec["dims"], buckets=spec["buckets"],
+        return runtime.DecisionRunner(loaded, dims=package["dims"], buckets=spec["buckets"],
                                       capture_warmup=spec["capture_warmup"])
     raise ValueError(f"unknown latency variant {name!r}")
 
 
-def measure(name: str, job: dict, model, inputs: dict, reference) -> dict:
+def measure(name: str, job: dict, model, inputs: dict, reference, package: dict | None = None) -> dict:
     start = time.perf_counter()
-    fn = make_variant(name, job, model)
+    fn = make_variant(name, job, model, package)
     setup_s = time.perf_counter() - start
     batches = inputs["batches"]
     start = time.perf_counter()
@@ -80,8 +82,8 @@ def measure(name: str, job: dict, model, inputs: dict, reference) -> dict:
     parity = None if reference is None else rt.summarize(
         [rt.compare_heads(r, o, b, inputs["calibration"])
          for r, o, b in zip(reference, outputs, batches)])
-    result = {"name": name, "setup_s": setup_s, "first_calls_s": first_call_s, "batches": timed,
-              "parity_vs_eager_amp": parity, "_outputs": outputs}
+    result = {"name": name, **({"dtype": package["dtype"]} if package else {}), "setup_s": setup_s,
+              "first_calls_s": first_call_s, "batches": timed, "parity_vs_eager_amp": parity, "_outputs": outputs}
     if isinstance(fn, runtime.DecisionRunner):
         described = fn.describe()
         result["runner"] = {k: described[k] for k in ("mode", "buckets", "capture_s", "captures")}
@@ -101,4 +103,9 @@ def measure_variants(job: dict) -> dict:
             reference = outputs
         results.append(result)
     results.sort(key=lambda r: job["variants"].index(r["name"]))
+    for package in job["packages"]:  # one loaded package at a time
+        for name in job["package_variants"]:
+            result = measure(name, job, model, inputs, reference, package)
+            del result["_outputs"]
+            results.append(result)
     return {"variants": results}

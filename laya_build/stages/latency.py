@@ -1,5 +1,11 @@
-"""Stage ``latency``: eager AMP, eager explicit bf16, ``torch.compile`` bf16, the package, and
-the package behind the serving runtime (``package_graphed``).
+"""Stage ``latency``, once per target: eager AMP, eager explicit bf16, ``torch.compile`` bf16,
+then every package of the target, plain and behind the serving runtime (``package_graphed``).
+
+The eager and compiled variants depend only on the checkpoint, the inputs, the target and
+the configuration, so they are measured once; ``package`` and ``package_graphed`` are
+measured for each package dtype of the target (each carries its ``dtype``).  A package whose
+build was skipped is listed with the reason (``skipped_packages``); a target that cannot run
+here, or whose packages were all skipped, gives a skip record.
 
 Measured in a fresh interpreter (:mod:`laya_build.children.latency`, started by
 :func:`laya_build.isolate.run`) with its own empty Inductor cache, on
@@ -24,9 +30,10 @@ from ..buckets import parse_buckets
 from ..errors import StageError
 from ..isolate import inductor_cache, vec_isa_root
 from ..isolate import run as run_process
-from ..records import check_record, check_sha256, finish, sha256_file, skip_if_blocked, upstream
+from ..model_report import variant_label
+from ..records import check_record, check_sha256, finish, sha256_file, skip, upstream
 from ..sections import section
-from ..toolchain import device_snapshot, versions
+from ..toolchain import device_snapshot, unsupported_reason, versions
 
 # Compilers this stage runs (torch.compile): part of its up-to-date check (laya_build.toolchain).
 TOOLS = ("cxx",)
@@ -38,6 +45,8 @@ DESCRIPTIONS = {
     "package": "AOTInductor package ({dtype})",
     "package_graphed": "AOTInductor package ({dtype}) behind the runtime: {runner}",
 }
+# The variants measured once per package of the target; the others once per target.
+PACKAGE_VARIANTS = ("package", "package_graphed")
 RUNNERS = {"cuda": "a CUDA graph per bucket", "cpu": "padded to a bucket, no graphs on cpu"}
 
 
@@ -47,8 +56,12 @@ def markdown(record: dict, shapes: list[dict]) -> str:
     runs = [b["latency"]["runs"] for v in record["variants"] for b in v["batches"]]
     how = (f"adaptive_autorange for {t['min_run_time_s']:g} to {t['max_run_time_s']:g} s" if t.get("max_run_time_s")
            else f"blocked_autorange for {t['min_run_time_s']:g} s")
+    packages = ", ".join(f"{p['dtype']} (sha256 {p['sha256'][:16]})" for p in record["packages"]) or "none"
     lines = [
-        f"# Latency: {record['target']}, package {record['dtype']}",
+        f"# Latency: {record['target']}",
+        "",
+        f"Packages measured: {packages}.",
+        *[f"Not measured: the {s['dtype']} package ({s['reason']})." for s in record["skipped_packages"]],
         "",
         f"Median ms per call after {t['warmup']} warm-ups, timed by torch.utils.benchmark's {how} "
         f"(each figure rests on {min(runs)} to {max(runs)} calls; the clock synchronises the device); "
@@ -68,53 +81,85 @@ def markdown(record: dict, shapes: list[dict]) -> str:
             agree = [f"{p[h]['argmax_agree']}/{p[h]['rows']}" for h in ("decision", "act")]
             agree.append("n/a" if p["decision"]["max_prob_delta"] is None
                          else f"{p['decision']['max_prob_delta']:.3g}")
-        lines.append(f"| {v['name']} | {v['description']} | " + " | ".join(cells + agree) + " |")
+        lines.append(f"| {variant_label(v)} | {v['description']} | " + " | ".join(cells + agree) + " |")
     return "\n".join(lines) + "\n"
 
 
-def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_path, out_dir,
+def _package_records(paths, target: str) -> list[tuple[Path, dict]]:
+    """The target's package records (read and validated), one per dtype."""
+    records, seen = [], {}
+    for path in map(Path, paths):
+        pkg = upstream(path, "aoti_package")
+        if pkg["target"] != target:
+            raise StageError(f"{path} is for target {pkg['target']}, not {target}")
+        if "dtype" not in pkg:
+            raise StageError(f"{path}: a {pkg['status']} package record without a dtype; latency labels each "
+                             "package by its dtype")
+        if pkg["dtype"] in seen:
+            raise StageError(f"two package records for {target}-{pkg['dtype']}: {seen[pkg['dtype']]} and {path}")
+        seen[pkg["dtype"]] = path
+        records.append((path, pkg))
+    if not records:
+        raise StageError(f"latency of target {target}: no package record given")
+    return records
+
+
+def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_paths, out_dir,
                 target: str, runtime_cfg: dict | None = None) -> dict:
+    """Measure ``target``: the shared variants once, the package variants for each package
+    record of ``package_record_paths`` (every dtype of the target, one record each)."""
     from ..model.inputs import batch_shape, load_inputs
 
     start = time.perf_counter()
     cfg = section("latency", latency_cfg)
     runtime = section("runtime", runtime_cfg)
-    out, package_record_path = Path(out_dir), Path(package_record_path)
-    pkg = upstream(package_record_path, "aoti_package")
-    if pkg["target"] != target:
-        raise StageError(f"{package_record_path} is for target {pkg['target']}, not {target}")
-    if (skipped := skip_if_blocked("latency", out, pkg, target, aoti=True)) is not None:
-        return skipped
+    out = Path(out_dir)
+    records = _package_records(package_record_paths, target)
+    if reason := unsupported_reason(target, aoti=True):
+        return skip("latency", out, reason, target=target)
+    skipped = [{"dtype": pkg["dtype"], "reason": f"aoti_package skipped: {pkg['reason']}"}
+               for _, pkg in records if pkg["status"] == "skipped"]
+    if len(skipped) == len(records):
+        return skip("latency", out, f"every package of target {target} was skipped: "
+                    + "; ".join(f"{s['dtype']}: {s['reason']}" for s in skipped), target=target)
 
-    main = next(p for p in pkg["programs"] if p["name"] == "decision")
-    package_path = package_record_path.parent / main["package"]["path"]
-    actual = check_sha256(package_path, main["package"]["sha256"], "package record",
-                          "; refusing to load it")
     buckets = runtime["buckets"].get(target, [])
-    parse_buckets(buckets, pkg["dims"], where=f"runtime.buckets.{target}")  # the package's own ranges
+    packages = []
+    if any(name in PACKAGE_VARIANTS for name in cfg["variants"]):
+        for path, pkg in records:
+            if pkg["status"] != "ok":
+                continue
+            main = next(p for p in pkg["programs"] if p["name"] == "decision")
+            package_path = path.parent / main["package"]["path"]
+            actual = check_sha256(package_path, main["package"]["sha256"], "package record",
+                                  "; refusing to load it")
+            parse_buckets(buckets, pkg["dims"], where=f"runtime.buckets.{target}")  # the package's own ranges
+            packages.append({"dtype": pkg["dtype"], "path": str(package_path), "sha256": actual, "dims": pkg["dims"]})
     timing = cfg["timing"][target]
     out.mkdir(parents=True, exist_ok=True)
     job = {
         "checkpoint": str(checkpoint_dir), "inputs": str(inputs_path), "device": target,
-        "variants": cfg["variants"], "amp_dtype": cfg["amp_dtype"], "compile": cfg["compile"],
-        "timing": timing, "package": {"path": str(package_path), "sha256": actual},
+        "variants": [n for n in cfg["variants"] if n not in PACKAGE_VARIANTS],
+        "package_variants": [n for n in cfg["variants"] if n in PACKAGE_VARIANTS],
+        "amp_dtype": cfg["amp_dtype"], "compile": cfg["compile"], "timing": timing, "packages": packages,
         "preload": cfg["preload"].get(target, []), "vec_isa_root": str(vec_isa_root()),
-        "runtime": {"dims": pkg["dims"], "buckets": buckets, "capture_warmup": runtime["capture_warmup"]},
+        "runtime": {"buckets": buckets, "capture_warmup": runtime["capture_warmup"]},
     }
-    with inductor_cache(f"latency-{target}-{pkg['dtype']}") as cache:
+    with inductor_cache(f"latency-{target}") as cache:
         result = run_process(CHILD_MODULE, "measure_variants", job, result=True, log=out / "latency_child.log",
                              timeout=cfg["timeout_s"], env={"TORCHINDUCTOR_CACHE_DIR": str(cache)},
-                             label=f"latency measurement ({target}-{pkg['dtype']})", reraise=True)
+                             label=f"latency measurement ({target})", reraise=True)
 
-    names = {"amp": cfg["amp_dtype"], "dtype": pkg["dtype"], "runner": RUNNERS[target], **cfg["compile"]}
+    names = {"amp": cfg["amp_dtype"], "runner": RUNNERS[target], **cfg["compile"]}
     shapes = [batch_shape(b) for b in load_inputs(inputs_path)["batches"]]
-    variants = [{**v, "description": DESCRIPTIONS[v["name"]].format(**names),
+    variants = [{**v, "description": DESCRIPTIONS[v["name"]].format(**names, dtype=v.get("dtype")),
                  "setup_s": round(v["setup_s"], 4), "first_calls_s": round(v["first_calls_s"], 4),
                  "batches": [{**b, "shape": shapes[b["batch"]]} for b in v["batches"]]}
                 for v in result["variants"]]
     record = {
-        "stage": "latency", "status": "ok", "target": target, "dtype": pkg["dtype"],
-        "package": {"sha256": actual}, "inputs": {"sha256": sha256_file(inputs_path)},
+        "stage": "latency", "status": "ok", "target": target,
+        "packages": [{"dtype": p["dtype"], "sha256": p["sha256"]} for p in packages],
+        "skipped_packages": skipped, "inputs": {"sha256": sha256_file(inputs_path)},
         "timing": timing, "amp_dtype": cfg["amp_dtype"], "compile": cfg["compile"],
         "variants": variants, "markdown": "latency.md",
         "device": device_snapshot(target), "versions": versions(),

@@ -3,7 +3,8 @@
 Each stage runs in a child forked from the pre-imported fork server (:mod:`laya_build.isolate`),
 except a CUDA export, which initialises CUDA itself and gets a fresh interpreter; the stages
 that compile, verify or time a package start their own fresh interpreter for that
-(:mod:`laya_build.children`).  One folder per (target, dtype) build, emptied before the
+(:mod:`laya_build.children`).  One folder per (target, dtype) build (per target for
+``latency``, which measures every package of a target in one process), emptied before the
 stage writes into it.
 """
 from __future__ import annotations
@@ -47,18 +48,23 @@ def model_tasks(p):
                      schemas=("model", "model_sections"), config={"model": cfg})
 
 
-def _build_task(p, stage: str, module: str, function: str, target: str, dtype: str, spec: dict, *,
-                config_key: str, doc: str, inputs, schemas, always: bool = False) -> dict:
-    """One model-stage sub-task for a (target, dtype) build: its record is ``<stage>.json`` in
-    ``artifacts/<version>/<stage>/<target>-<dtype>/``; long, so its progress lines are shown."""
+def _build_task(p, stage: str, module: str, function: str, target: str, dtype: str | None, spec: dict, *,
+                config_key: str, doc: str, inputs, schemas, always: bool = False, config: dict | None = None) -> dict:
+    """One model-stage sub-task for a (target, dtype) build, or for a whole target (``dtype``
+    None: a stage of :data:`laya_build.layout.TARGET_STAGES`): its record is ``<stage>.json``
+    in ``artifacts/<version>/<stage>/<target>-<dtype>/`` (``<stage>/<target>/``); long, so its
+    progress lines are shown.  ``config``: further keys of its up-to-date check."""
     out = p.layout.build_dir(stage, target, dtype)
-    return stage_task(p, basename=stage, name=build_name(target, dtype), doc=f"{doc} ({target}, {dtype})",
+    name = build_name(target, dtype)
+    return stage_task(p, basename=stage, name=name, doc=f"{doc} ({', '.join(filter(None, (target, dtype)))})",
                       module=f"laya_build.stages.{module}", function=function,
-                      spec={**spec, "out_dir": str(out)}, kwargs=True, label=f"{stage} {target}-{dtype}",
+                      spec={**spec, "out_dir": str(out)}, kwargs=True, label=f"{stage} {name}",
                       record=p.layout.build_record(stage, target, dtype), dirs=[out], inputs=inputs,
                       schemas=(stage, *schemas, "model_sections"),
-                      config={config_key: spec[config_key], "target": target, "dtype": dtype,
-                              **({"runtime": spec["runtime_cfg"]} if "runtime_cfg" in spec else {})},
+                      config={config_key: spec[config_key], "target": target,
+                              **({"dtype": dtype} if dtype is not None else {}),
+                              **({"runtime": spec["runtime_cfg"]} if "runtime_cfg" in spec else {}),
+                              **(config or {})},
                       always=always, verbosity=2, fork=fork_stage(stage, target))
 
 
@@ -148,14 +154,23 @@ def _verify_release_task(p) -> dict:
             "actions": [act], "uptodate": [False], "verbosity": 2}
 
 
+def builds_by_target(p) -> dict[str, list[str]]:
+    """target -> the dtypes of its packages, in the config's order."""
+    out: dict[str, list[str]] = {}
+    for target, dtype in model_builds(p):
+        out.setdefault(target, []).append(dtype)
+    return out
+
+
 def latency_tasks(p):
-    """Eager AMP / eager bf16 / torch.compile bf16 / package latency on the saved inputs."""
+    """Per target: eager AMP / eager bf16 / torch.compile bf16 once, then every package of the
+    target (and each behind the runtime's runner), on the saved inputs."""
     v = p.layout
     cfg = p.section("latency")
-    for target, dtype in model_builds(p):
-        pkg = v.build_record("aoti_package", target, dtype)
+    for target, dtypes in builds_by_target(p).items():
+        packages = [v.build_record("aoti_package", target, dtype) for dtype in dtypes]
         spec = {"latency_cfg": cfg, "runtime_cfg": p.section("runtime"), "checkpoint_dir": str(v.checkpoint_dir),
-                "inputs_path": str(v.inputs), "package_record_path": str(pkg), "target": target}
-        yield _build_task(p, "latency", "latency", "run_latency", target, dtype, spec, config_key="latency_cfg",
-                          doc="latency table of the package", inputs=[pkg, v.model_record],
-                          schemas=("aoti_package", "model"))
+                "inputs_path": str(v.inputs), "package_record_paths": [str(r) for r in packages], "target": target}
+        yield _build_task(p, "latency", "latency", "run_latency", target, None, spec, config_key="latency_cfg",
+                          doc="latency table of the target's packages", inputs=[*packages, v.model_record],
+                          schemas=("aoti_package", "model"), config={"dtypes": dtypes})

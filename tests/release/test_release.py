@@ -42,7 +42,8 @@ def released(tmp_path_factory):
 
 
 def _snapshot(vdir):
-    return {p.relative_to(vdir).as_posix(): (p.stat().st_mtime_ns, sha256_file(p)) for p in sorted(vdir.rglob("*")) if p.is_file()}
+    return {p.relative_to(vdir).as_posix(): (p.stat().st_mtime_ns, sha256_file(p))
+            for p in sorted(vdir.rglob("*")) if p.is_file()}
 
 
 def test_manifest_is_valid_and_every_hash_right(released):
@@ -58,6 +59,8 @@ def test_manifest_is_valid_and_every_hash_right(released):
         assert (vdir / rel).stat().st_size == entry["bytes"], rel
     assert listed["aoti_package/cpu-float32/aoti_package.json"]["task"] == "aoti_package:cpu-float32"
     assert listed["lower_c/rope.c"]["task"] == "lower_c:rope"
+    assert listed["latency/cpu/latency.json"]["task"] == "latency:cpu"  # one latency task per target
+    assert not [p for p in listed if p.startswith("latency/cpu-")]
     assert listed["REPORT.md"]["task"] == "release"
     assert not [p for p in listed if ".cache" in p or p.endswith(".tmp")], "compiler caches are never released"
     effective = json.loads((vdir / "pipeline.effective.json").read_text())
@@ -72,11 +75,13 @@ def test_report_is_readable(released):
     project, _ = released
     report = (project.version_dir() / "REPORT.md").read_text()
     for heading in ("# Release 0.1.0", "## Stages", "## CPU (C target) numerical checks", "## AOTInductor packages",
-                    "## Fresh-process verification", "## Runtime runner vs eager.pt", "## Latency cpu-float32"):
+                    "## Fresh-process verification", "## Runtime runner vs eager.pt", "## Latency cpu (median ms"):
         assert heading in report
     assert "Fresh verification process, time to its first answer" in report
     assert re.search(r"\| cpu-float32 \| padded_calls \| 1×32×8, 4×128×8 \| 0 \|", report)
-    assert "| batch | rows×tokens×slots | eager_amp | eager_bf16 | package | package_graphed |" in report
+    assert ("| batch | rows×tokens×slots | eager_amp | eager_bf16 | package (float32) | package_graphed (float32) |"
+            in report)
+    assert re.search(r"## Latency cuda\n\nskipped: target cuda: .*CUDA", report)
     assert re.search(r"Each figure rests on \d+ to \d+ timed calls", report)
     assert re.search(r"\| rope \| 2 \| [0-9.e-]+ \| 2e-06 \| exact \| pass \|", report)
     assert "| cuda-bfloat16 | skipped |" in report
@@ -203,7 +208,8 @@ def test_tampering_fails_verify_naming_the_file(released, tmp_path_factory, tamp
 def test_release_diff_lists_exactly_the_changed_kernel(released):
     project, _ = released
     rope = project.path / "kernels" / "rope.py"
-    text, n = re.subn(r"block_M: int = (\d+)", lambda m: f"block_M: int = {int(m.group(1)) * 2}", rope.read_text(), count=1)
+    text, n = re.subn(r"block_M: int = (\d+)", lambda m: f"block_M: int = {int(m.group(1)) * 2}", rope.read_text(),
+                      count=1)
     assert n == 1
     rope.write_text(text)
     project.commit("rope: larger row tile")
@@ -229,6 +235,10 @@ def test_release_diff_lists_exactly_the_changed_kernel(released):
     assert "## Verification deltas" in md and "## Latency" in md
     assert "## Runtime: fresh load to first answer and runner vs eager" in md
     assert {r["build"] for r in record["model"]["runtime"]} == {"cpu-float32"}
+    latency = {(r["target"], r["variant"]) for r in record["model"]["latency"]}
+    variants = ("eager_amp", "eager_bf16", "package (float32)", "package_graphed (float32)")
+    assert latency == {("cpu", v) for v in variants}
+    assert all(r["old_ms"] and r["new_ms"] for r in record["model"]["latency"])
     assert "| exported program identical | package identical |" in md
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from stage_build import DTYPES, FAST_TIMING
 
+from laya_build import model_report
 from laya_build.errors import (
     ConfigError,
     InputsMismatchError,
@@ -18,11 +20,13 @@ from laya_build.errors import (
     StageError,
     VerifyChildCrashError,
 )
-from laya_build.records import read_record, record_path, sha256_file
+from laya_build.records import read_record, record_path, sha256_file, validate
 from laya_build.stages.export import run_export
 from laya_build.stages.latency import run_latency
 from laya_build.stages.package import run_package
 from laya_build.stages.verify import run_verify
+
+EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence"
 
 
 def copy_package(build, dtype, dest):
@@ -162,11 +166,13 @@ def test_cuda_target_gives_skip_records(build, tmp_path, verify_cfg):
     pkg = run_package({}, tmp_path / "e", tmp_path / "p", "cuda")
     ver = run_verify(verify_cfg, tmp_path / "p" / "aoti_package.json", build.inputs, tmp_path / "e" / "eager.pt",
                      tmp_path / "v")
-    lat = run_latency({}, build.checkpoint, build.inputs, tmp_path / "p" / "aoti_package.json", tmp_path / "l", "cuda")
+    lat = run_latency({}, build.checkpoint, build.inputs, [tmp_path / "p" / "aoti_package.json"], tmp_path / "l",
+                      "cuda")
     for record, stage in ((exp, "export"), (pkg, "aoti_package"), (ver, "verify"), (lat, "latency")):
         assert record["status"] == "skipped" and record["target"] == "cuda" and "CUDA" in record["reason"]
         assert record == read_record(tmp_path / {"export": "e", "aoti_package": "p", "verify": "v",
                                                  "latency": "l"}[stage] / f"{stage}.json")
+    assert "dtype" not in lat  # one latency record for the whole target
     assert not (tmp_path / "e" / "exported.pt2").exists()
 
 
@@ -202,27 +208,155 @@ def test_export_checks_its_config(build, tmp_path):
         run_export({"example_batch": 0}, build.checkpoint, build.inputs, tmp_path, "cpu", "float32")
 
 
-def test_latency_stage(build, tmp_path):
-    cfg = {"timing": dict(FAST_TIMING)}
+@pytest.fixture(scope="module")
+def target_latency(build, tmp_path_factory):
+    """``latency`` of target cpu over both session packages, every default variant (the one
+    measurement of compiled_bf16 in these tests: its two compiles take ~90 s on 2 cores)."""
+    out = tmp_path_factory.mktemp("latency-cpu")
     runtime_cfg = {"buckets": {"cpu": [{"rows": 2, "tokens": 64, "slots": 3}]}}
-    record = run_latency(cfg, build.checkpoint, build.inputs, build.package_record("bfloat16"), tmp_path, "cpu",
-                         runtime_cfg=runtime_cfg)
-    assert record == read_record(tmp_path / "latency.json")
-    assert [v["name"] for v in record["variants"]] == ["eager_amp", "eager_bf16", "compiled_bf16", "package",
-                                                       "package_graphed"]
+    record = run_latency({"timing": dict(FAST_TIMING)}, build.checkpoint, build.inputs,
+                         [build.package_record(d) for d in DTYPES], out, "cpu", runtime_cfg=runtime_cfg)
+    return out, record
+
+
+def test_latency_stage(build, target_latency):
+    """One record for the target: eager AMP, eager bf16 and torch.compile bf16 measured once,
+    then package and package_graphed for each package dtype, each against eager AMP."""
+    out, record = target_latency
+    assert record == read_record(out / "latency.json")
+    assert record["target"] == "cpu" and "dtype" not in record and record["skipped_packages"] == []
+    assert [(v["name"], v.get("dtype")) for v in record["variants"]] == [
+        ("eager_amp", None), ("eager_bf16", None), ("compiled_bf16", None),
+        ("package", "float32"), ("package_graphed", "float32"),
+        ("package", "bfloat16"), ("package_graphed", "bfloat16")]
+    packages = {d: build.package_dir(d) / "decision.pt2" for d in DTYPES}
+    assert record["packages"] == [{"dtype": d, "sha256": sha256_file(packages[d])} for d in DTYPES]
     assert record["variants"][0]["parity_vs_eager_amp"] is None
     for variant in record["variants"]:
         assert len(variant["batches"]) == 3
         for b in variant["batches"]:
             assert b["latency"]["median_ms"] > 0 and b["latency"]["runs"] >= 1
-    graphed = record["variants"][-1]
-    assert graphed["runner"]["mode"] == "padded_calls" and graphed["runner"]["capture_s"] == 0
-    assert [b["bucket"] for b in graphed["batches"]] == [{"rows": 2, "tokens": 64, "slots": 3}] * 2 + [None]
-    package = record["variants"][-2]["parity_vs_eager_amp"]
-    for head in ("decision", "act"):  # padding changes nothing the argmax can see
-        assert graphed["parity_vs_eager_amp"][head]["argmax_agree"] == package[head]["argmax_agree"]
+        if variant["name"] != "eager_amp":
+            assert variant["parity_vs_eager_amp"]["decision"]["rows"] == 7
+    for dtype in DTYPES:
+        package, graphed = (v for v in record["variants"] if v.get("dtype") == dtype)
+        assert package["description"] == f"AOTInductor package ({dtype})"
+        assert graphed["runner"]["mode"] == "padded_calls" and graphed["runner"]["capture_s"] == 0
+        assert [b["bucket"] for b in graphed["batches"]] == [{"rows": 2, "tokens": 64, "slots": 3}] * 2 + [None]
+        for head in ("decision", "act"):  # padding changes nothing the argmax can see
+            assert (graphed["parity_vs_eager_amp"][head]["argmax_agree"]
+                    == package["parity_vs_eager_amp"][head]["argmax_agree"])
     assert record["timing"] == FAST_TIMING["cpu"]
-    table = (tmp_path / "latency.md").read_text()
+    table = (out / "latency.md").read_text()
+    assert table.startswith("# Latency: cpu\n")
+    assert f"Packages measured: float32 (sha256 {record['packages'][0]['sha256'][:16]}), bfloat16 " in table
     assert "| variant | what | batch 0 (1x32x2) | batch 1 (2x64x3) | batch 2 (4x512x8) |" in table
     assert "adaptive_autorange for 0.01 to 0.05 s" in table
-    assert table.count("\n| ") == 6
+    assert "| package (float32) | AOTInductor package (float32) |" in table
+    assert "| package_graphed (bfloat16) | AOTInductor package (bfloat16) behind the runtime:" in table
+    assert table.count("\n| compiled_bf16 |") == 1
+    assert table.count("\n| ") == 1 + 7  # the header, one row per variant
+
+
+def test_latency_lists_skipped_packages_and_skips_a_target_without_any(build, tmp_path, monkeypatch):
+    """A target's skipped package is named with its reason and the others are measured; a
+    target whose packages were all skipped gets a skip record."""
+    with monkeypatch.context() as m:
+        m.setenv("CXX", str(tmp_path / "no-such-c++"))
+        skipped = {d: run_package({}, build.export_dir(d), tmp_path / f"skipped-{d}", "cpu") for d in DTYPES}
+    assert all(r["status"] == "skipped" for r in skipped.values())
+    cfg = {"timing": dict(FAST_TIMING), "variants": ["eager_amp", "package", "package_graphed"]}
+    records = [build.package_record("float32"), tmp_path / "skipped-bfloat16" / "aoti_package.json"]
+    record = run_latency(cfg, build.checkpoint, build.inputs, records, tmp_path / "some", "cpu")
+    assert record == read_record(tmp_path / "some" / "latency.json")
+    assert [(v["name"], v.get("dtype")) for v in record["variants"]] == [
+        ("eager_amp", None), ("package", "float32"), ("package_graphed", "float32")]
+    assert [p["dtype"] for p in record["packages"]] == ["float32"]
+    reason = f"aoti_package skipped: {skipped['bfloat16']['reason']}"
+    assert record["skipped_packages"] == [{"dtype": "bfloat16", "reason": reason}]
+    assert "no C++ compiler" in reason
+    assert f"Not measured: the bfloat16 package ({reason})." in (tmp_path / "some" / "latency.md").read_text()
+
+    none = run_latency(cfg, build.checkpoint, build.inputs, [tmp_path / f"skipped-{d}" / "aoti_package.json"
+                                                             for d in DTYPES], tmp_path / "none", "cpu")
+    assert none == read_record(tmp_path / "none" / "latency.json")
+    assert none["status"] == "skipped" and none["target"] == "cpu" and "dtype" not in none
+    assert none["reason"] == (f"every package of target cpu was skipped: float32: aoti_package skipped: "
+                              f"{skipped['float32']['reason']}; bfloat16: {reason}")
+    assert sorted(p.name for p in (tmp_path / "none").iterdir()) == ["latency.json"]
+
+
+def test_latency_refuses_packages_it_cannot_measure(build, tmp_path):
+    """Before anything is measured: a package of another target, two packages of one dtype,
+    a package whose bytes are not its record's."""
+    args = (build.checkpoint, build.inputs)
+    with pytest.raises(StageError, match=r"aoti_package\.json is for target cpu, not cuda"):
+        run_latency({}, *args, [build.package_record("float32")], tmp_path / "a", "cuda")
+    with pytest.raises(StageError, match=r"two package records for cpu-float32: "):
+        run_latency({}, *args, [build.package_record("float32")] * 2, tmp_path / "b", "cpu")
+    with pytest.raises(StageError, match=r"latency of target cpu: no package record given"):
+        run_latency({}, *args, [], tmp_path / "c", "cpu")
+    pkg_dir = copy_package(build, "bfloat16", tmp_path / "pkg")
+    package = pkg_dir / "decision.pt2"
+    data = bytearray(package.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    package.write_bytes(bytes(data))
+    with pytest.raises(PackageIntegrityError, match=rf"{re.escape(str(package))}: sha256 {sha256_file(package)} "
+                                                    r"does not match the package record's \w+; refusing to load it"):
+        run_latency({}, *args, [build.package_record("float32"), pkg_dir / "aoti_package.json"], tmp_path / "d",
+                    "cpu")
+    for name in "abcd":
+        assert not (tmp_path / name / "latency.json").exists()
+    assert not (tmp_path / "d" / "latency_child.log").exists()  # nothing was started
+
+
+def per_build_records(record: dict) -> list[dict]:
+    """The per-(target, dtype) records the latency stage wrote before it measured per target:
+    the shared variants again in each, the package variants without a dtype of their own."""
+    common = {k: v for k, v in record.items() if k not in ("packages", "skipped_packages", "variants")}
+    shared = [v for v in record["variants"] if "dtype" not in v]
+    return [{**common, "dtype": p["dtype"], "package": {"sha256": p["sha256"]},
+             "variants": shared + [{k: v for k, v in var.items() if k != "dtype"}
+                                   for var in record["variants"] if var.get("dtype") == p["dtype"]]}
+            for p in record["packages"]]
+
+
+def test_reports_read_releases_made_before_latency_was_per_target(target_latency):
+    """REPORT.md and release_diff key latency by target; an older release's per-build records
+    (valid records still) label their variants with the build's dtype, so the package
+    variants line up with a new release's and nothing is lost."""
+    _, record = target_latency
+    old = per_build_records(record)
+    for r in old:
+        validate("latency", r)
+    new_recs = {"latency": [("latency/cpu/latency.json", record)]}
+    old_recs = {"latency": [(f"latency/cpu-{r['dtype']}/latency.json", r) for r in old]}
+    diff = model_report.diff(old_recs, new_recs)
+    rows = {(r["target"], r["variant"], r["batch"]): (r["old_ms"], r["new_ms"]) for r in diff["latency"]}
+    assert {t for t, _, _ in rows} == {"cpu"}
+    ms = {(model_report.variant_label(v), b["batch"]): b["latency"]["median_ms"]
+          for v in record["variants"] for b in v["batches"]}
+    for dtype in DTYPES:
+        for name in ("package", "package_graphed"):
+            for batch in range(3):  # the same measurement on both sides
+                key = (f"{name} ({dtype})", batch)
+                assert rows[("cpu", *key)] == (ms[key], ms[key])
+        for name in ("eager_amp", "eager_bf16", "compiled_bf16"):  # measured per build before: old only
+            assert rows[("cpu", f"{name} ({dtype})", 0)] == (ms[(name, 0)], None)
+    for name in ("eager_amp", "eager_bf16", "compiled_bf16"):
+        assert rows[("cpu", name, 0)] == (None, ms[(name, 0)])
+    assert len(rows) == len(diff["latency"]) == 3 * (7 + 2 * 3)
+    md = "\n".join(model_report.diff_sections(diff, "0.1.0", "0.2.0"))
+    assert "| cpu | package (float32) | 0 |" in md and "| cpu | eager_amp (bfloat16) | 0 |" in md
+    # REPORT.md of either release, and of the H200 evidence (per-build records, one of them
+    # from before figures recorded their calls)
+    report = "\n".join(model_report.sections(new_recs))
+    assert "## Latency cpu (median ms" in report and "| package (float32) | package_graphed (float32) |" in report
+    report = "\n".join(model_report.sections(old_recs))
+    assert "## Latency cpu-float32 (median ms" in report and "## Latency cpu-bfloat16 (median ms" in report
+    assert "| eager_amp (bfloat16) | eager_bf16 (bfloat16) | compiled_bf16 (bfloat16) | package (bfloat16) |" in report
+    evidence = [json.loads((EVIDENCE / name).read_text()) for name in
+                ("2026-11-29-h200-latency.json", "2026-11-30-h200-runtime/latency.json")]
+    report = "\n".join(model_report.sections({"latency": [(f"e{i}", r) for i, r in enumerate(evidence)]}))
+    assert report.count("## Latency cuda-bfloat16 (median ms") == 2
+    assert "| compiled_bf16 (bfloat16) |" in report and "package_graphed (bfloat16): cuda_graphs" in report
