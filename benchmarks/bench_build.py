@@ -5,10 +5,11 @@ measured build starts cold and the checkout's own artifacts are untouched) with 
 pipeline.yaml, and prints one Markdown table plus the machine.  Wall-clock times of whole
 commands, as a release engineer sees them; the machine should be otherwise idle.
 
-Cold means cold everywhere: every command runs with its own empty ``TMPDIR``, so the
-per-user compiler caches that outlive a build (Inductor's precompiled headers under
+By default cold means cold everywhere: every command runs with its own empty ``TMPDIR``,
+so the per-user compiler caches that outlive a build (Inductor's precompiled headers under
 ``$TMPDIR/torchinductor_<user>``, the CPU-ISA checks under ``$TMPDIR/laya-build-<uid>``)
-start empty too.
+start empty too.  ``--warm-caches`` keeps the user's ``TMPDIR`` (a new checkout on a machine
+that has built before: the artifacts are cold, those compiler caches are not).
 
     .venv/bin/python benchmarks/bench_build.py [--keep DIR] [--repeat N]
 """
@@ -42,8 +43,11 @@ def copy_checkout(dest: Path) -> None:
         subprocess.run(["git", *cmd], cwd=dest, env=env, check=True, capture_output=True)
 
 
+TMPDIR: dict[str, str] = {}  # {"TMPDIR": <the benchmark's own>} unless --warm-caches
+
+
 def timed(dest: Path, *args: str) -> tuple[float, str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(dest / ".bench-tmp")}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **TMPDIR}
     env.pop("PYTHONPATH", None)
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=dest, env=env, capture_output=True, text=True)
@@ -61,12 +65,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", type=Path, help="build in this (empty) folder and keep it")
     parser.add_argument("--repeat", type=int, default=5, help="runs of the quick commands (median)")
+    parser.add_argument("--warm-caches", action="store_true",
+                        help="keep the user's TMPDIR (warm per-user compiler caches)")
     args = parser.parse_args()
     dest = args.keep or Path(tempfile.mkdtemp(prefix="laya-bench-"))
     dest.mkdir(parents=True, exist_ok=True)
     copy_checkout(dest)
-    (dest / ".bench-tmp").mkdir()
+    if not args.warm_caches:
+        (dest / ".bench-tmp").mkdir()
+        TMPDIR["TMPDIR"] = str(dest / ".bench-tmp")
     rows = []
+    load_before = os.getloadavg()[0]
     cold, out = timed(dest, "release")
     rows.append(("cold `doit release` (default pipeline.yaml)", cold, executed(out)))
     kernels, out = timed(dest, "version=0.2.0")  # an unreleased version for the iteration loop
@@ -83,7 +92,8 @@ def main() -> int:
     rope.write_text(original)
     print(f"# laya-build build benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}, load average before: {os.getloadavg()[0]:.2f}")
+          f"Python {platform.python_version()}, load average before: {load_before:.2f}; compiler caches: "
+          f"{'warm (the user TMPDIR)' if args.warm_caches else 'empty (own TMPDIR)'}")
     print()
     print("| what | wall s | tasks run |")
     print("|---|---:|---:|")
