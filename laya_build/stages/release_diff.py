@@ -58,18 +58,21 @@ def run_release_diff(spec: dict) -> dict:
     shutil.rmtree(out, ignore_errors=True)  # a fresh report, no diff of an earlier one
     old_files = {f["path"]: f for f in old_m["files"]}
     new_files = {f["path"]: f for f in new_m["files"]}
+    both = set(old_files) & set(new_files)
     files = {
         "added": sorted(set(new_files) - set(old_files)),
         "removed": sorted(set(old_files) - set(new_files)),
-        "changed": sorted(n for n in set(old_files) & set(new_files) if old_files[n]["sha256"] != new_files[n]["sha256"]),
-        "unchanged": len([n for n in set(old_files) & set(new_files) if old_files[n]["sha256"] == new_files[n]["sha256"]]),
+        "changed": sorted(n for n in both if old_files[n]["sha256"] != new_files[n]["sha256"]),
+        "unchanged": len([n for n in both if old_files[n]["sha256"] == new_files[n]["sha256"]]),
     }
     cuda = _sources(old_dir, new_dir, old_files, new_files, "cuda/", ".cu", out, spec["out_rel"])
     csrc = _sources(old_dir, new_dir, old_files, new_files, "lower_c/", ".c", out, spec["out_rel"])
     record = {
         "stage": "release_diff",
-        "old": {"version": spec["old"], "commit": old_m["git"]["commit"], "pipeline_sha256": old_m["pipeline"]["sha256"]},
-        "new": {"version": spec["new"], "commit": new_m["git"]["commit"], "pipeline_sha256": new_m["pipeline"]["sha256"]},
+        "old": {"version": spec["old"], "commit": old_m["git"]["commit"],
+                "pipeline_sha256": old_m["pipeline"]["sha256"]},
+        "new": {"version": spec["new"], "commit": new_m["git"]["commit"],
+                "pipeline_sha256": new_m["pipeline"]["sha256"]},
         "files": files,
         "cuda_sources": cuda,
         "c_sources": csrc,
@@ -89,19 +92,22 @@ def run_release_diff(spec: dict) -> dict:
 def render(record: dict) -> str:
     old, new = record["old"]["version"], record["new"]["version"]
     s = record["summary"]
+    same_config = record["old"]["pipeline_sha256"] == record["new"]["pipeline_sha256"]
     parts = [f"# Release diff {old} → {new}\n",
              f"- commits: `{record['old']['commit']}` → `{record['new']['commit']}`",
-             f"- pipeline config: {'same' if record['old']['pipeline_sha256'] == record['new']['pipeline_sha256'] else 'changed'}",
+             f"- pipeline config: {'same' if same_config else 'changed'}",
              f"- files: {len(record['files']['changed'])} changed, {len(record['files']['added'])} added, "
              f"{len(record['files']['removed'])} removed, {record['files']['unchanged']} unchanged",
              f"- CUDA sources changed: {', '.join(s['cuda_changed']) or 'none'}",
              f"- C sources changed: {', '.join(s['c_changed']) or 'none'}",
              f"- TIR changed: {', '.join(s['tir_changed']) or 'none'}\n"]
     for title, rows in (("CUDA sources", record["cuda_sources"]), ("C sources", record["c_sources"])):
-        parts += [f"## {title}\n", table(["file", "status", "first differing byte", "diff"],
-                                         [[r["file"], r["status"], r.get("first_diff_offset"), r.get("diff")] for r in rows])]
+        parts += [f"## {title}\n",
+                  table(["file", "status", "first differing byte", "diff"],
+                        [[r["file"], r["status"], r.get("first_diff_offset"), r.get("diff")] for r in rows])]
     parts += ["## TIR structural hashes\n",
-              table(["kernel", old, new, "changed"], [[r["kernel"], r["old"], r["new"], r["changed"]] for r in record["tir"]])]
+              table(["kernel", old, new, "changed"],
+                    [[r["kernel"], r["old"], r["new"], r["changed"]] for r in record["tir"]])]
     parts += model_report.diff_sections(record["model"], old, new)
     for kind in ("changed", "added", "removed"):
         if record["files"][kind]:
