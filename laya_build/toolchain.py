@@ -101,17 +101,25 @@ def tool_path(role: str) -> str | None:
 
 
 @functools.cache
+def _version_lines(exe: str) -> list[str] | str:
+    """The non-empty lines ``<exe> --version`` prints, or the name of the error that stopped it."""
+    try:
+        proc = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return type(exc).__name__
+    return [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+
+
+@functools.cache
 def tool_identity(role: str) -> str | None:
     """First (nvcc: last) line of ``<compiler> --version`` for a role of :data:`TOOLS`;
     None where no such compiler is installed."""
     exe = tool_path(role)
     if exe is None:
         return None
-    try:
-        proc = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{exe}: {type(exc).__name__}"
-    lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    lines = _version_lines(exe)
+    if isinstance(lines, str):
+        return f"{exe}: {lines}"
     if not lines:
         return exe
     return f"{exe}: {lines[-1] if role == 'nvcc' else lines[0]}"
@@ -150,10 +158,8 @@ def versions() -> dict:
     import torch
 
     cxx = tool_path("cxx")
-    cxx_version = None
-    if cxx:
-        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
-        cxx_version = (out.stdout.splitlines() or [""])[0] or None
+    lines = _version_lines(cxx) if cxx else []
+    cxx_version = lines[0] if lines and isinstance(lines, list) else None
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
