@@ -96,7 +96,11 @@ def export_program(model, inputs: dict, program: Program, cfg: dict, device: str
 
 
 def run_export(export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: str,
-               dtype: str) -> dict:
+               dtype: str, *, fresh_process: bool = False) -> dict:
+    """Export (or skip, with the reason) ``target`` x ``dtype``.  A CUDA export that can run
+    initialises CUDA, which a process forked from one that imported torch must not do: unless
+    ``fresh_process`` says this already is a fresh interpreter, it runs in one
+    (:func:`laya_build.isolate.run`) and this process only decides whether to skip."""
     from ..model.batches import BATCH_KEYS, DimsError, check_export_layout
     from ..model.checkpoint import WEIGHTS, load_checkpoint
     from ..model.decision import eval_copy
@@ -111,6 +115,13 @@ def run_export(export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: s
     out = Path(out_dir)
     if reason := unsupported_reason(target):
         return skip("export", out, reason, target=target, dtype=dtype)
+    if target == "cuda" and not fresh_process:
+        from ..isolate import run as run_process
+
+        spec = {"export_cfg": export_cfg, "checkpoint_dir": str(checkpoint_dir), "inputs_path": str(inputs_path),
+                "out_dir": str(out_dir), "target": target, "dtype": dtype, "fresh_process": True}
+        return run_process("laya_build.stages.export", "run_export", spec, kwargs=True, result=True,
+                           label=f"torch.export ({target}, {dtype})", reraise=True)
 
     inputs = load_inputs(inputs_path)
     try:  # the rules pipeline.yaml was checked against at load, now on the saved tensors

@@ -14,6 +14,7 @@ from doit import get_var
 
 from .. import PROJECT_ROOT
 from .. import config as config_mod
+from . import dispatch
 from .kernels import cuda_diff_tasks, cuda_source_tasks, lower_c_tasks, probe_c_tasks, tir_tasks
 from .model import aoti_package_tasks, export_tasks, latency_tasks, model_builds, model_tasks, verify_tasks
 from .release import STAGE_GENERATORS, release_diff_task, release_task
@@ -21,6 +22,8 @@ from .release import STAGE_GENERATORS, release_diff_task, release_task
 __all__ = ["load_pipeline", "doit_config", "tir_tasks", "probe_c_tasks", "lower_c_tasks", "cuda_source_tasks",
            "cuda_diff_tasks", "model_tasks", "export_tasks", "aoti_package_tasks", "verify_tasks", "latency_tasks",
            "release_task", "release_diff_task", "model_builds", "STAGE_GENERATORS"]
+
+dispatch.install()  # a task whose dependencies just finished starts first (see dispatch)
 
 DEFAULT_TASKS = ["tir", "probe_c", "lower_c", "cuda_source", "cuda_diff"]
 

@@ -1,9 +1,10 @@
 """Model stage tasks: model -> export -> aoti_package -> verify, latency.
 
-Each stage runs in a child forked from the pre-imported fork server (:mod:`laya_build.isolate`),
-except a CUDA export, which initialises CUDA itself and gets a fresh interpreter; the stages
-that compile, verify or time a package start their own fresh interpreter for that
-(:mod:`laya_build.children`).  One folder per (target, dtype) build (per target for
+Each stage runs in a child forked from the pre-imported fork server (:mod:`laya_build.isolate`);
+what initialises CUDA or compiles, verifies or times a package runs in a fresh interpreter the
+stage starts for it (:mod:`laya_build.children`; a CUDA export:
+:func:`laya_build.stages.export.run_export`), only once the stage knows it will run (a skip is
+decided in the forked child).  One folder per (target, dtype) build (per target for
 ``latency``, which measures every package of a target in one process), emptied before the
 stage writes into it.
 """
@@ -65,13 +66,7 @@ def _build_task(p, stage: str, module: str, function: str, target: str, dtype: s
                               **({"dtype": dtype} if dtype is not None else {}),
                               **({"runtime": spec["runtime_cfg"]} if "runtime_cfg" in spec else {}),
                               **(config or {})},
-                      always=always, verbosity=2, fork=fork_stage(stage, target))
-
-
-def fork_stage(stage: str, target: str) -> bool:
-    """Whether a stage process may be forked from the fork server: all but one that uses CUDA
-    in its own process (a CUDA export; the others hand CUDA work to a fresh child)."""
-    return not (stage == "export" and target == "cuda")
+                      always=always, verbosity=2, fork=True)
 
 
 def export_tasks(p):

@@ -36,9 +36,21 @@ def owners(p) -> dict[str, str]:
     return out
 
 
+def build_order() -> list[str]:
+    """The stages in the order ``release`` asks for them, which is the order doit starts their
+    tasks in: the model chain first (model -> export -> aoti_package -> latency, verify: each
+    waits for the one before, and it holds the longest tasks, the compiles), then the kernel
+    stages, whose short tasks depend on neither the chain nor each other and fill the cores the
+    chain leaves.  Started last, the chain ran alone after them: a cold release took 230 s
+    instead of (measured, README) with the chain first."""
+    chain = [g for g in STAGE_GENERATORS if g.__module__ == model.__name__]
+    chain.sort(key=lambda g: g is model.verify_tasks)  # latency (long) before verify (short)
+    return [stage_name(g) for g in chain + [g for g in STAGE_GENERATORS if g not in chain]]
+
+
 def release_task(p) -> dict:
     """Build every stage for the version, then write REPORT.md and manifest.json (last)."""
-    stages = [stage_name(gen) for gen in STAGE_GENERATORS]
+    stages = build_order()
     if release.state(p.version_dir) in ("released", "damaged"):
         stages = []  # nothing may run against a released version; the action refuses
 

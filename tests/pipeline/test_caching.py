@@ -8,6 +8,8 @@ import pytest
 from laya_build.records import read_record
 from tests.pipeline.project import Project
 
+pytestmark = pytest.mark.build(seconds=45)  # kernel builds and re-runs
+
 STAGES = ("tir", "probe_c", "lower_c", "cuda_source", "cuda_diff")
 
 

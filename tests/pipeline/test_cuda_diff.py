@@ -8,6 +8,8 @@ import pytest
 from laya_build.records import read_record
 from tests.pipeline.project import Project
 
+pytestmark = pytest.mark.build(seconds=30)  # kernel builds against baselines
+
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):

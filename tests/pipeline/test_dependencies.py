@@ -29,6 +29,8 @@ import pytest
 from laya_build.records import read_record
 from tests.pipeline.project import Project
 
+pytestmark = pytest.mark.build(seconds=140)  # a traced build, then one edit at a time
+
 TRACER = Path(__file__).with_name("tracer")
 PROJECT_DIRS = ("laya_build", "kernels", "schemas")
 

@@ -13,6 +13,8 @@ import pytest
 from laya_build.records import read_record, sha256_file
 from tests.pipeline.project import Project
 
+pytestmark = pytest.mark.build(seconds=120)  # the default kernel build, serial and parallel
+
 KERNEL_STAGES = ("tir", "probe_c", "lower_c", "cuda_source", "cuda_diff")
 SERIAL_KERNELS = ("geglu", "rope")  # the serial build's kernels: two, to keep it short
 TIMING_KEYS = {"elapsed_s", "compile_s"}

@@ -25,6 +25,8 @@ from laya_build.records import read_record, sha256_file
 from tests.pipeline.project import Project
 from tests.pipeline.test_dependencies import small
 
+pytestmark = pytest.mark.build(seconds=200)  # builds killed at five points beside another checkout's build
+
 BUILD = ("tir", "probe_c", "lower_c", "cuda_diff", "aoti_package", "verify")  # in the order doit -n 1 runs them
 
 

@@ -12,6 +12,8 @@ from laya_build.records import read_record, sha256_file
 from tests.pipeline.project import Project
 from tests.upstream_checkpoint import upstream_agent, upstream_forward, write_upstream_checkpoint
 
+pytestmark = pytest.mark.build(seconds=140)  # two releases
+
 
 def small_release_config(cfg: dict, checkpoint) -> None:
     """Two kernels, one dtype, the fp32 CPU package only, few timed forwards: a whole release

@@ -26,6 +26,8 @@ from laya_build.stages.latency import run_latency
 from laya_build.stages.package import run_package
 from laya_build.stages.verify import run_verify
 
+pytestmark = pytest.mark.build(seconds=210)  # two CPU packages, torch.compile latency
+
 EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence"
 
 

@@ -1,0 +1,31 @@
+"""The order doit starts ready tasks in: a task whose dependencies just finished goes first.
+
+doit keeps one queue of ready tasks and appends to its end both the tasks that are ready
+from the start and those a finished dependency unblocks.  In a cold ``doit release`` the 57
+kernel tasks are ready at once, so the model chain (model -> export -> aoti_package ->
+latency, verify: the long compiles, each waiting for the one before) stalled behind all of
+them: its first export started after 76 s of kernel work and the chain then ran alone at the
+end (one core busy for minutes of a 2-core machine).  Putting the unblocked task at the front
+keeps a started chain going (depth-first), and the independent tasks fill the other cores.
+
+This changes one method of doit's ``TaskDispatcher`` (doit 0.37.0, pinned in requirements.txt):
+the queue is a ``collections.deque``; the patched method runs doit's own and moves what it
+appended to the front, in order.  Which tasks run, and what each depends on, is unchanged.
+"""
+from __future__ import annotations
+
+from doit import control
+
+_ORIGINAL = control.TaskDispatcher._update_waiting
+
+
+def _update_waiting_unblocked_first(self, processed):
+    before = len(self.ready)
+    _ORIGINAL(self, processed)
+    unblocked = [self.ready.pop() for _ in range(len(self.ready) - before)]  # last first
+    self.ready.extendleft(unblocked)  # front, in the order doit unblocked them
+
+
+def install() -> None:
+    """Idempotent: the dispatcher of this process starts unblocked tasks first."""
+    control.TaskDispatcher._update_waiting = _update_waiting_unblocked_first
