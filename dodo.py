@@ -62,7 +62,7 @@ def task_verify():
 
 
 def task_latency():
-    """Latency table per target: eager AMP, eager bf16, torch.compile bf16 once, then each package."""
+    """Latency table per target: eager AMP, eager bf16 (torch.compile bf16 on cuda) once, then each package."""
     yield from tasks.latency_tasks(PIPELINE)
 
 

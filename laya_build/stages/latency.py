@@ -1,4 +1,5 @@
-"""Stage ``latency``, once per target: eager AMP, eager explicit bf16, ``torch.compile`` bf16,
+"""Stage ``latency``, once per target: the target's ``latency.variants`` of eager AMP, eager
+explicit bf16 and ``torch.compile`` bf16 (by default on CUDA only: :func:`target_variants`),
 then every package of the target, plain and behind the serving runtime (``package_graphed``).
 
 The eager and compiled variants depend only on the checkpoint, the inputs, the target and
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from ..atomic import write_text
 from ..buckets import parse_buckets
-from ..errors import StageError
+from ..errors import ConfigError, StageError
 from ..isolate import inductor_cache, vec_isa_root
 from ..isolate import run as run_process
 from ..model_report import variant_label
@@ -85,6 +86,16 @@ def markdown(record: dict, shapes: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def target_variants(cfg: dict, target: str) -> list[str]:
+    """``latency.variants`` of ``target``: the list, or the target's entry of a per-target mapping."""
+    variants = cfg["variants"]
+    if isinstance(variants, list):
+        return variants
+    if target not in variants:
+        raise ConfigError(f"latency.variants has no list for target {target} (it lists {', '.join(variants)})")
+    return variants[target]
+
+
 def _package_records(paths, target: str) -> list[tuple[Path, dict]]:
     """The target's package records (read and validated), one per dtype."""
     records, seen = [], {}
@@ -125,7 +136,8 @@ def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_p
 
     buckets = runtime["buckets"].get(target, [])
     packages = []
-    if any(name in PACKAGE_VARIANTS for name in cfg["variants"]):
+    measured = target_variants(cfg, target)
+    if any(name in PACKAGE_VARIANTS for name in measured):
         for path, pkg in records:
             if pkg["status"] != "ok":
                 continue
@@ -139,8 +151,8 @@ def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_p
     out.mkdir(parents=True, exist_ok=True)
     job = {
         "checkpoint": str(checkpoint_dir), "inputs": str(inputs_path), "device": target,
-        "variants": [n for n in cfg["variants"] if n not in PACKAGE_VARIANTS],
-        "package_variants": [n for n in cfg["variants"] if n in PACKAGE_VARIANTS],
+        "variants": [n for n in measured if n not in PACKAGE_VARIANTS],
+        "package_variants": [n for n in measured if n in PACKAGE_VARIANTS],
         "amp_dtype": cfg["amp_dtype"], "compile": cfg["compile"], "timing": timing, "packages": packages,
         "preload": cfg["preload"].get(target, []), "vec_isa_root": str(vec_isa_root()),
         "runtime": {"buckets": buckets, "capture_warmup": runtime["capture_warmup"]},

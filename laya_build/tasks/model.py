@@ -158,8 +158,8 @@ def builds_by_target(p) -> dict[str, list[str]]:
 
 
 def latency_tasks(p):
-    """Per target: eager AMP / eager bf16 / torch.compile bf16 once, then every package of the
-    target (and each behind the runtime's runner), on the saved inputs."""
+    """Per target: the eager (and, on cuda by default, torch.compile) variants once, then every
+    package of the target (and each behind the runtime's runner), on the saved inputs."""
     v = p.layout
     cfg = p.section("latency")
     for target, dtypes in builds_by_target(p).items():

@@ -21,8 +21,9 @@ from laya_build.errors import (
     VerifyChildCrashError,
 )
 from laya_build.records import read_record, record_path, sha256_file, validate
+from laya_build.sections import section
 from laya_build.stages.export import run_export
-from laya_build.stages.latency import run_latency
+from laya_build.stages.latency import run_latency, target_variants
 from laya_build.stages.package import run_package
 from laya_build.stages.verify import run_verify
 
@@ -213,11 +214,13 @@ def test_export_checks_its_config(build, tmp_path):
 
 @pytest.fixture(scope="module")
 def target_latency(build, tmp_path_factory):
-    """``latency`` of target cpu over both session packages, every default variant (the one
-    measurement of compiled_bf16 in these tests: its two compiles take ~90 s on 2 cores)."""
+    """``latency`` of target cpu over both session packages, every variant: compiled_bf16 is
+    listed for cpu (per-target ``variants``; the cpu default leaves it out) — the one
+    measurement of compiled_bf16 in these tests: its two compiles take 60-90 s on 2 cores."""
     out = tmp_path_factory.mktemp("latency-cpu")
     runtime_cfg = {"buckets": {"cpu": [{"rows": 2, "tokens": 64, "slots": 3}]}}
-    record = run_latency({"timing": dict(FAST_TIMING)}, build.checkpoint, build.inputs,
+    variants = {"cpu": ["eager_amp", "eager_bf16", "compiled_bf16", "package", "package_graphed"]}
+    record = run_latency({"timing": dict(FAST_TIMING), "variants": variants}, build.checkpoint, build.inputs,
                          [build.package_record(d) for d in DTYPES], out, "cpu", runtime_cfg=runtime_cfg)
     return out, record
 
@@ -287,6 +290,24 @@ def test_latency_lists_skipped_packages_and_skips_a_target_without_any(build, tm
     assert none["reason"] == (f"every package of target cpu was skipped: float32: aoti_package skipped: "
                               f"{skipped['float32']['reason']}; bfloat16: {reason}")
     assert sorted(p.name for p in (tmp_path / "none").iterdir()) == ["latency.json"]
+
+
+def test_latency_variants_per_target():
+    """A list is every target's; a mapping is per target, merged over the defaults (cpu without
+    compiled_bf16, cuda with it); a wrong name is named with its key path."""
+    defaults = section("latency", {})
+    assert target_variants(defaults, "cpu") == ["eager_amp", "eager_bf16", "package", "package_graphed"]
+    assert target_variants(defaults, "cuda") == ["eager_amp", "eager_bf16", "compiled_bf16", "package",
+                                                  "package_graphed"]
+    listed = section("latency", {"variants": ["eager_amp", "package"]})
+    assert target_variants(listed, "cpu") == target_variants(listed, "cuda") == ["eager_amp", "package"]
+    cpu_only = section("latency", {"variants": {"cpu": ["package"]}})
+    assert target_variants(cpu_only, "cpu") == ["package"]
+    assert target_variants(cpu_only, "cuda") == target_variants(defaults, "cuda")
+    with pytest.raises(ConfigError, match=r"latency\.variants"):
+        section("latency", {"variants": {"cpu": ["compiled_fp8"]}})
+    with pytest.raises(ConfigError, match=r"latency\.variants"):
+        section("latency", {"variants": {"tpu": ["package"]}})
 
 
 def test_latency_refuses_packages_it_cannot_measure(build, tmp_path):
