@@ -41,8 +41,9 @@ def build_order() -> list[str]:
     tasks in: the model chain first (model -> export -> aoti_package -> latency, verify: each
     waits for the one before, and it holds the longest tasks, the compiles), then the kernel
     stages, whose short tasks depend on neither the chain nor each other and fill the cores the
-    chain leaves.  Started last, the chain ran alone after them: a cold release took 230 s
-    instead of (measured, README) with the chain first."""
+    chain leaves.  Started after them (before 2026-11-30), the chain ran alone at the end, one
+    core busy for its compiles; with the chain first (and doit starting unblocked tasks first,
+    :mod:`.dispatch`) the kernel stages are the tail, on both cores (README, "Build speed")."""
     chain = [g for g in STAGE_GENERATORS if g.__module__ == model.__name__]
     chain.sort(key=lambda g: g is model.verify_tasks)  # latency (long) before verify (short)
     return [stage_name(g) for g in chain + [g for g in STAGE_GENERATORS if g not in chain]]
