@@ -2,7 +2,8 @@
 
 This package is the only code that knows doit: :mod:`.common` (the one stage-task builder,
 derived dependencies, actions), :mod:`.checks` (outputs and toolchain up-to-date checks),
-:mod:`.kernels`, :mod:`.model` and :mod:`.release` (the task generators).  Building the
+:mod:`.kernels`, :mod:`.model` and :mod:`.release` (the task generators), :mod:`.dispatch`
+(the order doit starts ready tasks in).  Building the
 graph imports no torch, tilelang or transformers.
 """
 from __future__ import annotations
