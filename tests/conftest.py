@@ -78,5 +78,5 @@ def pytest_collection_modifyitems(config, items):
     first: dict[str, int] = {}
     for i, item in enumerate(items):
         first.setdefault(work_unit(item.nodeid), i)
-    order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda it: (-cost[work_unit(it.nodeid)], first[work_unit(it.nodeid)], order[id(it)]))
+    # a stable sort: within a unit, collection order
+    items.sort(key=lambda it: (-cost[work_unit(it.nodeid)], first[work_unit(it.nodeid)]))
