@@ -11,12 +11,13 @@ environment (an empty Inductor cache, ``AOTI_RUNTIME_CHECK_INPUTS=1``), log file
 Two ways to start that process, one protocol:
 
 * fresh (default): a new interpreter, ``python -m laya_build.isolate``;
-* ``fork=True``: a child forked from a *fork server*, an interpreter started once per doit
-  process that imports torch and TileLang (5-12 s) and nothing of the project, then forks
-  one child per request.  Each child starts from that same clean state, so no generation
-  sees another's (the bytes equal a fresh interpreter's: tested), a crash takes only the
-  child down, and CUDA is never initialised in the server (a child may initialise it: the
-  server never did).
+* ``fork=True``: a child forked from a *fork server*, an interpreter started once per build
+  (on first use; doit's parallel workers share it, :func:`share_servers`) that imports torch
+  and TileLang (3-12 s) and nothing of the project, then forks one child per request, any
+  number at once.  Each child starts from that same clean state, so no generation sees
+  another's (the bytes equal a fresh interpreter's: tested), a crash takes only the child
+  down, and CUDA is never initialised in the server (a child may initialise it: the server
+  never did).
 
 Protocol: the parent sends ``{"module", "function", "spec", "record", "result"}`` as JSON;
 the child imports ``module``, calls ``function(spec)`` (``function(**spec)`` for
@@ -30,13 +31,17 @@ the parent raises :class:`StageFailed` with it, or with ``reraise`` the child's 
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
+import hashlib
 import importlib
 import json
 import os
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -97,7 +102,7 @@ def run(module: str, function: str, spec: dict, *, record: str | os.PathLike | N
             _log(f"[laya] {what}: started (log {log_path.name})")
         start = time.perf_counter()
         if fork:
-            returncode = _server(env).run(request, log_path, show=not log)
+            returncode = _fork_run(request, env, log_path, show=not log)
         else:
             returncode = _run_fresh(request, env, log_path, show=not log, timeout=timeout, what=what)
         if log:
@@ -165,48 +170,88 @@ def _run_fresh(request: dict, env: dict | None, log_path: Path, *, show: bool, t
     return proc.returncode
 
 
-class ForkServer:
-    """A pre-imported interpreter that forks one child per request (see the module doc).
+class ServerPlace:
+    """Where the fork servers of one build live: a private folder for their sockets and start
+    locks, and a pipe whose read end each server watches.  The write end stays open in the
+    process that made the place and in every process forked from it (doit's workers): when
+    the last of them ends, however it ends, the servers see end-of-file and exit."""
 
-    Requests go as JSON lines on its stdin; it answers each with one JSON line
-    ``{"returncode": <exit status, or -signal>}`` once the child has ended.  The child's
-    stdout and stderr go to the request's log file.  The server ends when its stdin closes
-    (the doit process ended, however it ended)."""
+    def __init__(self):
+        folder = tempfile.mkdtemp(prefix="laya-forkserver-")
+        if len(folder) > 80:  # a Unix socket path has ~107 bytes
+            folder = tempfile.mkdtemp(prefix="laya-forkserver-", dir="/tmp")
+        self.folder = Path(folder)
+        self.life_r, self.life_w = os.pipe()
+        self.owner = os.getpid()
+        atexit.register(self._remove)
 
-    def __init__(self, env: dict | None):
-        self.proc = subprocess.Popen([sys.executable, "-m", "laya_build.isolate", "--server"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=PROJECT_ROOT,
-                                     env=child_env(env))
-        self.lock = threading.Lock()
+    def _remove(self) -> None:
+        if os.getpid() == self.owner:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
-    def run(self, request: dict, log_path: Path, *, show: bool) -> int:
-        log_path.write_text("")
-        with self.lock:
-            self.proc.stdin.write(json.dumps({**request, "log": str(log_path)}) + "\n")
-            self.proc.stdin.flush()
-            answer = self.proc.stdout.readline()
-        if not answer:
-            raise StageFailed(f"the stage fork server died (exit status {self.proc.poll()})")
-        returncode = json.loads(answer)["returncode"]
-        if show and returncode == 0:
-            text = log_path.read_text(encoding="utf-8", errors="replace")
-            out = [ln for ln in text.splitlines() if ln and not ln.startswith(ERROR_PREFIX)]
-            if out:
-                print("\n".join(out), flush=True)
-        return returncode
+    def socket_path(self, env: dict | None) -> Path:
+        key = hashlib.sha256(json.dumps(env or {}, sort_keys=True).encode()).hexdigest()[:16]
+        return self.folder / f"{key}.sock"
+
+    def connect(self, env: dict | None) -> socket.socket:
+        """A connection to the server for ``env``, started first if no server answers (under a
+        lock: two workers asking at once start one server)."""
+        path = self.socket_path(env)
+        with open(path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                return _connect(path)
+            except (FileNotFoundError, ConnectionRefusedError):
+                pass
+            proc = subprocess.Popen([sys.executable, "-m", "laya_build.isolate", "--server", str(path),
+                                     str(self.life_r)], stdout=subprocess.PIPE, text=True, cwd=PROJECT_ROOT,
+                                    stdin=subprocess.DEVNULL, env=child_env(env), pass_fds=(self.life_r,))
+            ready = proc.stdout.readline()  # listening (its imports follow; requests queue meanwhile)
+            proc.stdout.close()
+            if ready.strip() != "listening":
+                raise StageFailed(f"the stage fork server did not start (exit status {proc.wait()})")
+            return _connect(path)
 
 
-_SERVERS: dict[str, ForkServer] = {}
+def _connect(path: Path) -> socket.socket:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(str(path))
+    except OSError:
+        conn.close()
+        raise
+    return conn
 
 
-def _server(env: dict | None) -> ForkServer:
-    """This process's fork server for ``env`` (started on first use; a forked doit worker
-    starts its own: a server is never shared across a fork)."""
-    key = f"{os.getpid()}:{json.dumps(env or {}, sort_keys=True)}"
-    server = _SERVERS.get(key)
-    if server is None or server.proc.poll() is not None:
-        server = _SERVERS[key] = ForkServer(env)
-    return server
+_PLACE: ServerPlace | None = None
+
+
+def share_servers() -> None:
+    """Make this process's server place now, so that processes forked from it later (doit's
+    parallel workers) share its fork servers: one server's imports per build, not per worker."""
+    global _PLACE
+    if _PLACE is None:
+        _PLACE = ServerPlace()
+
+
+def _fork_run(request: dict, env: dict | None, log_path: Path, *, show: bool) -> int:
+    """Send ``request`` to the fork server for ``env`` (one connection per request: workers
+    ask concurrently) and return the child's exit status (``-signal`` if killed)."""
+    share_servers()
+    log_path.write_text("")
+    with _PLACE.connect(env) as conn:
+        conn.sendall((json.dumps({**request, "log": str(log_path)}) + "\n").encode())
+        with conn.makefile("r", encoding="utf-8") as answers:
+            answer = answers.readline()
+    if not answer:
+        raise StageFailed("the stage fork server ended before answering")
+    returncode = json.loads(answer)["returncode"]
+    if show and returncode == 0:
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+        out = [ln for ln in text.splitlines() if ln and not ln.startswith(ERROR_PREFIX)]
+        if out:
+            print("\n".join(out), flush=True)
+    return returncode
 
 
 # ------------------------------------------------------------------------ Inductor caches
@@ -298,36 +343,65 @@ def _execute(request: dict) -> int:
     return 0
 
 
-def _serve() -> int:
+def _serve(path: str, life_fd: int) -> int:
+    """The fork server: listen on ``path``, import the heavy modules once, then fork a handler
+    per connection; it forks the child that runs the request, waits for it and answers
+    ``{"returncode": <exit status, or -signal>}``.  Ends at end-of-file on ``life_fd``."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # a server of this place that died
+    listener.bind(path)
+    listener.listen(64)
+    print("listening", flush=True)
     for name in SERVER_PRELOAD:
         importlib.import_module(name)
-    for line in sys.stdin:
-        request = json.loads(line)
-        sys.stdout.flush()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers are reaped by the kernel
+    while True:
+        ready, _, _ = select.select([listener, life_fd], [], [])
+        if life_fd in ready and not os.read(life_fd, 1):
+            return 0
+        if listener in ready:
+            conn, _ = listener.accept()
+            if os.fork() == 0:
+                listener.close()
+                os.close(life_fd)
+                _handle(conn)
+            conn.close()
+
+
+def _handle(conn: socket.socket) -> None:
+    """A handler: run the connection's request in a child of its own and answer its status."""
+    code = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        with conn.makefile("r", encoding="utf-8") as lines:
+            request = json.loads(lines.readline())
         pid = os.fork()
         if pid == 0:  # the child: its own log, one request, then exit without cleanup
-            code = 1
+            child_code = 1
             try:
+                conn.close()
                 fd = os.open(request["log"], os.O_WRONLY | os.O_TRUNC)
                 os.dup2(fd, 1)
                 os.dup2(fd, 2)
                 os.close(fd)
                 sys.stdin.close()
-                code = _execute(request)
+                child_code = _execute(request)
                 sys.stdout.flush()
                 sys.stderr.flush()
             finally:
-                os._exit(code)
+                os._exit(child_code)
         _, status = os.waitpid(pid, 0)
         returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        sys.stdout.write(json.dumps({"returncode": returncode}) + "\n")
-        sys.stdout.flush()
-    return 0
+        conn.sendall((json.dumps({"returncode": returncode}) + "\n").encode())
+        code = 0
+    finally:
+        os._exit(code)
 
 
 def _main() -> int:
-    if sys.argv[1:] == ["--server"]:
-        return _serve()
+    if sys.argv[1:2] == ["--server"]:
+        return _serve(sys.argv[2], int(sys.argv[3]))
     return _execute(json.loads(sys.stdin.read()))
 
 

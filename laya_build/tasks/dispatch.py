@@ -1,4 +1,5 @@
-"""The order doit starts ready tasks in: a task whose dependencies just finished goes first.
+"""How doit hands out tasks: a task whose dependencies just finished goes first, and the
+parallel workers share one fork server.
 
 doit keeps one queue of ready tasks and appends to its end both the tasks that are ready
 from the start and those a finished dependency unblocks.  In a cold ``doit release`` the 57
@@ -11,12 +12,21 @@ keeps a started chain going (depth-first), and the independent tasks fill the ot
 This changes one method of doit's ``TaskDispatcher`` (doit 0.37.0, pinned in requirements.txt):
 the queue is a ``collections.deque``; the patched method runs doit's own and moves what it
 appended to the front, in order.  Which tasks run, and what each depends on, is unchanged.
+
+doit's parallel runner forks its workers once it has a first task to hand each; every worker
+used to start its own fork server (:mod:`laya_build.isolate`), paying torch's and TileLang's
+imports once per worker.  The runner now makes the server place before it forks
+(:func:`laya_build.isolate.share_servers`): the first worker to need a server starts it and the
+others connect to it.  Nothing is started for a run that executes no task.
 """
 from __future__ import annotations
 
-from doit import control
+from doit import control, runner
+
+from .. import isolate
 
 _ORIGINAL = control.TaskDispatcher._update_waiting
+_START_PROCESSES = runner.MRunner._run_start_processes
 
 
 def _update_waiting_unblocked_first(self, processed):
@@ -26,6 +36,13 @@ def _update_waiting_unblocked_first(self, processed):
     self.ready.extendleft(unblocked)  # front, in the order doit unblocked them
 
 
+def _start_processes_sharing_servers(self, job_q, result_q):
+    isolate.share_servers()
+    return _START_PROCESSES(self, job_q, result_q)
+
+
 def install() -> None:
-    """Idempotent: the dispatcher of this process starts unblocked tasks first."""
+    """Idempotent: the dispatcher of this process starts unblocked tasks first, and the
+    workers of a parallel run share their fork servers."""
     control.TaskDispatcher._update_waiting = _update_waiting_unblocked_first
+    runner.MRunner._run_start_processes = _start_processes_sharing_servers

@@ -95,6 +95,41 @@ class Project:
                 out[name.strip()] = mark
         return out
 
+    def status_after_each_edit(self, edits: list[tuple[Path, bytes]]) -> list[dict[str, str]]:
+        """The status :meth:`status` would give with each file of ``edits`` appended to in turn
+        (``(path, appended bytes)``; put back after each): ONE process loads the graph and
+        doit's dependency state, then asks doit's own ``get_status`` after every edit, as
+        ``doit list --status`` does (the graph is derived from import closures that an appended
+        comment leaves alone).  Saves a ``doit`` start per file."""
+        code = (
+            "import json, sys; sys.argv = ['doit']; import dodo\n"
+            "from doit.cmd_base import ModuleTaskLoader; from doit.cmd_list import List\n"
+            "from doit.doit_cmd import DoitMain\n"
+            "import functools; seen = {}; original = List._execute\n"
+            "@functools.wraps(original)\n"
+            "def _execute(self, *a, **kw):\n"
+            "    seen['cmd'] = self; return original(self, *a, **kw)\n"
+            "List._execute = _execute\n"
+            "assert DoitMain(ModuleTaskLoader(dodo)).run(['list', '--all', '-q']) == 0\n"
+            "cmd = seen['cmd']; tasks = {t.name: t for t in cmd.task_list}\n"
+            "marks = {'run': 'R', 'up-to-date': 'U', 'error': 'R'}\n"
+            "out = []\n"
+            "for path, extra in json.loads(sys.stdin.read()):\n"
+            "    data = open(path, 'rb').read()\n"
+            "    open(path, 'wb').write(data + extra.encode())\n"
+            "    try:\n"
+            "        status = cmd.dep_manager.get_status\n"
+            "        out.append({n: marks[status(t, tasks).status] for n, t in tasks.items() if ':' in n})\n"
+            "    finally:\n"
+            "        open(path, 'wb').write(data)\n"
+            "print(json.dumps(out))\n")
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        env.pop("PYTHONPATH", None)
+        proc = subprocess.run([sys.executable, "-c", code], cwd=self.path, env=env, capture_output=True, text=True,
+                              input=json.dumps([(str(p), extra.decode()) for p, extra in edits]))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return json.loads(proc.stdout.splitlines()[-1])
+
     def graph(self) -> dict[str, dict]:
         """Every sub-task's ``file_dep`` and whether it always runs, from the task graph."""
         code = ("import json, sys; sys.argv = ['doit']; import dodo; "

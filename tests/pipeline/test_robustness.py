@@ -3,9 +3,9 @@
 Kills are real: ``doit`` runs in its own process group and the whole group gets SIGKILL when
 the build reaches a point (a fork-server child generating a kernel, the model stage, torch.export,
 the AOTInductor compile, the fresh-process verification).  After every kill nothing is
-accepted that is not complete, and a plain re-run carries on, while another checkout builds
-from scratch all along (shared compiler-cache paths and locks, one user); at the end the
-version releases and verifies, and its packages are byte-identical to the other checkout's.
+accepted that is not complete, and a plain ``doit release`` carries on, while another checkout
+builds from scratch all along (shared compiler-cache paths and locks, one user); the release
+verifies, and its packages are byte-identical to the other checkout's.
 """
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def builds(tmp_path_factory):
         if _kill_when(proc, _running_for(task, after)):
             kills.append(point)
             _assert_nothing_half_done(killed)
-    resumed = killed.doit(*BUILD)
+    resumed = killed.doit("release")  # the plain re-run: carries on to the release
     reader.join()
     return killed, kills, resumed, others, [(resumed.returncode, resumed.stdout), (other.returncode, other_out[0])]
 
@@ -153,9 +153,9 @@ def test_killed_and_concurrent_builds_are_byte_identical(builds):
 
 
 def test_release_after_the_kills_and_it_verifies(builds, tmp_path):
-    killed, *_ = builds
-    run = killed.doit("release")
-    assert run.returncode == 0, run.stdout + run.stderr
+    killed, _, resumed, *_ = builds
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert (killed.version_dir() / "manifest.json").is_file()
     assert not (killed.version_dir() / ".release-pending").exists()
     check = killed.doit("verify")
     assert check.returncode == 0, check.stdout + check.stderr

@@ -1,0 +1,33 @@
+"""Jobs for tests/pipeline/test_isolate.py, run in fork-server children."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from laya_build.errors import ConfigError
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+
+def where(spec: dict) -> dict:
+    """This child's pid and its fork server's (the child's parent is the server's handler)."""
+    return {"child": os.getpid(), "server": _ppid(os.getppid())}
+
+
+def mark(spec: dict) -> str | None:
+    """Leave state in this process; a later child must not see it."""
+    seen = getattr(sys, "_laya_mark", None)
+    sys._laya_mark = spec["mark"]
+    return seen
+
+
+def crash(spec: dict) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def refuse(spec: dict) -> None:
+    raise ConfigError(f"export.dims.rows.max: {spec['value']} is below min 1")

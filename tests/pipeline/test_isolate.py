@@ -1,0 +1,98 @@
+"""The process runner (``laya_build.isolate``): fork-server children, what they report, and one
+server per build shared by doit's parallel workers."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from laya_build import isolate
+from laya_build.errors import ConfigError, StageFailed
+
+ROOT = Path(__file__).resolve().parents[2]
+JOBS = "tests.pipeline.isolate_jobs"
+
+
+def _run(function: str, spec: dict | None = None, **kw):
+    return isolate.run(JOBS, function, spec or {}, result=True, fork=True, **kw)
+
+
+def test_concurrent_requests_get_children_of_one_server_each_from_a_clean_state():
+    with ThreadPoolExecutor(4) as pool:
+        seen = list(pool.map(lambda _: _run("where"), range(8)))
+    assert len({s["server"] for s in seen}) == 1
+    assert len({s["child"] for s in seen}) == 8 and os.getpid() not in {s["child"] for s in seen}
+    assert _run("mark", {"mark": "first"}) is None
+    assert _run("mark", {"mark": "second"}) is None, "a child saw what an earlier child left"
+
+
+def test_a_child_killed_by_a_signal_fails_naming_it():
+    with pytest.raises(StageFailed, match="killed by signal SIGKILL"):
+        _run("crash")
+
+
+def test_an_error_in_the_child_is_reported_with_its_type_and_message():
+    with pytest.raises(StageFailed, match=r"ConfigError: export\.dims\.rows\.max: 0 is below min 1"):
+        _run("refuse", {"value": 0})
+    with pytest.raises(ConfigError, match=r"export\.dims\.rows\.max: 0 is below min 1"):
+        _run("refuse", {"value": 0}, reraise=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_the_server_ends_with_the_process_that_started_it():
+    code = ("import json; from laya_build import isolate; "
+            f"print(json.dumps({{**isolate.run({JOBS!r}, 'where', {{}}, result=True, fork=True), "
+            "'folder': str(isolate._PLACE.folder)}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    seen = json.loads(out.stdout.splitlines()[-1])
+    deadline = time.monotonic() + 30
+    while _alive(seen["server"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(seen["server"]), "the fork server outlived its build"
+    assert not Path(seen["folder"]).exists()
+
+
+DODO = '''
+import json, os
+from laya_build import isolate
+if os.environ["SHARE"] == "1":
+    from laya_build.tasks import dispatch
+    dispatch.install()
+
+DOIT_CONFIG = {"backend": "json", "dep_file": ".doit.json"}
+
+def where(name):
+    def act():
+        seen = isolate.run("tests.pipeline.isolate_jobs", "where", {}, result=True, fork=True)
+        with open(name + ".json", "w") as f:
+            json.dump({**seen, "worker": os.getpid()}, f)
+    return act
+
+def task_job():
+    for name in ("a", "b"):
+        yield {"name": name, "actions": [where(name)], "uptodate": [False]}
+'''
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["laya-build", "doit-alone"])
+def test_parallel_workers_share_one_fork_server(tmp_path, share):
+    (tmp_path / "dodo.py").write_text(DODO)
+    env = {**os.environ, "SHARE": "1" if share else "0", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "doit", "-n", "2", "job"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("a", "b"))
+    assert a["worker"] != b["worker"], "each worker ran one of the two tasks"
+    assert (a["server"] == b["server"]) is share
