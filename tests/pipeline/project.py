@@ -42,6 +42,20 @@ def project_files() -> list[str]:
     return [f for f in out if not f.startswith("tests/") and (ROOT / f).is_file()]
 
 
+def small_pipeline(cfg: dict) -> None:
+    """One kernel in one dtype, the fp32 CPU package: every kind of task, cheaply."""
+    cfg["kernels"]["variants"] = {"rope": cfg["kernels"]["variants"]["rope"]}
+    cfg["cpu_checks"]["shapes"] = {"rope": cfg["cpu_checks"]["shapes"]["rope"][:1]}
+    cfg["cpu_checks"]["atol_overrides"] = {}
+    cfg["cuda"].update(dtypes=["bfloat16"], baseline={"git_ref": "HEAD"}, expect="identical")
+    cfg["probe"] = {"dtypes": ["bfloat16"]}
+    cfg.setdefault("export", {})["targets"] = {"cpu": ["float32"]}
+    cfg["package"] = {"targets": ["cpu"]}
+    fast = {"cpu": {"warmup": 0, "min_run_time_s": 0.01, "max_run_time_s": 0.05}}
+    cfg["verify"] = {"timing": fast}
+    cfg["latency"] = {"variants": ["eager_amp", "package", "package_graphed"], "timing": fast}
+
+
 class Project:
     """A copy of the project in ``path``, committed as one git revision."""
 

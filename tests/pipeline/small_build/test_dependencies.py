@@ -2,7 +2,8 @@
 
 One small project is built once, in one ``doit`` run, with a file tracer
 (``tracer/sitecustomize.py``, an audit hook in every Python process; each line names the task
-its process serves).  Then:
+its process serves; ``conftest.py``, where it is the robustness tests' concurrent checkout).
+Then:
 
 * the oracle: every project file a task's processes opened (sources, imports, data, schemas)
   is among the task's ``file_dep``;
@@ -31,28 +32,7 @@ from tests.pipeline.project import Project
 
 pytestmark = pytest.mark.build(seconds=140)  # a traced build, then one edit at a time
 
-TRACER = Path(__file__).with_name("tracer")
 PROJECT_DIRS = ("laya_build", "kernels", "schemas")
-
-
-def small(cfg: dict) -> None:
-    """One kernel in one dtype, the fp32 CPU package: every kind of task, cheaply."""
-    cfg["kernels"]["variants"] = {"rope": cfg["kernels"]["variants"]["rope"]}
-    cfg["cpu_checks"]["shapes"] = {"rope": cfg["cpu_checks"]["shapes"]["rope"][:1]}
-    cfg["cpu_checks"]["atol_overrides"] = {}
-    cfg["cuda"].update(dtypes=["bfloat16"], baseline={"git_ref": "HEAD"}, expect="identical")
-    cfg["probe"] = {"dtypes": ["bfloat16"]}
-    cfg.setdefault("export", {})["targets"] = {"cpu": ["float32"]}
-    cfg["package"] = {"targets": ["cpu"]}
-    fast = {"cpu": {"warmup": 0, "min_run_time_s": 0.01, "max_run_time_s": 0.05}}
-    cfg["verify"] = {"timing": fast}
-    cfg["latency"] = {"variants": ["eager_amp", "package", "package_graphed"], "timing": fast}
-
-
-def _order(name: str) -> int:
-    stages = ("tir", "probe_c", "lower_c", "cuda_source", "cuda_diff:baseline_kernels", "cuda_diff:baseline",
-              "cuda_diff", "model", "export", "aoti_package", "verify", "latency")
-    return next(i for i, s in enumerate(stages) if name.startswith(s))
 
 
 def _traced_files(trace_dir: Path, root: Path) -> dict[str, set[str]]:
@@ -77,17 +57,12 @@ def _traced_files(trace_dir: Path, root: Path) -> dict[str, set[str]]:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    project = Project(tmp_path_factory.mktemp("deps"))
-    project.edit_config(small)
-    project.commit("small pipeline")
-    graph = project.graph()
-    trace_dir = tmp_path_factory.mktemp("trace")
-    stages = sorted({name.split(":")[0] for name in graph}, key=_order)
-    run = project.doit(*stages, env={"PYTHONPATH": str(TRACER), "LAYA_TRACE_DIR": str(trace_dir)})
+def built(small_builds):
+    """(the traced project, its graph, the project files each task's processes opened)."""
+    run = small_builds.traced_run
     assert run.returncode == 0, run.stdout + run.stderr
-    assert set(run.executed) == set(graph), run.stdout
-    return project, graph, _traced_files(trace_dir, project.path)
+    assert set(run.executed) == set(small_builds.graph), run.stdout
+    return small_builds.traced, small_builds.graph, _traced_files(small_builds.trace_dir, small_builds.traced.path)
 
 
 def _rel(project: Project, paths) -> set[str]:

@@ -1,0 +1,153 @@
+"""The small pipeline (``small_pipeline``: every kind of task, cheaply) built twice at once,
+once per session, for the dependency oracle and the robustness tests:
+
+* ``traced``: a clean build of every stage in one ``doit`` run, with the file tracer
+  (``tracer/sitecustomize.py``) in every process: what each task reads (test_dependencies);
+* ``killed``: a checkout whose build is killed with SIGKILL at several points while the traced
+  build runs beside it (shared compiler-cache paths and locks, one user), then re-run as
+  ``doit release`` (test_robustness).
+
+One fixture runs both so that they really overlap (a second checkout building from scratch
+all along the kills) and the small pipeline is built from scratch twice, not three times.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from laya_build.records import read_record, sha256_file
+from tests.pipeline.project import DoitRun, Project, small_pipeline
+
+TRACER = Path(__file__).with_name("tracer")
+# the kill runs' stages, in the order `doit -n 1` runs them
+BUILD = ("tir", "probe_c", "lower_c", "cuda_diff", "aoti_package", "verify")
+KILL_POINTS = {  # (task, seconds after it started): each runs for several seconds
+    "kernel child": ("tir:rope.cpu-float32", 1.0),
+    "model stage": ("model:build", 2.0),
+    "torch.export": ("export:cpu-float32", 3.0),
+    "AOTInductor compile": ("aoti_package:cpu-float32", 8.0),
+    "verification": ("verify:cpu-float32", 2.0),
+}
+# outputs compared between the two checkouts (exported.pt2 names the checkout's source paths
+# in its stack traces, so it differs by those)
+COMPARED = ("export/cpu-float32/eager.pt", "aoti_package/cpu-float32/decision.pt2", "lower_c/rope.c",
+            "cuda/rope/bfloat16-sm_90.cu", "model/inputs.pt")
+
+
+def _order(name: str) -> int:
+    stages = ("tir", "probe_c", "lower_c", "cuda_source", "cuda_diff:baseline_kernels", "cuda_diff:baseline",
+              "cuda_diff", "model", "export", "aoti_package", "verify", "latency")
+    return next(i for i, s in enumerate(stages) if name.startswith(s))
+
+
+def start(project: Project, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """``doit args`` in ``project``, in a process group of its own (a kill takes all of it)."""
+    full = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    full.pop("PYTHONPATH", None)
+    full.update(env or {})
+    return subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=project.path, env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def kill_when(proc: subprocess.Popen, reached, timeout: float = 900) -> bool:
+    """SIGKILL ``proc``'s whole process group as soon as ``reached(started)`` holds, where
+    ``started`` maps each task doit started (its ``.  task`` line) to when; False if the
+    build ended first."""
+    started: dict[str, float] = {}
+
+    def read():
+        for line in proc.stdout:
+            if line.startswith(". "):
+                started.setdefault(line[1:].strip(), time.monotonic())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        if reached(dict(started)):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return True
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise AssertionError("the build reached no kill point in time")
+
+
+def running_for(task: str, seconds: float):
+    """Kill point: ``task`` started ``seconds`` ago (each of these runs for longer)."""
+    return lambda started: task in started and time.monotonic() - started[task] > seconds
+
+
+def assert_nothing_half_done(project: Project) -> None:
+    """Every task whose outputs are recorded complete has exactly those outputs; everything
+    else is out of date (a later run redoes it), and no record under the version is invalid."""
+    vdir = project.version_dir()
+    for path in vdir.rglob("*.json"):
+        doc = json.loads(path.read_text())  # never a torn file
+        if isinstance(doc, dict) and "stage" in doc:
+            read_record(path)  # a record is whole and valid, or absent
+    recorded = project.artifacts / ".doit" / "outputs" / project.config["version"]
+    for sidecar in recorded.glob("*.json") if recorded.is_dir() else []:
+        for file, digest in json.loads(sidecar.read_text()).items():
+            if digest is not None:
+                assert Path(file).is_file() and sha256_file(file) == digest, (sidecar.name, file)
+    # the status of every task can be computed (nothing a killed run left confuses it)
+    project.status()
+
+
+@dataclass
+class SmallBuilds:
+    traced: Project
+    graph: dict  # every sub-task's file_dep, targets, always (Project.graph)
+    trace_dir: Path
+    traced_run: DoitRun
+    traced_digests: dict  # COMPARED, right after the build
+    killed: Project
+    kills: list = field(default_factory=list)  # the kill points reached
+    resumed: DoitRun | None = None  # `doit release` after the kills
+
+
+def digests(project: Project) -> dict[str, str]:
+    return {rel: sha256_file(project.version_dir() / rel) for rel in COMPARED}
+
+
+@pytest.fixture(scope="session")
+def small_builds(tmp_path_factory) -> SmallBuilds:
+    traced = Project(tmp_path_factory.mktemp("deps"))
+    killed = Project(tmp_path_factory.mktemp("killed"))
+    for project in (traced, killed):
+        project.edit_config(small_pipeline)
+        project.commit("small pipeline")
+    graph = traced.graph()
+    trace_dir = tmp_path_factory.mktemp("trace")
+    stages = sorted({name.split(":")[0] for name in graph}, key=_order)
+    proc = start(traced, *stages, env={"PYTHONPATH": str(TRACER), "LAYA_TRACE_DIR": str(trace_dir)})
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.append(proc.communicate()[0]))
+    reader.start()
+    builds = SmallBuilds(traced=traced, graph=graph, trace_dir=trace_dir, traced_run=None, traced_digests={},
+                         killed=killed)
+    try:
+        for point, (task, after) in KILL_POINTS.items():
+            run = start(killed, "-n", "1", *BUILD)
+            if kill_when(run, running_for(task, after)):
+                builds.kills.append(point)
+                assert_nothing_half_done(killed)
+        builds.resumed = killed.doit("release")  # the plain re-run: carries on to the release
+    finally:
+        reader.join()
+    builds.traced_run = DoitRun(proc.returncode, out[0], "")
+    if proc.returncode == 0:
+        builds.traced_digests = digests(traced)
+    return builds

@@ -1,0 +1,73 @@
+"""Real builds killed with SIGKILL at several points, damaged releases, and two builds at once.
+
+Kills are real (``conftest.py``, ``small_builds``): ``doit`` runs in its own process group and
+the whole group gets SIGKILL when the build reaches a point (a fork-server child generating a
+kernel, the model stage, torch.export, the AOTInductor compile, the fresh-process
+verification).  After every kill nothing is accepted that is not complete, and a plain
+``doit release`` carries on, while another checkout (the dependency oracle's traced build)
+builds from scratch all along (shared compiler-cache paths and locks, one user); the release
+verifies, and its packages are byte-identical to the other checkout's.
+"""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from laya_build.records import read_record
+from tests.pipeline.project import Project
+from tests.pipeline.small_build.conftest import KILL_POINTS, digests
+
+pytestmark = pytest.mark.build(seconds=200)  # builds killed at five points beside another checkout's build
+
+
+def test_every_kill_point_was_reached(small_builds):
+    assert small_builds.kills == list(KILL_POINTS)
+
+
+def test_a_plain_rerun_completes_after_the_kills(small_builds):
+    killed, resumed = small_builds.killed, small_builds.resumed
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert not list(killed.version_dir().rglob("*.tmp")), "leftovers are cleared by the tasks that own them"
+    assert read_record(killed.version_dir() / "verify" / "cpu-float32" / "verify.json")["status"] == "ok"
+
+
+def test_concurrent_builds_both_succeed(small_builds):
+    for run in (small_builds.resumed, small_builds.traced_run):
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "compile_cache" not in run.stdout or "True was expected" not in run.stdout
+
+
+def test_killed_and_concurrent_builds_are_byte_identical(small_builds):
+    assert small_builds.traced_digests, "the other checkout's build failed"
+    assert digests(small_builds.killed) == small_builds.traced_digests
+
+
+def test_release_after_the_kills_and_it_verifies(small_builds):
+    killed, resumed = small_builds.killed, small_builds.resumed
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert (killed.version_dir() / "manifest.json").is_file()
+    assert not (killed.version_dir() / ".release-pending").exists()
+    check = killed.doit("verify")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "files match manifest.json" in check.stdout
+
+
+def test_a_release_without_its_manifest_is_refused_not_rebuilt(small_builds, tmp_path):
+    killed = small_builds.killed
+    copy = Project.__new__(Project)
+    copy.path = tmp_path / "copy"
+    shutil.copytree(killed.path, copy.path, ignore=shutil.ignore_patterns(".doit", ".cache"))
+    vdir = copy.version_dir()
+    (vdir / "manifest.json").unlink()
+    package = vdir / "aoti_package" / "cpu-float32" / "decision.pt2"
+    data = package.read_bytes()
+    package.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # tampered, and the evidence removed
+    before = {p: p.stat().st_mtime_ns for p in vdir.rglob("*") if p.is_file()}
+    for args in (("verify",), ("aoti_package",), ("release",), ("lower_c",)):
+        run = copy.doit(*args)
+        assert run.returncode != 0, args
+        assert "damaged release" in run.stdout + run.stderr and "manifest.json" in run.stdout + run.stderr, args
+    assert {p: p.stat().st_mtime_ns for p in vdir.rglob("*") if p.is_file()} == before, "nothing rebuilt into it"
+    clean = copy.doit("clean", "aoti_package")
+    assert clean.returncode == 0 and package.is_file(), "doit clean leaves a damaged release alone"
