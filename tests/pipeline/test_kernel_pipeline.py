@@ -160,7 +160,7 @@ def test_parallel_build_matches_serial(serial, parallel):
 
 
 def test_generation_is_independent_of_process_history(parallel):
-    """Generating every variant in ONE process, in reverse order, and two of them twice, gives the same bytes
+    """Generating every variant in ONE process, in reverse order, and one of them twice, gives the same bytes
     as the fresh-process generation of the pipeline: the source depends only on the kernel and
     its arguments."""
     from laya_build.stages.cuda_source import generate
@@ -170,9 +170,9 @@ def test_generation_is_independent_of_process_history(parallel):
     arch = cfg["cuda"]["archs"][0]
     cases = [(name, v, dtype) for name, v in reversed(list(cfg["kernels"]["variants"].items()))
              for dtype in reversed(cfg["cuda"]["dtypes"])]
-    # every variant after the others, then the first ones again (their PrimFunc names now
-    # collide with the ones generated before: TileLang renames on a collision)
-    for name, v, dtype in cases + cases[:2]:
+    # every variant after the others, then the first again (its PrimFunc name now collides
+    # with the one generated before: TileLang renames on a collision)
+    for name, v, dtype in cases + cases[:1]:
         text = generate(v["factory"], v.get("args", []), v.get("kwargs", {}), dtype, arch)
         path = project.version_dir() / "cuda" / name / f"{dtype}-{arch['arch']}.cu"
         assert text.encode() == path.read_bytes(), f"{path.name} of {name} changed when generated in-process"
