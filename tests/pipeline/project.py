@@ -42,18 +42,21 @@ def project_files() -> list[str]:
     return [f for f in out if not f.startswith("tests/") and (ROOT / f).is_file()]
 
 
-def small_pipeline(cfg: dict) -> None:
-    """One kernel in one dtype, the fp32 CPU package: every kind of task, cheaply."""
+def small_pipeline(cfg: dict, checkpoint: Path | None = None) -> None:
+    """One kernel in one dtype, the fp32 CPU package and the cuda target (skipped without a
+    GPU), few timed calls: every kind of task, cheaply.  ``checkpoint``: a local model
+    (``model.path``) instead of the generated one."""
+    if checkpoint is not None:
+        cfg.setdefault("model", {})["path"] = str(checkpoint)
     cfg["kernels"]["variants"] = {"rope": cfg["kernels"]["variants"]["rope"]}
-    cfg["cpu_checks"]["shapes"] = {"rope": cfg["cpu_checks"]["shapes"]["rope"][:1]}
-    cfg["cpu_checks"]["atol_overrides"] = {}
+    cfg["cpu_checks"]["shapes"] = {"rope": cfg["cpu_checks"]["shapes"]["rope"]}
+    cfg["cpu_checks"]["atol_overrides"] = {k: v for k, v in cfg["cpu_checks"]["atol_overrides"].items() if k == "rope"}
     cfg["cuda"].update(dtypes=["bfloat16"], baseline={"git_ref": "HEAD"}, expect="identical")
     cfg["probe"] = {"dtypes": ["bfloat16"]}
-    cfg.setdefault("export", {})["targets"] = {"cpu": ["float32"]}
-    cfg["package"] = {"targets": ["cpu"]}
+    cfg.setdefault("export", {})["targets"] = {"cpu": ["float32"], "cuda": ["bfloat16"]}
     fast = {"cpu": {"warmup": 0, "min_run_time_s": 0.01, "max_run_time_s": 0.05}}
     cfg["verify"] = {"timing": fast}
-    cfg["latency"] = {"variants": ["eager_amp", "package", "package_graphed"], "timing": fast}
+    cfg["latency"] = {"variants": ["eager_amp", "eager_bf16", "package", "package_graphed"], "timing": fast}
 
 
 class Project:

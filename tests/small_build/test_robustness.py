@@ -16,7 +16,7 @@ import pytest
 
 from laya_build.records import read_record
 from tests.pipeline.project import Project
-from tests.pipeline.small_build.conftest import KILL_POINTS, digests
+from tests.small_build.conftest import KILL_POINTS, digests
 
 pytestmark = pytest.mark.build(seconds=200)  # builds killed at five points beside another checkout's build
 

@@ -94,7 +94,7 @@ def test_nothing_runs_again_after_a_build(built):
     project, graph, _ = built
     status = project.status()
     always = {n for n, t in graph.items() if t["always"]}
-    assert always == {"verify:cpu-float32"}, "only verification is never answered from the cache"
+    assert always == {n for n in graph if n.startswith("verify:")}, "only verification is never answered from the cache"
     assert {n for n, s in status.items() if s == "R"} == always
 
 

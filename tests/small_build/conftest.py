@@ -1,14 +1,16 @@
-"""The small pipeline (``small_pipeline``: every kind of task, cheaply) built twice at once,
-once per session, for the dependency oracle and the robustness tests:
+"""The small pipeline (``small_pipeline``: every kind of task, cheaply, on a checkpoint that
+upstream Laya wrote) built twice at once, once per session, for the dependency oracle, the
+robustness tests and the release tests:
 
 * ``traced``: a clean build of every stage in one ``doit`` run, with the file tracer
   (``tracer/sitecustomize.py``) in every process: what each task reads (test_dependencies);
 * ``killed``: a checkout whose build is killed with SIGKILL at several points while the traced
   build runs beside it (shared compiler-cache paths and locks, one user), then re-run as
-  ``doit release`` (test_robustness).
+  ``doit release`` (test_robustness); its release is the one test_release inspects, tampers
+  with (in copies) and diffs against a second release.
 
 One fixture runs both so that they really overlap (a second checkout building from scratch
-all along the kills) and the small pipeline is built from scratch twice, not three times.
+all along the kills), and the small pipeline is built from scratch twice, not four times.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import pytest
 
 from laya_build.records import read_record, sha256_file
 from tests.pipeline.project import DoitRun, Project, small_pipeline
+from tests.upstream_checkpoint import write_upstream_checkpoint
 
 TRACER = Path(__file__).with_name("tracer")
 # the kill runs' stages, in the order `doit -n 1` runs them
@@ -108,6 +111,7 @@ def assert_nothing_half_done(project: Project) -> None:
 
 @dataclass
 class SmallBuilds:
+    checkpoint: Path  # the upstream-written checkpoint both build (model.path)
     traced: Project
     graph: dict  # every sub-task's file_dep, targets, always (Project.graph)
     trace_dir: Path
@@ -124,10 +128,11 @@ def digests(project: Project) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def small_builds(tmp_path_factory) -> SmallBuilds:
+    checkpoint = write_upstream_checkpoint(tmp_path_factory.mktemp("upstream") / "checkpoint")
     traced = Project(tmp_path_factory.mktemp("deps"))
     killed = Project(tmp_path_factory.mktemp("killed"))
     for project in (traced, killed):
-        project.edit_config(small_pipeline)
+        project.edit_config(lambda cfg: small_pipeline(cfg, checkpoint))
         project.commit("small pipeline")
     graph = traced.graph()
     trace_dir = tmp_path_factory.mktemp("trace")
@@ -136,8 +141,8 @@ def small_builds(tmp_path_factory) -> SmallBuilds:
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.append(proc.communicate()[0]))
     reader.start()
-    builds = SmallBuilds(traced=traced, graph=graph, trace_dir=trace_dir, traced_run=None, traced_digests={},
-                         killed=killed)
+    builds = SmallBuilds(checkpoint=checkpoint, traced=traced, graph=graph, trace_dir=trace_dir, traced_run=None,
+                         traced_digests={}, killed=killed)
     try:
         for point, (task, after) in KILL_POINTS.items():
             run = start(killed, "-n", "1", *BUILD)
