@@ -10,7 +10,8 @@ The child loads each package back once (load time; a package that cannot load fa
 already), after importing ``package.preload.<target>`` (:func:`laya_build.runtime.preload_modules`).
 
 Missing CUDA (target cuda), missing AOTInductor APIs, no C++ compiler or a skipped export
-give an explicit skip record; on a supported install a compile failure raises.
+give an explicit skip record; an ``inductor_configs`` key that is no Inductor option is a
+config error before any compile; on a supported install a compile failure raises.
 """
 from __future__ import annotations
 
@@ -33,10 +34,27 @@ def package_name(program: str) -> str:
     return f"{program}.pt2"
 
 
+def check_inductor_configs(configs: dict) -> None:
+    """Every key of ``package.inductor_configs`` names an Inductor option of the installed
+    torch: a misspelt one is a config error here, not a compile failure in the child after
+    its imports and the exported program's load."""
+    if not configs:
+        return
+    import torch
+    from torch._inductor import config as inductor_config
+
+    known = inductor_config.get_config_copy()
+    unknown = sorted(k for k in configs if k not in known)
+    if unknown:
+        raise ConfigError(f"package.inductor_configs.{unknown[0]}: not an Inductor option of torch "
+                          f"{torch.__version__}" + (f" (nor {', '.join(unknown[1:])})" if unknown[1:] else ""))
+
+
 def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
     start = time.perf_counter()
     cfg = section("package", package_cfg)
     check_target(target)
+    check_inductor_configs(cfg["inductor_configs"])
     if target not in cfg["targets"]:
         raise ConfigError(f"package.targets does not list {target}")
     export_dir, out = Path(export_dir), Path(out_dir)

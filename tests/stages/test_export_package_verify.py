@@ -187,12 +187,12 @@ def test_missing_compiler_gives_a_skip_record(build, tmp_path, monkeypatch):
     assert read_record(tmp_path / "aoti_package.json") == record
 
 
-def test_compile_failure_raises(build, tmp_path):
-    with pytest.raises(StageError, match=r"AOTInductor compile of .* for cpu/bfloat16: \w+: .*no_such_inductor_option"):
-        run_package({"inductor_configs": {"no_such_inductor_option": 1}}, build.export_dir("bfloat16"),
-                    tmp_path, "cpu")
-    assert not (tmp_path / "aoti_package.json").exists()
-    assert "no_such_inductor_option" in (tmp_path / "package_child.log").read_text()
+def test_an_unknown_inductor_option_is_a_config_error_before_compiling(build, tmp_path):
+    configs = {"aot_inductor.check_lowerbound": False, "no_such_inductor_option": 1, "aot_inductor.no_such": 2}
+    with pytest.raises(ConfigError, match=r"^package\.inductor_configs\.aot_inductor\.no_such: not an Inductor "
+                                          r"option of torch 2\.\S+ \(nor no_such_inductor_option\)$"):
+        run_package({"inductor_configs": configs}, build.export_dir("bfloat16"), tmp_path / "p", "cpu")
+    assert not (tmp_path / "p").exists(), "nothing compiled, nothing written"
 
 
 def test_changed_exported_program_is_not_compiled(build, tmp_path):
