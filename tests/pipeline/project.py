@@ -12,8 +12,12 @@ from pathlib import Path
 
 import yaml
 
+from laya_build.records import sha256_file
+
 ROOT = Path(__file__).resolve().parents[2]
 TASK_LINE = re.compile(r"^(\.|--|!!) +(\S+)")
+KERNEL_STAGES = ("tir", "probe_c", "lower_c", "cuda_source", "cuda_diff")
+TIMING_KEYS = {"elapsed_s", "compile_s"}
 
 
 @dataclass
@@ -166,3 +170,29 @@ class Project:
 
     def version_dir(self, version: str | None = None) -> Path:
         return self.artifacts / (version or self.config["version"])
+
+    def generated(self) -> dict[str, str]:
+        """sha256 of every generated source (.cu, .c, TIR scripts) by relative path."""
+        vdir = self.version_dir()
+        return {p.relative_to(vdir).as_posix(): sha256_file(p)
+                for p in sorted(vdir.rglob("*")) if p.suffix in (".cu", ".c") or p.name.endswith(".tir.py")}
+
+    def kernel_records(self) -> dict[str, dict]:
+        """Every record of the kernel stages, without timings and with the copy's own commit sha
+        (each copy is its own repository, committed at its own time) replaced by a placeholder."""
+        vdir = self.version_dir()
+        head = self.git("rev-parse", "HEAD").strip()
+        out = {}
+        for path in sorted(vdir.rglob("*.json")):
+            record = json.loads(path.read_text().replace(head, "<commit>").replace(head[:12], "<commit>"))
+            if record.get("stage") in KERNEL_STAGES:
+                out[path.relative_to(vdir).as_posix()] = _strip_timing(record)
+        return out
+
+
+def _strip_timing(obj):
+    if isinstance(obj, dict):
+        return {k: _strip_timing(v) for k, v in obj.items() if k not in TIMING_KEYS}
+    if isinstance(obj, list):
+        return [_strip_timing(v) for v in obj]
+    return obj

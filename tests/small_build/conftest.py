@@ -118,6 +118,9 @@ class SmallBuilds:
     traced_run: DoitRun
     traced_digests: dict  # COMPARED, right after the build
     killed: Project
+    # the kernel stages' generated sources and records (Project.generated / kernel_records),
+    # of both checkouts, right after the builds (later tests commit in the killed checkout)
+    kernel_outputs: dict = field(default_factory=dict)
     kills: list = field(default_factory=list)  # the kill points reached
     resumed: DoitRun | None = None  # `doit release` after the kills
 
@@ -155,4 +158,6 @@ def small_builds(tmp_path_factory) -> SmallBuilds:
     builds.traced_run = DoitRun(proc.returncode, out[0], "")
     if proc.returncode == 0:
         builds.traced_digests = digests(traced)
+    builds.kernel_outputs = {name: (project.generated(), project.kernel_records())
+                             for name, project in (("traced", traced), ("killed", killed))}
     return builds

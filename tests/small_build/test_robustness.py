@@ -43,6 +43,17 @@ def test_killed_and_concurrent_builds_are_byte_identical(small_builds):
     assert digests(small_builds.killed) == small_builds.traced_digests
 
 
+def test_a_serial_build_matches_a_parallel_one(small_builds):
+    """The killed checkout's kernel stages ran in ``doit -n 1`` runs (between kills), the other
+    checkout's in one ``doit`` on every core: the same sources, byte for byte, and the same
+    records but for timings and each checkout's own commit."""
+    (traced_sources, traced_records), (killed_sources, killed_records) = (
+        small_builds.kernel_outputs[name] for name in ("traced", "killed"))
+    assert killed_sources and killed_sources == traced_sources
+    assert {r.split("/")[0] for r in killed_records} == {"tir", "probe_c", "lower_c", "cuda", "cuda_diff"}
+    assert killed_records == traced_records
+
+
 def test_release_after_the_kills_and_it_verifies(small_builds):
     killed, resumed = small_builds.killed, small_builds.resumed
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
