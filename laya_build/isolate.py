@@ -224,14 +224,16 @@ def _connect(path: Path) -> socket.socket:
 
 
 _PLACE: ServerPlace | None = None
+_PLACE_LOCK = threading.Lock()  # threads asking at once make one place (and start one server)
 
 
 def share_servers() -> None:
     """Make this process's server place now, so that processes forked from it later (doit's
     parallel workers) share its fork servers: one server's imports per build, not per worker."""
     global _PLACE
-    if _PLACE is None:
-        _PLACE = ServerPlace()
+    with _PLACE_LOCK:
+        if _PLACE is None:
+            _PLACE = ServerPlace()
 
 
 def _fork_run(request: dict, env: dict | None, log_path: Path, *, show: bool) -> int:

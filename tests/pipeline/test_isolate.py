@@ -23,7 +23,17 @@ def _run(function: str, spec: dict | None = None, **kw):
     return isolate.run(JOBS, function, spec or {}, result=True, fork=True, **kw)
 
 
-def test_concurrent_requests_get_children_of_one_server_each_from_a_clean_state():
+def test_concurrent_requests_get_children_of_one_server_each_from_a_clean_state(monkeypatch):
+    # threads that all ask first make one place and start one server (a slow place widens the
+    # window: without the lock four threads made four servers)
+    monkeypatch.setattr(isolate, "_PLACE", None)
+    make = isolate.ServerPlace.__init__
+
+    def slow_place(self):
+        time.sleep(0.2)
+        make(self)
+
+    monkeypatch.setattr(isolate.ServerPlace, "__init__", slow_place)
     with ThreadPoolExecutor(4) as pool:
         seen = list(pool.map(lambda _: _run("where"), range(8)))
     assert len({s["server"] for s in seen}) == 1
