@@ -144,12 +144,7 @@ class Project:
             "    finally:\n"
             "        open(path, 'wb').write(data)\n"
             "print(json.dumps(out))\n")
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        env.pop("PYTHONPATH", None)
-        proc = subprocess.run([sys.executable, "-c", code], cwd=self.path, env=env, capture_output=True, text=True,
-                              input=json.dumps([(str(p), extra.decode()) for p, extra in edits]))
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        return json.loads(proc.stdout.splitlines()[-1])
+        return self._python_json(code, json.dumps([(str(p), extra.decode()) for p, extra in edits]))
 
     def graph(self) -> dict[str, dict]:
         """Every sub-task's ``file_dep`` and whether it always runs, from the task graph."""
@@ -158,11 +153,17 @@ class Project:
                 "print(json.dumps({t.name: {'file_dep': sorted(t.file_dep), "
                 "'always': any(u is False for u, *_ in t.uptodate), 'targets': list(t.targets)} "
                 "for t in load_tasks(vars(dodo)) if ':' in t.name}))")
+        return self._python_json(code)
+
+    def _python_json(self, code: str, stdin: str = ""):
+        """Run ``code`` in a Python process in the project (as doit would: offline, no
+        inherited PYTHONPATH) and return the JSON of its last output line."""
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         env.pop("PYTHONPATH", None)
-        out = subprocess.run([sys.executable, "-c", code], cwd=self.path, env=env, capture_output=True,
-                             text=True, check=True).stdout
-        return json.loads(out.splitlines()[-1])
+        proc = subprocess.run([sys.executable, "-c", code], cwd=self.path, env=env, capture_output=True, text=True,
+                              input=stdin)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return json.loads(proc.stdout.splitlines()[-1])
 
     @property
     def artifacts(self) -> Path:
