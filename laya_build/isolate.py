@@ -177,10 +177,12 @@ class ServerPlace:
     the last of them ends, however it ends, the servers see end-of-file and exit."""
 
     def __init__(self):
-        folder = tempfile.mkdtemp(prefix="laya-forkserver-")
-        if len(folder) > 80:  # a Unix socket path has ~107 bytes
-            folder = tempfile.mkdtemp(prefix="laya-forkserver-", dir="/tmp")
-        self.folder = Path(folder)
+        root = Path(tempfile.gettempdir()) / f"laya-build-{os.getuid()}" / "forkservers"
+        if len(str(root)) > 60:  # a Unix socket path has ~107 bytes
+            root = Path("/tmp") / f"laya-build-{os.getuid()}" / "forkservers"
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _remove_stale_places(root)
+        self.folder = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root))
         self.life_r, self.life_w = os.pipe()
         self.owner = os.getpid()
         atexit.register(self._remove)
@@ -211,6 +213,21 @@ class ServerPlace:
             if ready.strip() != "listening":
                 raise StageFailed(f"the stage fork server did not start (exit status {proc.wait()})")
             return _connect(path)
+
+
+def _remove_stale_places(root: Path) -> None:
+    """Remove the places of processes that ended without removing theirs (killed builds, forked
+    workers that exit without cleanup): a place folder is named after its maker's pid."""
+    for folder in root.iterdir():
+        pid = folder.name.split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:
+            pass  # alive, another user's
 
 
 def _connect(path: Path) -> socket.socket:

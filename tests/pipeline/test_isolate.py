@@ -106,3 +106,23 @@ def test_parallel_workers_share_one_fork_server(tmp_path, share):
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("a", "b"))
     assert a["worker"] != b["worker"], "each worker ran one of the two tasks"
     assert (a["server"] == b["server"]) is share
+
+
+def test_a_new_place_removes_those_of_ended_processes():
+    """A killed build leaves its place folder behind; the next place made removes it (and leaves
+    those of live processes alone)."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    place = isolate.ServerPlace()
+    root = place.folder.parent
+    stale = root / f"{dead.pid}-left"
+    stale.mkdir()
+    (stale / "0123.sock").write_text("")
+    live = root / f"{os.getpid()}-live"
+    live.mkdir(exist_ok=True)
+    try:
+        isolate.ServerPlace()._remove()
+        assert not stale.exists() and live.exists() and place.folder.exists()
+    finally:
+        live.rmdir()
+        place._remove()
