@@ -177,10 +177,9 @@ class ServerPlace:
     the last of them ends, however it ends, the servers see end-of-file and exit."""
 
     def __init__(self):
-        root = Path(tempfile.gettempdir()) / f"laya-build-{os.getuid()}" / "forkservers"
+        root = user_folder("forkservers")
         if len(str(root)) > 60:  # a Unix socket path has ~107 bytes
-            root = Path("/tmp") / f"laya-build-{os.getuid()}" / "forkservers"
-        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            root = user_folder("forkservers", Path("/tmp"))
         _remove_stale_places(root)
         self.folder = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root))
         self.life_r, self.life_w = os.pipe()
@@ -291,11 +290,17 @@ class InductorCache:
         return str(self.path)
 
 
-def inductor_root() -> Path:
-    """This user's folder of Inductor caches, outside every checkout's artifacts."""
-    root = Path(tempfile.gettempdir()) / f"laya-build-{os.getuid()}" / "inductor"
+def user_folder(name: str, tmp: Path | None = None) -> Path:
+    """``<tmp>/laya-build-<uid>/<name>`` (``tmp``: the temp directory), made private to this
+    user: what outlives one build but belongs in no checkout's artifacts."""
+    root = Path(tmp or tempfile.gettempdir()) / f"laya-build-{os.getuid()}" / name
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     return root
+
+
+def inductor_root() -> Path:
+    """This user's folder of Inductor caches, outside every checkout's artifacts."""
+    return user_folder("inductor")
 
 
 def vec_isa_root() -> Path:

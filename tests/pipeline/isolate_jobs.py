@@ -8,9 +8,14 @@ import sys
 from laya_build.errors import ConfigError
 
 
-def _ppid(pid: int) -> int:
+def stat_fields(pid: int) -> list[str]:
+    """``/proc/<pid>/stat`` after the command name: state, ppid, ..."""
     with open(f"/proc/{pid}/stat") as fh:
-        return int(fh.read().rsplit(")", 1)[1].split()[1])
+        return fh.read().rsplit(")", 1)[1].split()
+
+
+def _ppid(pid: int) -> int:
+    return int(stat_fields(pid)[1])
 
 
 def where(spec: dict) -> dict:

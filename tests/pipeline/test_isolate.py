@@ -14,6 +14,7 @@ import pytest
 
 from laya_build import isolate
 from laya_build.errors import ConfigError, StageFailed
+from tests.pipeline.isolate_jobs import stat_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = "tests.pipeline.isolate_jobs"
@@ -56,7 +57,7 @@ def test_an_error_in_the_child_is_reported_with_its_type_and_message():
 
 def _alive(pid: int) -> bool:
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return stat_fields(pid)[0] != "Z"
     except FileNotFoundError:
         return False
 
