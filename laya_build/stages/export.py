@@ -10,6 +10,9 @@ at 1) is exported too, as ``exported_single_slot.pt2`` / ``eager_single_slot.pt`
 """
 from __future__ import annotations
 
+import os
+import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +64,38 @@ def range_constraints(ep) -> dict:
     return {str(sym): [bound(r.lower), bound(r.upper)] for sym, r in ep.range_constraints.items()}
 
 
+_TRACE_FILE = re.compile(r'File "([^"]+)"')
+
+
+def import_relative(path: str, roots: list[str]) -> str:
+    """``path`` relative to the import root it lies in (the longest of ``roots``), as Python
+    names the module's file (``laya_build/model/decision.py``, ``torch/nn/modules/linear.py``);
+    unchanged when it lies in none."""
+    for root in roots:
+        if path.startswith(root + os.sep):
+            return path[len(root) + 1:]
+    return path
+
+
+def portable_stack_traces(ep) -> int:
+    """Name every source file in the stack traces ``torch.export`` keeps per node by its
+    import-relative path instead of where this checkout and its environment happen to live,
+    so that ``exported.pt2`` is the same bytes whichever folder built it.  Returns how many
+    nodes had a trace."""
+    here = Path(__file__).resolve().parents[2]  # the checkout laya_build is imported from
+    roots = sorted({str(here), *(os.path.abspath(p or os.curdir) for p in sys.path)}, key=len, reverse=True)
+    rewrite = lambda m: f'File "{import_relative(m.group(1), roots)}"'
+    traced = 0
+    for module in ep.graph_module.modules():
+        graph = getattr(module, "graph", None)
+        for node in graph.nodes if graph is not None else ():
+            trace = node.meta.get("stack_trace")
+            if trace:
+                node.meta["stack_trace"] = _TRACE_FILE.sub(rewrite, trace)
+                traced += 1
+    return traced
+
+
 def export_program(model, inputs: dict, program: Program, cfg: dict, device: str, out: Path,
                    meta: dict) -> dict:
     import torch
@@ -76,6 +111,7 @@ def export_program(model, inputs: dict, program: Program, cfg: dict, device: str
                                  dynamic_shapes=dynamic_shapes(cfg["dims"], program.single_slot))
     export_s = time.perf_counter() - start
     log.info(f"[laya] torch.export of {program.name} ({device}, {meta['dtype']}): {export_s:.1f} s")
+    portable_stack_traces(ep)
     with atomic_path(out / program.exported) as tmp, open(tmp, "wb") as fh:
         torch.export.save(ep, fh)  # a file object: the temp name does not end in .pt2
 

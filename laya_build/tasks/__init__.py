@@ -3,7 +3,7 @@
 This package is the only code that knows doit: :mod:`.common` (the one stage-task builder,
 derived dependencies, actions), :mod:`.checks` (outputs and toolchain up-to-date checks),
 :mod:`.kernels`, :mod:`.model` and :mod:`.release` (the task generators), :mod:`.dispatch`
-(the order doit starts ready tasks in).  Building the
+(the order doit starts ready tasks in), :mod:`.state` (doit's task state, kept across a kill).  Building the
 graph imports no torch, tilelang or transformers.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from doit import get_var
 
 from .. import PROJECT_ROOT
 from .. import config as config_mod
-from . import dispatch
+from . import dispatch, state
 from .kernels import cuda_diff_tasks, cuda_source_tasks, lower_c_tasks, probe_c_tasks, tir_tasks
 from .model import aoti_package_tasks, export_tasks, latency_tasks, model_builds, model_tasks, verify_tasks
 from .release import STAGE_GENERATORS, release_diff_task, release_task
@@ -44,9 +44,10 @@ def doit_config(p: config_mod.Pipeline) -> dict:
     db.parent.mkdir(parents=True, exist_ok=True)
     return {
         # sqlite3: transactional, unlike dbm (locks and corrupts under concurrent runs) and json
-        # (rewritten whole with a plain open(): an interrupted dump leaves it truncated).  One
+        # (rewritten whole with a plain open(): an interrupted dump leaves it truncated), and
+        # committed task by task (.state: a killed build keeps what it finished).  One
         # database per version: the task state of one version never answers for another.
-        "backend": "sqlite3",
+        "backend": state.NAME,
         "dep_file": str(db),
         "default_tasks": DEFAULT_TASKS,
         "num_process": default_processes(),

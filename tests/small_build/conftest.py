@@ -6,8 +6,13 @@ robustness tests and the release tests:
   (``tracer/sitecustomize.py``) in every process: what each task reads (test_dependencies);
 * ``killed``: a checkout whose build is killed with SIGKILL at several points while the traced
   build runs beside it (shared compiler-cache paths and locks, one user), then re-run as
-  ``doit release`` (test_robustness); its release is the one test_release inspects, tampers
-  with (in copies) and diffs against a second release.
+  ``doit release`` (test_robustness); its release is the one test_release inspects and
+  tampers with (in copies).
+
+The traced checkout builds the next version (``TRACED_VERSION``) of the same sources, so its
+outputs are compared with the killed one's byte for byte, and test_release later changes one
+kernel there and releases it, to diff against the killed checkout's release (a release copied
+in, as a release engineer compares a release built elsewhere).
 
 One fixture runs both so that they really overlap (a second checkout building from scratch
 all along the kills), and the small pipeline is built from scratch twice, not four times.
@@ -40,6 +45,9 @@ KILL_POINTS = {  # (task, seconds after it started): each runs for several secon
     "AOTInductor compile": ("aoti_package:cpu-float32", 8.0),
     "verification": ("verify:cpu-float32", 2.0),
 }
+# the killed checkout builds and releases the project's version; the traced one builds the next
+# (test_release makes it a release with one kernel changed, to diff against the killed one's)
+KILLED_VERSION, TRACED_VERSION = "0.1.0", "0.2.0"
 # outputs compared between the two checkouts (exported.pt2 names the checkout's source paths
 # in its stack traces, so it differs by those)
 COMPARED = ("export/cpu-float32/eager.pt", "aoti_package/cpu-float32/decision.pt2", "lower_c/rope.c",
@@ -61,10 +69,10 @@ def start(project: Project, *args: str, env: dict | None = None) -> subprocess.P
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def kill_when(proc: subprocess.Popen, reached, timeout: float = 900) -> bool:
+def kill_when(proc: subprocess.Popen, reached, timeout: float = 900) -> list[str] | None:
     """SIGKILL ``proc``'s whole process group as soon as ``reached(started)`` holds, where
-    ``started`` maps each task doit started (its ``.  task`` line) to when; False if the
-    build ended first."""
+    ``started`` maps each task doit started (its ``.  task`` line) to when; returns the tasks
+    started, in order (None if the build ended first)."""
     started: dict[str, float] = {}
 
     def read():
@@ -81,7 +89,7 @@ def kill_when(proc: subprocess.Popen, reached, timeout: float = 900) -> bool:
         if reached(dict(started)):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            return True
+            return list(started)
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     raise AssertionError("the build reached no kill point in time")
@@ -122,6 +130,7 @@ class SmallBuilds:
     # of both checkouts, right after the builds (later tests commit in the killed checkout)
     kernel_outputs: dict = field(default_factory=dict)
     kills: list = field(default_factory=list)  # the kill points reached
+    finished_before_kills: set = field(default_factory=set)  # tasks a killed run had finished
     resumed: DoitRun | None = None  # `doit release` after the kills
 
 
@@ -134,8 +143,8 @@ def small_builds(tmp_path_factory) -> SmallBuilds:
     checkpoint = write_upstream_checkpoint(tmp_path_factory.mktemp("upstream") / "checkpoint")
     traced = Project(tmp_path_factory.mktemp("deps"))
     killed = Project(tmp_path_factory.mktemp("killed"))
-    for project in (traced, killed):
-        project.edit_config(lambda cfg: small_pipeline(cfg, checkpoint))
+    for project, version in ((traced, TRACED_VERSION), (killed, KILLED_VERSION)):
+        project.edit_config(lambda cfg, version=version: (small_pipeline(cfg, checkpoint), cfg.update(version=version)))
         project.commit("small pipeline")
     graph = traced.graph()
     trace_dir = tmp_path_factory.mktemp("trace")
@@ -149,8 +158,10 @@ def small_builds(tmp_path_factory) -> SmallBuilds:
     try:
         for point, (task, after) in KILL_POINTS.items():
             run = start(killed, "-n", "1", *BUILD)
-            if kill_when(run, running_for(task, after)):
+            started = kill_when(run, running_for(task, after))
+            if started is not None:
                 builds.kills.append(point)
+                builds.finished_before_kills.update(started[:-1])  # `-n 1`: all but the last ended
                 assert_nothing_half_done(killed)
         builds.resumed = killed.doit("release")  # the plain re-run: carries on to the release
     finally:

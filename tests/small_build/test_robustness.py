@@ -32,6 +32,15 @@ def test_a_plain_rerun_completes_after_the_kills(small_builds):
     assert read_record(killed.version_dir() / "verify" / "cpu-float32" / "verify.json")["status"] == "ok"
 
 
+def test_what_a_killed_build_finished_is_not_done_again(small_builds):
+    """The task state is committed task by task (``laya_build.tasks.state``): the re-run does
+    only what no killed run had finished (and what always runs)."""
+    finished = small_builds.finished_before_kills
+    assert {"model:build", "export:cpu-float32", "aoti_package:cpu-float32"} <= finished
+    redone = {t for t in small_builds.resumed.executed if not small_builds.graph.get(t, {}).get("always")}
+    assert not redone & finished, sorted(redone & finished)
+
+
 def test_concurrent_builds_both_succeed(small_builds):
     for run in (small_builds.resumed, small_builds.traced_run):
         assert run.returncode == 0, run.stdout + run.stderr

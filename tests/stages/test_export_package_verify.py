@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from laya_build.stages.export import run_export
 from laya_build.stages.latency import run_latency, target_variants
 from laya_build.stages.package import run_package
 from laya_build.stages.verify import run_verify
+from tests.pipeline.project import ROOT
 
 pytestmark = pytest.mark.build(seconds=180)  # two CPU packages, one torch.compile
 
@@ -106,6 +109,19 @@ def test_exported_program_round_trips(build):
     decision, act = ep.module()(*(batch[k] for k in inputs["arg_names"]))
     assert torch.allclose(decision, eager["outputs"][0]["decision"], atol=1e-5)
     assert torch.allclose(act, eager["outputs"][0]["act"], atol=1e-5)
+
+
+def test_exported_programs_name_no_folder_of_the_machine_that_built_them(build):
+    """Stack traces stay in ``exported.pt2`` (debug info), naming files import-relative: the
+    same bytes from any checkout and environment (release_diff compares them across builds)."""
+    for dtype, name in (("float32", "exported.pt2"), ("float32", "exported_single_slot.pt2"),
+                        ("bfloat16", "exported.pt2")):
+        with zipfile.ZipFile(build.export_dir(dtype) / name) as archive:
+            model = next(archive.read(n).decode() for n in archive.namelist() if n.endswith("models/model.json"))
+        for folder in {str(ROOT), sys.prefix, str(build.root)}:
+            assert folder not in model, (dtype, name, folder)
+        assert '"stack_trace": "File \\"laya_build/model/decision.py\\", line' in model, (dtype, name)
+        assert 'File \\"transformers/models/modernbert/modeling_modernbert.py\\"' in model, (dtype, name)
 
 
 def test_tampered_package_fails_before_loading(build, tmp_path, verify_cfg):
