@@ -6,14 +6,13 @@ laya_build.tasks builds from it.  Nothing here imports torch, tilelang or transf
 import sys
 
 from laya_build import tasks
-from laya_build.config import ConfigError
+from laya_build.errors import LayaBuildError
 
 try:
     PIPELINE = tasks.load_pipeline()
-except ConfigError as exc:
+    DOIT_CONFIG = tasks.doit_config(PIPELINE)
+except LayaBuildError as exc:  # a bad pipeline.yaml or argument, an incomplete install
     sys.exit(f"laya-build: {exc}")
-
-DOIT_CONFIG = tasks.doit_config(PIPELINE)
 
 
 def task_tir():

@@ -47,7 +47,7 @@ def doit_config(p: config_mod.Pipeline) -> dict:
         # (rewritten whole with a plain open(): an interrupted dump leaves it truncated), and
         # committed task by task (.state: a killed build keeps what it finished).  One
         # database per version: the task state of one version never answers for another.
-        "backend": state.NAME,
+        "backend": state.backend(),
         "dep_file": str(db),
         "default_tasks": DEFAULT_TASKS,
         "num_process": default_processes(),

@@ -3,16 +3,17 @@ before the kill stays done; with doit's own sqlite3 backend the next run does it
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
+from importlib import metadata
 
 import pytest
 
+from laya_build.errors import InstallError
 from laya_build.tasks import doit_config, load_pipeline, state
-from tests.pipeline.project import ROOT, TASK_LINE
+from tests.pipeline.project import TASK_LINE
 
 DODO = '''
 import os, time
@@ -42,7 +43,6 @@ def _doit(path, backend: str, seconds: float, *args: str) -> subprocess.Popen:
 
 @pytest.mark.parametrize("backend", [state.NAME, "sqlite3"])
 def test_a_task_finished_before_a_kill_stays_done(tmp_path, backend):
-    shutil.copy(ROOT / "pyproject.toml", tmp_path)  # the plugin's registration, as shipped
     (tmp_path / "dodo.py").write_text(DODO)
     (tmp_path / "in.txt").write_text("input\n")
     run = _doit(tmp_path, backend, 60, "-n", "1", "second")
@@ -63,5 +63,16 @@ def test_a_task_finished_before_a_kill_stays_done(tmp_path, backend):
         assert (executed, up_to_date) == (["first", "second"], []), out
 
 
-def test_the_pipeline_uses_it():
+def test_the_pipeline_uses_it_and_doit_finds_it_by_entry_point():
     assert doit_config(load_pipeline())["backend"] == state.NAME
+    (point,) = metadata.entry_points(group=state.GROUP, name=state.NAME)  # wherever doit runs from
+    assert point.load() is state.TaskStateDB
+
+
+def test_a_missing_registration_is_named_before_doit_fails_on_it(monkeypatch):
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(state.metadata, "distribution", not_installed)
+    with pytest.raises(InstallError, match=r"backend 'sqlite3-task' is not registered .*pip install .*-e \."):
+        doit_config(load_pipeline())
