@@ -6,13 +6,14 @@ laya_build.tasks builds from it.  Nothing here imports torch, tilelang or transf
 import sys
 
 from laya_build import tasks
-from laya_build.errors import LayaBuildError
+from laya_build.config import ConfigError
 
 try:
     PIPELINE = tasks.load_pipeline()
-    DOIT_CONFIG = tasks.doit_config(PIPELINE)
-except LayaBuildError as exc:  # a bad pipeline.yaml or argument, an incomplete install
+except ConfigError as exc:
     sys.exit(f"laya-build: {exc}")
+
+DOIT_CONFIG = tasks.doit_config(PIPELINE)
 
 
 def task_tir():

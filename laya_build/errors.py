@@ -11,11 +11,6 @@ class LayaBuildError(Exception):
     """Base class of every error raised by laya-build's own code."""
 
 
-class InstallError(LayaBuildError):
-    """laya-build is not installed as the README's set-up installs it (e.g. a doit plugin is
-    not registered)."""
-
-
 class ConfigError(LayaBuildError, ValueError):
     """A config section is invalid or inconsistent (names the key)."""
 

@@ -3,8 +3,8 @@
 This package is the only code that knows doit: :mod:`.common` (the one stage-task builder,
 derived dependencies, actions), :mod:`.checks` (outputs and toolchain up-to-date checks),
 :mod:`.kernels`, :mod:`.model` and :mod:`.release` (the task generators), :mod:`.dispatch`
-(the order doit starts ready tasks in), :mod:`.state` (doit's task state, kept across a kill).  Building the
-graph imports no torch, tilelang or transformers.
+(the order doit starts ready tasks in), :mod:`.state` (doit's task state, kept across a
+kill).  Building the graph imports no torch, tilelang or transformers.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ __all__ = ["load_pipeline", "doit_config", "tir_tasks", "probe_c_tasks", "lower_
            "release_task", "release_diff_task", "model_builds", "STAGE_GENERATORS"]
 
 dispatch.install()  # a task whose dependencies just finished starts first (see dispatch)
+state.install()  # doit's sqlite3 backend commits each task's state when it is recorded (see state)
 
 DEFAULT_TASKS = ["tir", "probe_c", "lower_c", "cuda_source", "cuda_diff"]
 
@@ -47,7 +48,7 @@ def doit_config(p: config_mod.Pipeline) -> dict:
         # (rewritten whole with a plain open(): an interrupted dump leaves it truncated), and
         # committed task by task (.state: a killed build keeps what it finished).  One
         # database per version: the task state of one version never answers for another.
-        "backend": state.backend(),
+        "backend": "sqlite3",
         "dep_file": str(db),
         "default_tasks": DEFAULT_TASKS,
         "num_process": default_processes(),

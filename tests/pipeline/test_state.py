@@ -7,11 +7,9 @@ import signal
 import subprocess
 import sys
 import time
-from importlib import metadata
 
 import pytest
 
-from laya_build.errors import InstallError
 from laya_build.tasks import doit_config, load_pipeline, state
 from tests.pipeline.project import TASK_LINE
 
@@ -19,7 +17,11 @@ DODO = '''
 import os, time
 from pathlib import Path
 
-DOIT_CONFIG = {"backend": os.environ["BACKEND"], "dep_file": ".doit.db"}
+if os.environ["COMMIT_EACH_TASK"] == "1":
+    from laya_build.tasks import state
+    state.install()
+
+DOIT_CONFIG = {"backend": "sqlite3", "dep_file": ".doit.db"}
 
 def task_first():
     def act():
@@ -35,44 +37,38 @@ def task_second():  # started, then killed (its marker says when); quick on the 
 '''
 
 
-def _doit(path, backend: str, seconds: float, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "BACKEND": backend, "SECOND_SECONDS": str(seconds)}
+def _doit(path, commit_each_task: bool, seconds: float, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "COMMIT_EACH_TASK": "1" if commit_each_task else "0", "SECOND_SECONDS": str(seconds)}
     return subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-@pytest.mark.parametrize("backend", [state.NAME, "sqlite3"])
-def test_a_task_finished_before_a_kill_stays_done(tmp_path, backend):
+@pytest.mark.parametrize("commit_each_task", [True, False], ids=["laya-build", "doit-alone"])
+def test_a_task_finished_before_a_kill_stays_done(tmp_path, commit_each_task):
     (tmp_path / "dodo.py").write_text(DODO)
     (tmp_path / "in.txt").write_text("input\n")
-    run = _doit(tmp_path, backend, 60, "-n", "1", "second")
+    run = _doit(tmp_path, commit_each_task, 60, "-n", "1", "second")
     deadline = time.monotonic() + 60
     while not (tmp_path / "second.started").exists():
         assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0]
         time.sleep(0.05)
     os.killpg(run.pid, signal.SIGKILL)  # the whole run, mid-task: no dump at the end
     run.wait()
-    rerun = _doit(tmp_path, backend, 0, "second")
+    rerun = _doit(tmp_path, commit_each_task, 0, "second")
     out = rerun.communicate(timeout=60)[0]
     assert rerun.returncode == 0, out
     executed = [m.group(2) for line in out.splitlines() if (m := TASK_LINE.match(line)) and m.group(1) == "."]
     up_to_date = [m.group(2) for line in out.splitlines() if (m := TASK_LINE.match(line)) and m.group(1) == "--"]
-    if backend == state.NAME:
+    if commit_each_task:
         assert (executed, up_to_date) == (["second"], ["first"]), out
     else:  # doit's own backend forgot the whole killed run
         assert (executed, up_to_date) == (["first", "second"], []), out
 
 
-def test_the_pipeline_uses_it_and_doit_finds_it_by_entry_point():
-    assert doit_config(load_pipeline())["backend"] == state.NAME
-    (point,) = metadata.entry_points(group=state.GROUP, name=state.NAME)  # wherever doit runs from
-    assert point.load() is state.TaskStateDB
+def test_building_the_task_graph_installs_it():
+    """``laya_build.tasks`` (what dodo.py imports) installs it, once, on doit's sqlite3 backend."""
+    from doit.dependency import SqliteDB
 
-
-def test_a_missing_registration_is_named_before_doit_fails_on_it(monkeypatch):
-    def not_installed(name):
-        raise metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(state.metadata, "distribution", not_installed)
-    with pytest.raises(InstallError, match=r"backend 'sqlite3-task' is not registered .*pip install .*-e \."):
-        doit_config(load_pipeline())
+    assert doit_config(load_pipeline())["backend"] == "sqlite3" and state.installed()
+    state.install()
+    assert SqliteDB.set.__wrapped__ is state._SET, "installed twice: the commit would wrap itself"
