@@ -16,7 +16,7 @@ def project(tmp_path_factory):
     project = Project(tmp_path_factory.mktemp("diff"))
 
     def small(cfg):
-        keep = ("gemm_gelu", "rope", "add_ln")
+        keep = ("geglu", "rope", "add_ln")  # three cheap kernels
         cfg["kernels"]["variants"] = {k: v for k, v in cfg["kernels"]["variants"].items() if k in keep}
         cfg["cpu_checks"]["shapes"] = {k: v for k, v in cfg["cpu_checks"]["shapes"].items() if k in keep}
 
@@ -84,11 +84,11 @@ def test_editing_a_section_reruns_its_stage_and_what_depends_on_it(project):
     run = project.doit("version=0.2.0", "cuda_diff")
     assert run.returncode == 0, run.stdout + run.stderr
     assert sorted(run.executed) == ["cuda_diff:compare"] + [
-        f"cuda_source:{v}.{d}-sm_80" for v in ("add_ln", "gemm_gelu", "rope") for d in ("bfloat16", "float16")]
+        f"cuda_source:{v}.{d}-sm_80" for v in ("add_ln", "geglu", "rope") for d in ("bfloat16", "float16")]
     record = read_record(project.artifacts / "0.2.0" / "cuda_diff" / "cuda_diff.json")
     assert record["summary"] == "6/12 identical"  # 0.1.0 has no sm_80 sources
     assert {f["file"] for f in record["files"] if f.get("note") == "missing in baseline"} == {
-        f"{v}/{d}-sm_80.cu" for v in ("add_ln", "gemm_gelu", "rope") for d in ("bfloat16", "float16")}
+        f"{v}/{d}-sm_80.cu" for v in ("add_ln", "geglu", "rope") for d in ("bfloat16", "float16")}
     project.edit_config(lambda c: c["cuda"]["archs"].pop())
 
 
