@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import PROJECT_ROOT
 from ..aoti import EAGER_FORMAT, batch_args, run_batches
 from ..atomic import atomic_path, torch_save
 from ..errors import ConfigError, InputsMismatchError
@@ -77,23 +78,17 @@ def import_relative(path: str, roots: list[str]) -> str:
     return path
 
 
-def portable_stack_traces(ep) -> int:
+def portable_stack_traces(ep) -> None:
     """Name every source file in the stack traces ``torch.export`` keeps per node by its
     import-relative path instead of where this checkout and its environment happen to live,
-    so that ``exported.pt2`` is the same bytes whichever folder built it.  Returns how many
-    nodes had a trace."""
-    here = Path(__file__).resolve().parents[2]  # the checkout laya_build is imported from
-    roots = sorted({str(here), *(os.path.abspath(p or os.curdir) for p in sys.path)}, key=len, reverse=True)
+    so that ``exported.pt2`` is the same bytes whichever folder built it."""
+    roots = sorted({str(PROJECT_ROOT), *(os.path.abspath(p or os.curdir) for p in sys.path)}, key=len, reverse=True)
     rewrite = lambda m: f'File "{import_relative(m.group(1), roots)}"'
-    traced = 0
     for module in ep.graph_module.modules():
         graph = getattr(module, "graph", None)
         for node in graph.nodes if graph is not None else ():
-            trace = node.meta.get("stack_trace")
-            if trace:
+            if trace := node.meta.get("stack_trace"):
                 node.meta["stack_trace"] = _TRACE_FILE.sub(rewrite, trace)
-                traced += 1
-    return traced
 
 
 def export_program(model, inputs: dict, program: Program, cfg: dict, device: str, out: Path,

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from laya_build.tasks import doit_config, load_pipeline, state
-from tests.pipeline.project import TASK_LINE
+from tests.pipeline.project import DoitRun
 
 DODO = '''
 import os, time
@@ -54,15 +54,14 @@ def test_a_task_finished_before_a_kill_stays_done(tmp_path, commit_each_task):
         time.sleep(0.05)
     os.killpg(run.pid, signal.SIGKILL)  # the whole run, mid-task: no dump at the end
     run.wait()
-    rerun = _doit(tmp_path, commit_each_task, 0, "second")
-    out = rerun.communicate(timeout=60)[0]
-    assert rerun.returncode == 0, out
-    executed = [m.group(2) for line in out.splitlines() if (m := TASK_LINE.match(line)) and m.group(1) == "."]
-    up_to_date = [m.group(2) for line in out.splitlines() if (m := TASK_LINE.match(line)) and m.group(1) == "--"]
+    proc = _doit(tmp_path, commit_each_task, 0, "second")
+    out = proc.communicate(timeout=60)[0]
+    rerun = DoitRun(proc.returncode, out, "")
+    assert rerun.returncode == 0, rerun.stdout
     if commit_each_task:
-        assert (executed, up_to_date) == (["second"], ["first"]), out
+        assert (rerun.executed, rerun.up_to_date) == (["second"], ["first"]), rerun.stdout
     else:  # doit's own backend forgot the whole killed run
-        assert (executed, up_to_date) == (["first", "second"], []), out
+        assert (rerun.executed, rerun.up_to_date) == (["first", "second"], []), rerun.stdout
 
 
 def test_building_the_task_graph_installs_it():

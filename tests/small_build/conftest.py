@@ -48,8 +48,7 @@ KILL_POINTS = {  # (task, seconds after it started): each runs for several secon
 # the killed checkout builds and releases the project's version; the traced one builds the next
 # (test_release makes it a release with one kernel changed, to diff against the killed one's)
 KILLED_VERSION, TRACED_VERSION = "0.1.0", "0.2.0"
-# outputs compared between the two checkouts (exported.pt2 names the checkout's source paths
-# in its stack traces, so it differs by those)
+# outputs compared between the two checkouts
 COMPARED = ("export/cpu-float32/eager.pt", "aoti_package/cpu-float32/decision.pt2", "lower_c/rope.c",
             "cuda/rope/bfloat16-sm_90.cu", "model/inputs.pt")
 
@@ -119,7 +118,6 @@ def assert_nothing_half_done(project: Project) -> None:
 
 @dataclass
 class SmallBuilds:
-    checkpoint: Path  # the upstream-written checkpoint both build (model.path)
     traced: Project
     graph: dict  # every sub-task's file_dep, targets, always (Project.graph)
     trace_dir: Path
@@ -153,7 +151,7 @@ def small_builds(tmp_path_factory) -> SmallBuilds:
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.append(proc.communicate()[0]))
     reader.start()
-    builds = SmallBuilds(checkpoint=checkpoint, traced=traced, graph=graph, trace_dir=trace_dir, traced_run=None,
+    builds = SmallBuilds(traced=traced, graph=graph, trace_dir=trace_dir, traced_run=None,
                          traced_digests={}, killed=killed)
     try:
         for point, (task, after) in KILL_POINTS.items():
