@@ -146,8 +146,8 @@ def synthetic_call(inputs: dict, rows: int, tokens: int, slots: int):
 def bench_runner(args) -> int:
     import torch
 
-    from laya_build import aoti as rt
     from laya_build import runtime
+    from laya_build.runtime import aoti as rt
 
     shapes = parse_shapes(args.shapes)
     timing = json.loads(args.timing)

@@ -29,6 +29,11 @@ TARGET_STAGES = ("latency",)
 TMP_GLOB = ".{name}.*.tmp"
 
 
+def record_name(stage: str) -> str:
+    """The file name of a stage's record: ``<stage>.json``."""
+    return f"{stage}.json"
+
+
 def tir_flavour(dtype: str, cpu: bool) -> str:
     """How a TIR specialisation is named in task names, reports and release diffs."""
     return f"cpu-{dtype}" if cpu else dtype
@@ -129,7 +134,7 @@ class VersionLayout:
         return self.root / stage / build_name(target, dtype)
 
     def build_record(self, stage: str, target: str, dtype: str | None = None) -> Path:
-        return self.build_dir(stage, target, dtype) / f"{stage}.json"
+        return self.build_dir(stage, target, dtype) / record_name(stage)
 
     def eager(self, target: str, dtype: str) -> Path:
         return self.build_dir("export", target, dtype) / "eager.pt"

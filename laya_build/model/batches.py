@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ConfigError
-from .tokenizer import render_options, to_internal  # plain Python: no torch, no tokenizers
+from laya_build.errors import ConfigError
+from laya_build.model.tokenizer import render_options, to_internal  # plain Python: no torch, no tokenizers
 
 TOKEN_ALIGN = 16  # export's tokens are 16 * Dim("tokens16"): the attention alignment guard
 # Each export dim: (the shape key, the export.dims key, its multiplier).

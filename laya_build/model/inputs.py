@@ -41,11 +41,11 @@ import os
 
 import torch
 
-from ..aoti import INPUTS_FORMAT, load_weights_only
-from ..errors import ConfigError, InputsMismatchError
-from .batches import DECISIONS, Decision, DimsError, batch_layout, check_dims, planned_shapes
-from .decision import QUESTION_TYPES
-from .tokenizer import build_sequence, noul_labels, special_token_ids, to_internal
+from laya_build.errors import ConfigError, InputsMismatchError
+from laya_build.model.batches import DECISIONS, Decision, DimsError, batch_layout, check_dims, planned_shapes
+from laya_build.model.decision import QUESTION_TYPES
+from laya_build.model.tokenizer import build_sequence, noul_labels, special_token_ids, to_internal
+from laya_build.runtime.aoti import INPUTS_FORMAT, load_weights_only
 
 ARG_NAMES = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
 DIM_AXES = {"rows": ("input_ids", 0), "tokens": ("input_ids", 1), "slots": ("marker_pos", 1)}
@@ -145,7 +145,7 @@ def build_inputs(tokenizer, spec: dict, agent: dict) -> dict:
 
 
 def save_inputs(inputs: dict, path: str | os.PathLike) -> None:
-    from ..atomic import torch_save
+    from laya_build.atomic import torch_save
 
     torch_save(inputs, path)
 

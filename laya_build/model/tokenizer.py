@@ -25,7 +25,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..errors import CheckpointError, ConfigError
+from laya_build.errors import CheckpointError, ConfigError
 
 CORPUS_PATH = Path(__file__).with_name("corpus.txt")
 SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[PAD]", "[UNK]")

@@ -10,9 +10,9 @@ import difflib
 import shutil
 from pathlib import Path
 
-from ..atomic import write_text
-from ..errors import CudaSourceMismatch  # noqa: F401  (CudaSourceMismatch re-exported)
-from ..records import sha256_file
+from laya_build.atomic import write_text
+from laya_build.errors import CudaSourceMismatch  # noqa: F401  (CudaSourceMismatch re-exported)
+from laya_build.records import sha256_file
 
 
 def first_difference(a: bytes, b: bytes) -> int | None:

@@ -2,7 +2,7 @@
 
 ``tilelang.lower`` runs TileLang's device lowering and codegen only; nothing is compiled
 with nvcc and no CUDA device is touched, so this works on a CPU-only machine.  Each
-generation runs in its own process (see :mod:`laya_build.isolate`): the source then depends
+generation runs in its own process (see :mod:`laya_build.runner`): the source then depends
 only on the kernel and its arguments, not on what else the process generated before.
 """
 from __future__ import annotations
@@ -11,10 +11,10 @@ import importlib
 import time
 from pathlib import Path
 
-from ..kernelgen import call_args, kernel_toolchain, load_factory, publish, sha256_text
+from laya_build.stages.kernelgen import call_args, kernel_toolchain, load_factory, publish, sha256_text
 
 # The module of ``kernels`` that lowers to CUDA (a baseline revision from before it existed
-# names its own, ``kernels.probe``: see laya_build.gitrev.lowering_module).
+# names its own, ``kernels.probe``: see laya_build.stages.gitrev.lowering_module).
 LOWERING_MODULE = "kernels.lowering"
 
 

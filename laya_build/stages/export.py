@@ -17,14 +17,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import PROJECT_ROOT
-from ..aoti import EAGER_FORMAT, batch_args, run_batches
-from ..atomic import atomic_path, torch_save
-from ..errors import ConfigError, InputsMismatchError
-from ..log import get_logger
-from ..records import file_entry, finish, sha256_file, skip
-from ..sections import check_target, section, torch_dtype
-from ..toolchain import unsupported_reason, versions
+from laya_build import PROJECT_ROOT
+from laya_build.atomic import atomic_path, torch_save
+from laya_build.config.sections import section
+from laya_build.environment import unsupported_reason, versions
+from laya_build.errors import ConfigError, InputsMismatchError
+from laya_build.log import get_logger
+from laya_build.records import file_entry, sha256_file
+from laya_build.runtime.aoti import EAGER_FORMAT, batch_args, run_batches
+from laya_build.stages.common import skip
+from laya_build.targets import check_target, torch_dtype
 
 log = get_logger(__name__)
 
@@ -95,7 +97,7 @@ def export_program(model, inputs: dict, program: Program, cfg: dict, device: str
                    meta: dict) -> dict:
     import torch
 
-    from ..model.inputs import batch_shape
+    from laya_build.model.inputs import batch_shape
 
     batches = inputs[program.batches_key]
     index = 0 if program.single_slot else cfg["example_batch"]  # checked by check_export_layout
@@ -131,11 +133,11 @@ def run_export(export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: s
     """Export (or skip, with the reason) ``target`` x ``dtype``.  A CUDA export that can run
     initialises CUDA, which a process forked from one that imported torch must not do: unless
     ``fresh_process`` says this already is a fresh interpreter, it runs in one
-    (:func:`laya_build.isolate.run`) and this process only decides whether to skip."""
-    from ..model.batches import BATCH_KEYS, DimsError, check_export_layout
-    from ..model.checkpoint import WEIGHTS, load_checkpoint
-    from ..model.decision import eval_copy
-    from ..model.inputs import batch_shape, load_inputs
+    (:func:`laya_build.runner.run`) and this process only decides whether to skip."""
+    from laya_build.model.batches import BATCH_KEYS, DimsError, check_export_layout
+    from laya_build.model.checkpoint import WEIGHTS, load_checkpoint
+    from laya_build.model.decision import eval_copy
+    from laya_build.model.inputs import batch_shape, load_inputs
 
     start = time.perf_counter()
     cfg = section("export", export_cfg)
@@ -145,9 +147,9 @@ def run_export(export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: s
         raise ConfigError(f"export.targets.{target} does not list {dtype}")
     out = Path(out_dir)
     if reason := unsupported_reason(target):
-        return skip("export", out, reason, target=target, dtype=dtype)
+        return skip("export", reason, target=target, dtype=dtype)
     if target == "cuda" and not fresh_process:
-        from ..isolate import run as run_process
+        from laya_build.runner import run as run_process
 
         spec = {"export_cfg": export_cfg, "checkpoint_dir": str(checkpoint_dir), "inputs_path": str(inputs_path),
                 "out_dir": str(out_dir), "target": target, "dtype": dtype, "fresh_process": True}
@@ -167,7 +169,7 @@ def run_export(export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: s
     out.mkdir(parents=True, exist_ok=True)
     records = [export_program(model, inputs, p, cfg, target, out, meta) for p in programs]
     dims = cfg["dims"]
-    return finish(out, {
+    return {
         "stage": "export", "status": "ok", "target": target, "dtype": dtype,
         "dims": {**dims, "tokens": {"min": 16 * dims["tokens16"]["min"],
                                     "max": 16 * dims["tokens16"]["max"]}},
@@ -177,4 +179,4 @@ def run_export(export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: s
         "programs": records,
         "versions": versions(),
         "elapsed_s": round(time.perf_counter() - start, 4),
-    })
+    }

@@ -8,8 +8,8 @@ measured for each package dtype of the target (each carries its ``dtype``).  A p
 build was skipped is listed with the reason (``skipped_packages``); a target that cannot run
 here, or whose packages were all skipped, gives a skip record.
 
-Measured in a fresh interpreter (:mod:`laya_build.children.latency`, started by
-:func:`laya_build.isolate.run`) with its own empty Inductor cache, on
+Measured in a fresh interpreter (:mod:`laya_build.stages.children.latency`, started by
+:func:`laya_build.runner.run`) with its own empty Inductor cache, on
 the saved inputs: per variant and batch, ``timing.<target>.warmup`` calls, then
 ``torch.utils.benchmark``'s ``blocked_autorange`` for ``timing.<target>.min_run_time_s``
 seconds (the median per-call time over its blocks; the record says how many calls each
@@ -26,19 +26,20 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..atomic import write_text
-from ..buckets import parse_buckets
-from ..errors import ConfigError, StageError
-from ..isolate import inductor_cache, vec_isa_root
-from ..isolate import run as run_process
-from ..model_report import variant_label
-from ..records import check_record, check_sha256, finish, sha256_file, skip, upstream
-from ..sections import section
-from ..toolchain import device_snapshot, unsupported_reason, versions
+from laya_build.atomic import write_text
+from laya_build.config.sections import section
+from laya_build.environment import device_snapshot, unsupported_reason, versions
+from laya_build.errors import ConfigError, StageError
+from laya_build.records import check_record, sha256_file
+from laya_build.release.model_report import variant_label
+from laya_build.runner import inductor_cache, vec_isa_root
+from laya_build.runner import run as run_process
+from laya_build.runtime.buckets import parse_buckets
+from laya_build.stages.common import check_sha256, skip, upstream
 
-# Compilers this stage runs (torch.compile): part of its up-to-date check (laya_build.toolchain).
+# Compilers this stage runs (torch.compile): part of its up-to-date check (laya_build.environment).
 TOOLS = ("cxx",)
-CHILD_MODULE = "laya_build.children.latency"
+CHILD_MODULE = "laya_build.stages.children.latency"
 DESCRIPTIONS = {
     "eager_amp": "eager, fp32 weights, {amp} autocast",
     "eager_bf16": "eager, explicit bf16 weights",
@@ -119,7 +120,7 @@ def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_p
                 target: str, runtime_cfg: dict | None = None) -> dict:
     """Measure ``target``: the shared variants once, the package variants for each package
     record of ``package_record_paths`` (every dtype of the target, one record each)."""
-    from ..model.inputs import batch_shape, load_inputs
+    from laya_build.model.inputs import batch_shape, load_inputs
 
     start = time.perf_counter()
     cfg = section("latency", latency_cfg)
@@ -127,11 +128,11 @@ def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_p
     out = Path(out_dir)
     records = _package_records(package_record_paths, target)
     if reason := unsupported_reason(target, aoti=True):
-        return skip("latency", out, reason, target=target)
+        return skip("latency", reason, target=target)
     skipped = [{"dtype": pkg["dtype"], "reason": f"aoti_package skipped: {pkg['reason']}"}
                for _, pkg in records if pkg["status"] == "skipped"]
     if len(skipped) == len(records):
-        return skip("latency", out, f"every package of target {target} was skipped: "
+        return skip("latency", f"every package of target {target} was skipped: "
                     + "; ".join(f"{s['dtype']}: {s['reason']}" for s in skipped), target=target)
 
     buckets = runtime["buckets"].get(target, [])
@@ -179,4 +180,4 @@ def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_p
     }
     check_record(out / "latency.json", record)  # nothing is written for an invalid record
     write_text(out / "latency.md", markdown(record, shapes))
-    return finish(out, record)
+    return record

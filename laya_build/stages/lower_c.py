@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import NumericalCheckFailed  # noqa: F401  (NumericalCheckFailed re-exported)
-from ..kernelgen import call_args, kernel_toolchain, load_factory, publish, sha256_text
+from laya_build.errors import NumericalCheckFailed  # noqa: F401  (NumericalCheckFailed re-exported)
+from laya_build.stages.kernelgen import call_args, kernel_toolchain, load_factory, publish, sha256_text
 
 # Compilers this stage runs (TileLang builds target c with the C++ compiler): part of its
-# up-to-date check (laya_build.toolchain).
+# up-to-date check (laya_build.environment).
 TOOLS = ("cxx",)
 
 

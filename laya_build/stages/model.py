@@ -14,18 +14,18 @@ import math
 import time
 from pathlib import Path
 
-from ..records import file_entry, finish
-from ..sections import section
-from ..toolchain import versions
+from laya_build.config.sections import section
+from laya_build.environment import versions
+from laya_build.records import file_entry
 
 CHECKPOINT_DIRNAME = "checkpoint"
 INPUTS_NAME = "inputs.pt"
 
 
 def run_model(model_cfg: dict, out_dir) -> dict:
-    from ..aoti import PROBABILITY_RULE, PROBABILITY_RULE_SOURCE
-    from ..model.checkpoint import DEFAULT_ATTN, UPSTREAM_LAYA, WEIGHTS, install_checkpoint
-    from ..model.inputs import batch_shape, build_inputs, save_inputs
+    from laya_build.model.checkpoint import DEFAULT_ATTN, UPSTREAM_LAYA, WEIGHTS, install_checkpoint
+    from laya_build.model.inputs import batch_shape, build_inputs, save_inputs
+    from laya_build.runtime.aoti import PROBABILITY_RULE, PROBABILITY_RULE_SOURCE
 
     start = time.perf_counter()
     cfg = section("model", model_cfg)
@@ -41,7 +41,7 @@ def run_model(model_cfg: dict, out_dir) -> dict:
 
     files = [file_entry(p, out) for p in sorted(ckpt.rglob("*")) if p.is_file()]
     weights_sha256 = next(f["sha256"] for f in files if f["path"] == f"{CHECKPOINT_DIRNAME}/{WEIGHTS}")
-    return finish(out, {
+    return {
         "stage": "model",
         "status": "ok",
         "source": "local" if cfg["path"] else "generated",
@@ -71,4 +71,4 @@ def run_model(model_cfg: dict, out_dir) -> dict:
                    "single_slot_batches": shapes("single_slot_batches")},
         "versions": versions(),
         "elapsed_s": round(time.perf_counter() - start, 4),
-    })
+    }

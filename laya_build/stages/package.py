@@ -1,7 +1,7 @@
 """Stage ``aoti_package``: AOTInductor packages (``decision.pt2``) of an export stage's programs.
 
-Compilation runs in a fresh interpreter (:mod:`laya_build.children.package`, started by
-:func:`laya_build.isolate.run`): CUDA cannot be re-initialised
+Compilation runs in a fresh interpreter (:mod:`laya_build.stages.children.package`, started by
+:func:`laya_build.runner.run`): CUDA cannot be re-initialised
 in a forked worker, a crashing native compiler must not take the build down, and memory
 stays bounded.  The child gets its own initially empty ``TORCHINDUCTOR_CACHE_DIR`` in a temp
 directory outside the artifacts, removed afterwards (compiler caches are never artifacts).
@@ -18,16 +18,19 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..errors import ConfigError
-from ..isolate import inductor_cache, vec_isa_root
-from ..isolate import run as run_process
-from ..records import check_sha256, file_entry, finish, record_path, skip_if_blocked, upstream
-from ..sections import check_target, section
-from ..toolchain import device_snapshot, versions
+from laya_build.config.sections import section
+from laya_build.environment import device_snapshot, versions
+from laya_build.errors import ConfigError
+from laya_build.layout import record_name
+from laya_build.records import file_entry
+from laya_build.runner import inductor_cache, vec_isa_root
+from laya_build.runner import run as run_process
+from laya_build.stages.common import check_sha256, skip_if_blocked, upstream
+from laya_build.targets import check_target
 
-# Compilers this stage runs: part of its up-to-date check (laya_build.toolchain).
+# Compilers this stage runs: part of its up-to-date check (laya_build.environment).
 TOOLS = ("cxx", "nvcc")
-CHILD_MODULE = "laya_build.children.package"
+CHILD_MODULE = "laya_build.stages.children.package"
 
 
 def package_name(program: str) -> str:
@@ -58,10 +61,10 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
     if target not in cfg["targets"]:
         raise ConfigError(f"package.targets does not list {target}")
     export_dir, out = Path(export_dir), Path(out_dir)
-    exp = upstream(record_path(export_dir, "export"), "export")
+    exp = upstream(export_dir / record_name("export"), "export")
     if exp["target"] != target:
         raise ConfigError(f"{export_dir}: export record is for target {exp['target']}, not {target}")
-    if (skipped := skip_if_blocked("aoti_package", out, exp, target, aoti=True)) is not None:
+    if (skipped := skip_if_blocked("aoti_package", exp, target, aoti=True)) is not None:
         return skipped
 
     programs = exp["programs"]
@@ -92,12 +95,12 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
             "export_s": p["export_s"], "package_s": round(res["package_s"], 4),
             "load_s": round(res["load_s"], 4), "restored_hints": res["restored_hints"],
         })
-    return finish(out, {
+    return {
         "stage": "aoti_package", "status": "ok", "target": target, "dtype": exp["dtype"],
         "dims": exp["dims"], "inputs": exp["inputs"], "programs": entries,
         "inductor_configs": cfg["inductor_configs"],
         "compile_cache": {**result["cache"], "removed": cache.removed}, "preload": result["preload"],
         "device": device_snapshot(target), "versions": versions(), "env_info": result["env_info"],
         "elapsed_s": round(time.perf_counter() - start, 4),
-    })
+    }
 

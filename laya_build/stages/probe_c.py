@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 
-from ..kernelgen import call_args, kernel_toolchain, load_factory
+from laya_build.stages.kernelgen import call_args, kernel_toolchain, load_factory
 
 # Compilers this stage runs (TileLang builds target c with the C++ compiler): part of its
-# up-to-date check (laya_build.toolchain).
+# up-to-date check (laya_build.environment).
 TOOLS = ("cxx",)
 
 

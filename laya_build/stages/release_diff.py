@@ -10,13 +10,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .. import model_report
-from ..atomic import write_text
-from ..layout import tir_flavour
-from ..records import check_record
-from ..release import check_files
-from ..report import records_by_stage, table
-from .cuda_diff import compare_file
+from laya_build.atomic import write_text
+from laya_build.layout import tir_flavour
+from laya_build.records import check_record
+from laya_build.release import check_files, model_report
+from laya_build.release.report import records_by_stage, table
+from laya_build.stages.cuda_diff import compare_file
 
 
 def _sources(old_dir: Path, new_dir: Path, old_files: dict, new_files: dict, folder: str, suffix: str, out: Path,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from ..kernelgen import call_args, kernel_toolchain, load_factory, publish, sha256_text
+from laya_build.stages.kernelgen import call_args, kernel_toolchain, load_factory, publish, sha256_text
 
 
 def run_tir(spec: dict) -> dict:

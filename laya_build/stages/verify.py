@@ -1,7 +1,7 @@
 """Stage ``verify``: the package, alone in a fresh Python process, reproduces ``eager.pt``.
 
-The stage runs :func:`laya_build.children.verify.verify` in a fresh interpreter
-(:func:`laya_build.isolate.run`; see that module for what the child does and does not
+The stage runs :func:`laya_build.stages.children.verify.verify` in a fresh interpreter
+(:func:`laya_build.runner.run`; see that module for what the child does and does not
 import), with ``AOTI_RUNTIME_CHECK_INPUTS=1`` and a new, empty ``TORCHINDUCTOR_CACHE_DIR``
 that is removed afterwards.  The child returns its measurements; the parent applies the thresholds of
 ``verify.thresholds.<target>.<dtype>`` and raises one exception class per failure kind
@@ -30,9 +30,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..aoti import HEADS, summarize
-from ..buckets import parse_buckets
-from ..errors import (
+from laya_build.config.sections import section
+from laya_build.errors import (
     ArgmaxMismatchError,
     ConfigError,
     GraphReplayMismatchError,
@@ -41,12 +40,14 @@ from ..errors import (
     VerificationError,
     VerifyChildCrashError,
 )
-from ..isolate import inductor_cache
-from ..isolate import run as run_process
-from ..records import finish, sha256_file, skip_if_blocked, upstream
-from ..sections import section
+from laya_build.records import sha256_file
+from laya_build.runner import inductor_cache
+from laya_build.runner import run as run_process
+from laya_build.runtime.aoti import HEADS, summarize
+from laya_build.runtime.buckets import parse_buckets
+from laya_build.stages.common import skip_if_blocked, upstream
 
-CHILD_MODULE = "laya_build.children.verify"
+CHILD_MODULE = "laya_build.stages.children.verify"
 MEASURES = (("logit", "logits", LogitParityError), ("prob", "probabilities", ProbabilityParityError))
 
 
@@ -124,7 +125,7 @@ def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, o
     package_record_path, eager_path, out = Path(package_record_path), Path(eager_path), Path(out_dir)
     pkg = upstream(package_record_path, "aoti_package")
     target = pkg["target"]
-    if (skipped := skip_if_blocked("verify", out, pkg, target)) is not None:
+    if (skipped := skip_if_blocked("verify", pkg, target)) is not None:
         return skipped
     thresholds = cfg["thresholds"].get(target, {}).get(pkg["dtype"])
     if thresholds is None:
@@ -157,7 +158,7 @@ def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, o
         raise VerificationError(f"the verification process imported "
                                 f"{result['child']['forbidden_modules_loaded']}; it must load only the package")
 
-    record = finish(out, {
+    record = {
         "stage": "verify", "status": "ok", "target": target, "dtype": pkg["dtype"],
         "package_record": {"sha256": sha256_file(package_record_path)},
         "inputs": {"sha256": pkg["inputs"]["sha256"]},
@@ -174,5 +175,5 @@ def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, o
                            "removed": cache.removed},
         "child": result["child"],
         "elapsed_s": round(time.perf_counter() - start, 4),
-    })
+    }
     return record

@@ -13,12 +13,19 @@ from pathlib import Path
 
 from doit import get_var
 
-from .. import PROJECT_ROOT
-from .. import config as config_mod
-from . import dispatch, state
-from .kernels import cuda_diff_tasks, cuda_source_tasks, lower_c_tasks, probe_c_tasks, tir_tasks
-from .model import aoti_package_tasks, export_tasks, latency_tasks, model_builds, model_tasks, verify_tasks
-from .release import STAGE_GENERATORS, release_diff_task, release_task
+from laya_build import PROJECT_ROOT
+from laya_build import config as config_mod
+from laya_build.tasks import dispatch, state
+from laya_build.tasks.kernels import cuda_diff_tasks, cuda_source_tasks, lower_c_tasks, probe_c_tasks, tir_tasks
+from laya_build.tasks.model import (
+    aoti_package_tasks,
+    export_tasks,
+    latency_tasks,
+    model_builds,
+    model_tasks,
+    verify_tasks,
+)
+from laya_build.tasks.release import STAGE_GENERATORS, release_diff_task, release_task
 
 __all__ = ["load_pipeline", "doit_config", "tir_tasks", "probe_c_tasks", "lower_c_tasks", "cuda_source_tasks",
            "cuda_diff_tasks", "model_tasks", "export_tasks", "aoti_package_tasks", "verify_tasks", "latency_tasks",

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import toolchain
-from ..errors import OutputsTampered  # noqa: F401  (OutputsTampered re-exported)
-from ..layout import tmp_leftovers
-from ..records import sha256_file
+from laya_build import environment as toolchain
+from laya_build.errors import OutputsTampered  # noqa: F401  (OutputsTampered re-exported)
+from laya_build.layout import tmp_leftovers
+from laya_build.records import sha256_file
 
 
 def outputs_digest(files: tuple[Path, ...], dirs: tuple[Path, ...]) -> dict[str, str | None]:
@@ -78,7 +78,7 @@ class Outputs:
                 f"outputs. `doit clean {task}` removes them so that the next run rebuilds them")
 
     def save(self) -> None:
-        from ..atomic import write_json
+        from laya_build.atomic import write_json
 
         write_json(self.sidecar, self.digest())
 

@@ -1,9 +1,9 @@
 """The one builder of stage tasks, and what every task shares (actions, cleaning, checks).
 
-A stage task's dependencies are derived (:mod:`laya_build.deps`): the project files its
+A stage task's dependencies are derived (:mod:`laya_build.tasks.deps`): the project files its
 process can import or read, the schemas of the records it writes and reads, the inputs it
 is given, the config slice it reads plus the version it builds into, the installed
-toolchain (:mod:`laya_build.toolchain`) and the bytes of its own outputs.
+toolchain (:mod:`laya_build.environment`) and the bytes of its own outputs.
 """
 from __future__ import annotations
 
@@ -14,15 +14,16 @@ from pathlib import Path
 from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
-from .. import SCHEMA_DIR, deps, isolate, release
-from ..errors import LayaBuildError
-from ..layout import tmp_leftovers
-from ..log import get_logger
-from .checks import Outputs, outputs_unchanged, toolchain_unchanged
+from laya_build import SCHEMA_DIR, release, runner
+from laya_build.errors import LayaBuildError
+from laya_build.layout import tmp_leftovers
+from laya_build.log import get_logger
+from laya_build.tasks import deps
+from laya_build.tasks.checks import Outputs, outputs_unchanged, toolchain_unchanged
 
 log = get_logger(__name__)
 
-RUNNER = "laya_build.isolate"
+RUNNER = "laya_build.runner"
 
 
 def reported(prefix: str = "", *extra: type[BaseException]):
@@ -94,7 +95,7 @@ def stage_action(p, task_name: str, module: str, function: str, spec: dict, outp
         outputs.check_untampered(task_name)
         outputs.forget()
         clear_outputs(outputs.files, outputs.dirs)
-        isolate.run(module, function, spec, record=record, extra_path=extra_path, label=label, env=env,
+        runner.run(module, function, spec, record=record, extra_path=extra_path, label=label, env=env,
                     kwargs=kwargs, fork=fork, task=task_name)
         outputs.save()
 

@@ -1,7 +1,7 @@
 """Kernel stage tasks: tir, probe_c, lower_c, cuda_source, cuda_diff.
 
 Every kernel task runs in a child forked from a server that imported torch and TileLang
-once (``fork=True``, :mod:`laya_build.isolate`): no generation sees another's state, a
+once (``fork=True``, :mod:`laya_build.runner`): no generation sees another's state, a
 crashing compiler takes only its child down, and no CUDA is ever initialised there.
 """
 from __future__ import annotations
@@ -12,13 +12,13 @@ from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
 from kernels.registry import KERNELS
-
-from .. import gitrev, release
-from ..layout import cuda_name, tir_flavour
-from ..log import get_logger
-from ..records import write_record
-from .checks import outputs_unchanged
-from .common import clean_action, clear_outputs, derived_deps, reported, stage_task, task_outputs
+from laya_build import release
+from laya_build.layout import cuda_name, tir_flavour
+from laya_build.log import get_logger
+from laya_build.records import write_record
+from laya_build.stages import gitrev
+from laya_build.tasks.checks import outputs_unchanged
+from laya_build.tasks.common import clean_action, clear_outputs, derived_deps, reported, stage_task, task_outputs
 
 log = get_logger(__name__)
 
@@ -192,7 +192,7 @@ def _extract_action(root: Path, sha: str, dest: Path):
 
 @reported("cuda_diff: ", FileNotFoundError)
 def _compare_action(p, spec: dict, record: Path, outputs):
-    from ..stages.cuda_diff import run_cuda_diff
+    from laya_build.stages.cuda_diff import run_cuda_diff
 
     release.refuse_if_released(p.version_dir, "cuda_diff")
     outputs.check_untampered("cuda_diff:compare")

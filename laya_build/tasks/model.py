@@ -1,8 +1,8 @@
 """Model stage tasks: model -> export -> aoti_package -> verify, latency.
 
-Each stage runs in a child forked from the pre-imported fork server (:mod:`laya_build.isolate`);
+Each stage runs in a child forked from the pre-imported fork server (:mod:`laya_build.runner`);
 what initialises CUDA or compiles, verifies or times a package runs in a fresh interpreter the
-stage starts for it (:mod:`laya_build.children`; a CUDA export:
+stage starts for it (:mod:`laya_build.stages.children`; a CUDA export:
 :func:`laya_build.stages.export.run_export`), only once the stage knows it will run (a skip is
 decided in the forked child).  One folder per (target, dtype) build (per target for
 ``latency``, which measures every package of a target in one process), emptied before the
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 
-from .. import config as config_mod
-from .. import isolate, release
-from ..layout import build_name
-from ..log import get_logger
-from .common import reported, stage_env, stage_task
+from laya_build import config as config_mod
+from laya_build import release, runner
+from laya_build.layout import build_name
+from laya_build.log import get_logger
+from laya_build.tasks.common import reported, stage_env, stage_task
 
 log = get_logger(__name__)
 
@@ -138,7 +138,7 @@ def _verify_release_task(p) -> dict:
             target, dtype = build.split("-", 1)
             spec = {**verify_spec(p, config.get("verify", {}), config.get("runtime", {}), target, dtype),
                     "out_dir": str(out_root / build)}
-            isolate.run("laya_build.stages.verify", "run_verify", spec, label=f"verify {p.version} {build}",
+            runner.run("laya_build.stages.verify", "run_verify", spec, label=f"verify {p.version} {build}",
                         env=stage_env(p), kwargs=True, fork=True, task="verify:release")
             result = json.loads((out_root / build / "verify.json").read_text())
             log.info(f"verify {p.version} {build}: {result['status']}"

@@ -6,11 +6,11 @@ from pathlib import Path
 from doit import get_var
 from doit.exceptions import TaskFailed
 
-from .. import config as config_mod
-from .. import isolate, release
-from ..log import get_logger
-from . import kernels, model
-from .common import reported
+from laya_build import config as config_mod
+from laya_build import release, runner
+from laya_build.log import get_logger
+from laya_build.tasks import kernels, model
+from laya_build.tasks.common import reported
 
 STAGE_GENERATORS = (kernels.tir_tasks, kernels.probe_c_tasks, kernels.lower_c_tasks, kernels.cuda_source_tasks,
                     kernels.cuda_diff_tasks, model.model_tasks, model.export_tasks, model.aoti_package_tasks,
@@ -62,7 +62,7 @@ def release_task(p) -> dict:
         spec = {"version": p.version, "version_dir": str(p.version_dir), "root": str(p.root),
                 "config": p.data, "owners": owners(p)}
         log.info(f"release {p.version}: writing REPORT.md and {release.MANIFEST} (environment snapshot)")
-        isolate.run("laya_build.release", "build_manifest", spec, label="release", task="release")
+        runner.run("laya_build.release", "build_manifest", spec, label="release", task="release")
         log.info(f"release {p.version}: {release.manifest_path(p.version_dir)}")
 
     return {
@@ -94,7 +94,7 @@ def release_diff_task(p) -> dict:
 
     @reported()
     def act():
-        isolate.run("laya_build.stages.release_diff", "run_release_diff", spec, record=out / "release_diff.json",
+        runner.run("laya_build.stages.release_diff", "run_release_diff", spec, record=out / "release_diff.json",
                     label="release_diff")
         log.info((out / "release_diff.md").read_text())
 

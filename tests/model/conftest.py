@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from laya_build.sections import section
+from laya_build.config.sections import section
 from laya_build.stages.model import run_model
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from laya_build.config.sections import merge, section
 from laya_build.errors import InputsMismatchError
 from laya_build.model.decision import QUESTION_TYPES
 from laya_build.model.inputs import DECISIONS, batch_shape, check_dims_reached
-from laya_build.sections import merge, section
 
 
 def test_saved_inputs_are_plain_and_weights_only(model_dir):

@@ -16,12 +16,12 @@ import torch
 from laya import common as up
 from laya.agent import Agent, _fix_tokenizer_config
 
-from laya_build import aoti as rt
 from laya_build.errors import CheckpointError, ConfigError, UnsupportedCheckpointError
 from laya_build.model.checkpoint import KEYS, UNKNOWN_KEY_NOTE, load_checkpoint, read_agent_config
 from laya_build.model.inputs import DECISIONS, load_inputs
 from laya_build.model.tokenizer import build_sequence, to_internal, upstream_tokenizer_config
 from laya_build.records import read_record, sha256_file
+from laya_build.runtime import aoti as rt
 from laya_build.stages.model import run_model
 from tests.upstream_checkpoint import UPSTREAM_CONFIG, upstream_agent, upstream_forward, write_upstream_checkpoint
 

@@ -19,7 +19,7 @@ import yaml
 from kernels.registry import CPU_DTYPE, KERNELS
 from laya_build import config
 from laya_build.model.batches import BATCH_KEYS, DECISIONS, EXPORT_DIMS, planned_shapes
-from laya_build.records import load_schema
+from laya_build.schema import load_schema
 from tests.pipeline.project import ROOT, Project
 
 GOOD = yaml.safe_load((ROOT / "pipeline.yaml").read_text())

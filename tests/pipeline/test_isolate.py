@@ -1,4 +1,4 @@
-"""The process runner (``laya_build.isolate``): fork-server children, what they report, and one
+"""The process runner (``laya_build.runner``): fork-server children, what they report, and one
 server per build shared by doit's parallel workers."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from laya_build import isolate
+from laya_build import runner as isolate
 from laya_build.errors import ConfigError, StageFailed
 from tests.pipeline.isolate_jobs import stat_fields
 
@@ -63,7 +63,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_the_server_ends_with_the_process_that_started_it():
-    code = ("import json; from laya_build import isolate; "
+    code = ("import json; from laya_build import runner as isolate; "
             f"print(json.dumps({{**isolate.run({JOBS!r}, 'where', {{}}, result=True, fork=True), "
             "'folder': str(isolate._PLACE.folder)}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -77,7 +77,7 @@ def test_the_server_ends_with_the_process_that_started_it():
 
 DODO = '''
 import json, os
-from laya_build import isolate
+from laya_build import runner as isolate
 if os.environ["SHARE"] == "1":
     from laya_build.tasks import dispatch
     dispatch.install()

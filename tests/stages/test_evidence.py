@@ -15,7 +15,7 @@ import pytest
 
 from laya_build import config
 from laya_build.errors import ProbabilityParityError
-from laya_build.records import validate
+from laya_build.schema import validate
 from laya_build.stages.verify import check_parity
 
 ROOT = Path(__file__).resolve().parents[2]

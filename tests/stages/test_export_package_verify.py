@@ -13,7 +13,7 @@ import pytest
 import torch
 from stage_build import DTYPES, FAST_TIMING
 
-from laya_build import model_report
+from laya_build.config.sections import section
 from laya_build.errors import (
     ConfigError,
     InputsMismatchError,
@@ -22,8 +22,10 @@ from laya_build.errors import (
     StageError,
     VerifyChildCrashError,
 )
-from laya_build.records import read_record, record_path, sha256_file, validate
-from laya_build.sections import section
+from laya_build.layout import record_name
+from laya_build.records import read_record, sha256_file
+from laya_build.release import model_report
+from laya_build.schema import validate
 from laya_build.stages.export import run_export
 from laya_build.stages.latency import run_latency, target_variants
 from laya_build.stages.package import run_package
@@ -86,7 +88,7 @@ def test_records_validate_and_describe_the_build(build):
     model = read_record(build.root / "model" / "model.json")
     assert model["inputs"]["rows"] == 7 and model["source"] == "generated"
     for dtype in DTYPES:
-        exp = read_record(record_path(build.export_dir(dtype), "export"))
+        exp = read_record(build.export_dir(dtype) / record_name("export"))
         assert exp["dims"]["tokens"] == {"min": 32, "max": 512}
         constraints = sorted(exp["programs"][0]["range_constraints"].values())
         assert [1, 4] in constraints and [2, 8] in constraints and [32, 512] in constraints

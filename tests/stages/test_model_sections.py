@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from laya_build.config.sections import DEFAULTS_PATH, section
 from laya_build.errors import ConfigError
-from laya_build.records import load_schema, validate
-from laya_build.sections import DEFAULTS_PATH, section
+from laya_build.schema import load_schema, validate
 
 SECTIONS = ("model", "export", "package", "verify", "latency", "runtime")
 

@@ -11,10 +11,10 @@ from stage_build import DTYPES
 from torch.testing import assert_close
 
 from laya_build import runtime
-from laya_build.buckets import Bucket, ExportDims, parse_buckets, smallest_holding
+from laya_build.config.sections import section
 from laya_build.errors import ConfigError, PackageIntegrityError, PackageIsaError, RuntimeInputError
 from laya_build.records import read_record
-from laya_build.sections import section
+from laya_build.runtime.buckets import Bucket, ExportDims, parse_buckets, smallest_holding
 
 # Batch 0 (1x32x2) is bucket 0 exactly; batch 1 (2x64x3) is padded in rows, tokens and
 # slots to bucket 1; batch 2 (4x512x8) is larger than every bucket (the plain package).
@@ -262,7 +262,7 @@ def test_the_cheapest_holding_bucket_is_chosen():
 @pytest.mark.parametrize("timing", [{"warmup": 2, "min_run_time_s": 0.02},
                                     {"warmup": 0, "min_run_time_s": 0.02, "max_run_time_s": 2.0}])
 def test_timing_to_a_budget_says_what_each_figure_rests_on(timing):
-    from laya_build.aoti import time_calls
+    from laya_build.runtime.aoti import time_calls
 
     calls = []
     x = torch.ones(64)

@@ -1,7 +1,7 @@
 """The serving runtime of a decision package: open, check, load fast, pad to buckets, replay.
 
 What a process that answers decisions needs, and nothing else: ``torch``, the standard
-library, :mod:`laya_build.errors` and :mod:`laya_build.buckets` (no doit, transformers or
+library, :mod:`laya_build.errors` and :mod:`laya_build.runtime.buckets` (no doit, transformers or
 model code).  The fresh verification process uses it as it is.
 
 Opening a package
@@ -65,8 +65,8 @@ from pathlib import Path
 
 import torch
 
-from .buckets import Bucket, ExportDims, parse_buckets, smallest_holding
-from .errors import PackageIntegrityError, PackageIsaError, RuntimeInputError
+from laya_build.errors import PackageIntegrityError, PackageIsaError, RuntimeInputError
+from laya_build.runtime.buckets import Bucket, ExportDims, parse_buckets, smallest_holding
 
 ARG_NAMES = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
 MODEL_NAME = "model"  # the model inside a .pt2 that aoti_load_package loads

@@ -3,13 +3,13 @@
 A stage task depends on every project file its process can import or read: the import
 closure of its entry modules (``import`` statements anywhere in a module, function bodies
 included), the project modules and files its code names in string constants (a child
-module named ``"laya_build.children.package"``, a script named by its file name, a
+module named ``"laya_build.stages.children.package"``, a script named by its file name, a
 data file ``probe_pins.json``), the JSON Schemas it validates against (with their ``$ref``
 closure) and the third-party distributions it imports (for the toolchain check).  Nothing
 is imported to find this: sources are parsed with :mod:`ast`, once per process.
 
 Standard-library and installed modules are not files of the project; they enter the
-up-to-date check through the installed versions instead (:mod:`laya_build.toolchain`).
+up-to-date check through the installed versions instead (:mod:`laya_build.environment`).
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import PROJECT_ROOT
-from .layout import ARTIFACTS_DIR, CACHE_DIR
+from laya_build import PROJECT_ROOT
+from laya_build.layout import ARTIFACTS_DIR, CACHE_DIR
 
 # The project's own top-level packages: their modules are files of the build.
 PROJECT_PACKAGES = ("laya_build", "kernels")
@@ -127,7 +127,7 @@ class Project:
         if not getattr(self, "_dirty", False):
             return
         live = {f"{m}:{hashlib.sha256(self.modules[m].read_bytes()).hexdigest()}" for m in self.modules}
-        from .atomic import write_json
+        from laya_build.atomic import write_json
 
         try:
             write_json(self._cache_path, {k: v for k, v in self._cache.items() if k in live})

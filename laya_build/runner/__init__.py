@@ -4,13 +4,13 @@ Compiling stages run here rather than in the doit process because TileLang renam
 PrimFuncs whose names collide within one process (which changes generated source), because
 CUDA cannot be re-initialised in a forked worker, and because a crashing native compiler
 must not take the build down with it.  The model stages use it a second time for their
-children (:mod:`laya_build.children`): the AOTInductor compile, the fresh-process
+children (:mod:`laya_build.stages.children`): the AOTInductor compile, the fresh-process
 verification and the latency measurement, each in a new interpreter with its own
 environment (an empty Inductor cache, ``AOTI_RUNTIME_CHECK_INPUTS=1``), log file and timeout.
 
 Two ways to start that process, one protocol:
 
-* fresh (default): a new interpreter, ``python -m laya_build.isolate``;
+* fresh (default): a new interpreter, ``python -m laya_build.runner``;
 * ``fork=True``: a child forked from a *fork server*, an interpreter started once per build
   (on first use; doit's parallel workers share it, :func:`share_servers`) that imports torch
   and TileLang (3-12 s) and nothing of the project, then forks one child per request, any
@@ -50,8 +50,8 @@ import time
 import traceback
 from pathlib import Path
 
-from . import PROJECT_ROOT, errors
-from .errors import StageError, StageFailed
+from laya_build import PROJECT_ROOT, errors
+from laya_build.errors import StageError, StageFailed
 
 ERROR_PREFIX = "LAYA-ERROR "
 # What the fork server imports before forking: the heavy modules the stages use.
@@ -116,7 +116,7 @@ def run(module: str, function: str, spec: dict, *, record: str | os.PathLike | N
 
 
 def _log(message: str) -> None:
-    from .log import get_logger
+    from laya_build.log import get_logger
 
     get_logger(__name__).info(message)
 
@@ -144,7 +144,7 @@ def _raise(what: str, returncode: int, text: str, reported: dict | None, log, cr
 def _run_fresh(request: dict, env: dict | None, log_path: Path, *, show: bool, timeout: float | None,
                what: str) -> int:
     with open(log_path, "w", encoding="utf-8") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "laya_build.isolate"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", "laya_build.runner"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE if show else out, stderr=out, text=True, cwd=PROJECT_ROOT,
                                 env=child_env(env))
         lines: list[str] = []
@@ -204,7 +204,7 @@ class ServerPlace:
                 return _connect(path)
             except (FileNotFoundError, ConnectionRefusedError):
                 pass
-            proc = subprocess.Popen([sys.executable, "-m", "laya_build.isolate", "--server", str(path),
+            proc = subprocess.Popen([sys.executable, "-m", "laya_build.runner", "--server", str(path),
                                      str(self.life_r)], stdout=subprocess.PIPE, text=True, cwd=PROJECT_ROOT,
                                     stdin=subprocess.DEVNULL, env=child_env(env), pass_fds=(self.life_r,))
             ready = proc.stdout.readline()  # listening (its imports follow; requests queue meanwhile)
@@ -304,7 +304,7 @@ def inductor_root() -> Path:
 
 
 def vec_isa_root() -> Path:
-    """Where :func:`laya_build.aoti.check_vec_isas` keeps Inductor's CPU-ISA checks, one folder
+    """Where :func:`laya_build.runtime.aoti.check_vec_isas` keeps Inductor's CPU-ISA checks, one folder
     per torch, compiler and CPU: paid once per toolchain, not once per compile."""
     return inductor_root() / "vec-isa"
 
@@ -354,7 +354,7 @@ def _execute(request: dict) -> int:
         spec = request["spec"]
         value = func(**spec) if request["call"] == "kwargs" else func(spec)
         if request.get("record"):
-            from .records import write_record
+            from laya_build.records import write_record
 
             write_record(Path(request["record"]), value)
         if request.get("result"):

@@ -3,7 +3,7 @@ records snapshot, and what it can build here.
 
 Up-to-date checks (read without importing anything heavy):
 
-* Distributions: the third-party packages a stage imports (found by :mod:`laya_build.deps`),
+* Distributions: the third-party packages a stage imports (found by :mod:`laya_build.tasks.deps`),
   mapped to their distributions (``tvm_ffi`` -> ``apache-tvm-ffi``) and closed over their
   own requirements (torch.export's output depends on sympy's version too), each with its
   installed version from ``importlib.metadata``.
@@ -222,7 +222,7 @@ def cuda_unavailable_reason() -> str | None:
 def unsupported_reason(target: str, *, aoti: bool = False) -> str | None:
     """Why ``target`` cannot be built here (missing CUDA; with ``aoti``, missing AOTInductor
     APIs or C++ compiler), or None when it can."""
-    from .sections import check_target
+    from laya_build.targets import check_target
 
     check_target(target)
     if target == "cuda" and (reason := cuda_unavailable_reason()):

@@ -13,15 +13,15 @@ import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .atomic import write_json, write_text
-from .errors import (  # noqa: F401  (ReleasedVersionError re-exported)
+from laya_build.atomic import write_json, write_text
+from laya_build.environment import dist_version, nvidia_smi_q
+from laya_build.errors import (  # noqa: F401  (ReleasedVersionError re-exported)
     LayaBuildError,
     ManifestMismatch,  # noqa: F401  (re-exported)
     ReleasedVersionError,
 )
-from .layout import EFFECTIVE_CONFIG_NAME, MANIFEST_NAME, RELEASE_FILES, REPORT_NAME
-from .records import file_entry, read_record, sha256_file
-from .toolchain import dist_version, nvidia_smi_q
+from laya_build.layout import EFFECTIVE_CONFIG_NAME, MANIFEST_NAME, RELEASE_FILES, REPORT_NAME
+from laya_build.records import file_entry, read_record, sha256_file
 
 MANIFEST, REPORT, EFFECTIVE_CONFIG = MANIFEST_NAME, REPORT_NAME, EFFECTIVE_CONFIG_NAME
 # Present while `doit release` publishes (from REPORT.md to the manifest): a folder with
@@ -142,8 +142,8 @@ def build_manifest(spec: dict) -> dict:
     manifest; the manifest itself is written last, exclusively (it can never replace one),
     which is what marks the version released.
     """
-    from .records import write_record
-    from .report import render_report
+    from laya_build.records import write_record
+    from laya_build.release.report import render_report
 
     vdir = Path(spec["version_dir"])
     refuse_if_released(vdir, "release")

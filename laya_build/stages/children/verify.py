@@ -1,8 +1,8 @@
 """The verify stage's child process: load a ``.pt2`` package and check it against ``eager.pt``.
 
-Run by :func:`laya_build.isolate.run` (``verify(job)``) in a fresh interpreter.  It imports
+Run by :func:`laya_build.runner.run` (``verify(job)``) in a fresh interpreter.  It imports
 only ``torch``, the standard library and laya-build's runtime layer (:mod:`laya_build.runtime`,
-:mod:`laya_build.buckets`, :mod:`laya_build.aoti`, :mod:`laya_build.errors`, all torch +
+:mod:`laya_build.runtime.buckets`, :mod:`laya_build.runtime.aoti`, :mod:`laya_build.errors`, all torch +
 stdlib, and the process runner itself): no transformers, no laya_build model code, no
 checkpoint.  The result records which of those modules were present at the end, to prove it.
 
@@ -53,7 +53,6 @@ import sys  # noqa: E402
 
 import torch  # noqa: E402
 
-from laya_build import aoti as rt  # noqa: E402
 from laya_build import runtime  # noqa: E402
 from laya_build.errors import (  # noqa: E402
     InputsMismatchError,
@@ -61,13 +60,15 @@ from laya_build.errors import (  # noqa: E402
     PackageIsaError,
     VerificationError,
 )
+from laya_build.runtime import aoti as rt  # noqa: E402
 
 IMPORTED = time.perf_counter()
 CRASH_ENV = "LAYA_VERIFY_CHILD_CRASH"
 # The runtime layer of laya_build (torch + stdlib); any other laya_build module, or
 # transformers, in this process would mean it ran more than the package.
-RUNTIME_MODULES = {"laya_build", "laya_build.errors", "laya_build.buckets", "laya_build.runtime",
-                   "laya_build.aoti", "laya_build.isolate", "laya_build.children", "laya_build.children.verify"}
+RUNTIME_PACKAGES = ("laya_build.runtime", "laya_build.runner")  # with their modules
+RUNTIME_MODULES = {"laya_build", "laya_build.errors", "laya_build.stages", "laya_build.stages.children",
+                   "laya_build.stages.children.verify"}
 
 
 def check_inputs(job: dict, inputs: dict, eagers: list[dict]) -> None:
@@ -96,7 +97,8 @@ def check_inputs(job: dict, inputs: dict, eagers: list[dict]) -> None:
 
 def forbidden_modules() -> list[str]:
     return sorted(m for m in sys.modules if m.split(".")[0] == "transformers"
-                  or (m.split(".")[0] == "laya_build" and m not in RUNTIME_MODULES))
+                  or (m.split(".")[0] == "laya_build" and m not in RUNTIME_MODULES
+                      and not any(m == p or m.startswith(p + ".") for p in RUNTIME_PACKAGES)))
 
 
 def mask_compilers() -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from laya_build.errors import ConfigError
 
 TOKEN_MULTIPLE = 16
 

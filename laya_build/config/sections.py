@@ -6,13 +6,11 @@ from __future__ import annotations
 import copy
 import functools
 
-from . import PROJECT_ROOT
-from .errors import ConfigError, RecordError
-from .records import validate
+from laya_build import PROJECT_ROOT
+from laya_build.errors import ConfigError, RecordError
+from laya_build.schema import validate
 
 DEFAULTS_PATH = PROJECT_ROOT / "laya_build" / "model" / "defaults.yaml"
-DTYPES = ("float32", "bfloat16", "float16")
-TARGETS = ("cpu", "cuda")
 
 
 @functools.cache
@@ -42,17 +40,3 @@ def section(name: str, cfg: dict | None) -> dict:
     except RecordError as exc:
         raise ConfigError(str(exc)) from None
     return merged
-
-
-def torch_dtype(name: str):
-    import torch
-
-    if name not in DTYPES:
-        raise ConfigError(f"unknown dtype {name!r}; allowed: {', '.join(DTYPES)}")
-    return getattr(torch, name)
-
-
-def check_target(target: str) -> str:
-    if target not in TARGETS:
-        raise ConfigError(f"unknown target {target!r}; allowed: {', '.join(TARGETS)}")
-    return target

@@ -8,7 +8,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from .errors import GitRefError  # noqa: F401  (GitRefError re-exported)
+from laya_build.errors import GitRefError  # noqa: F401  (GitRefError re-exported)
 
 
 def resolve(root: Path, ref: str) -> str:

@@ -29,12 +29,14 @@ from pathlib import Path
 import yaml
 
 from kernels.registry import CPU_DTYPE, KERNELS
-
-from . import PROJECT_ROOT
-from .errors import ConfigError  # noqa: F401  (re-exported: config.ConfigError)
-from .layout import ArtifactsLayout, VersionLayout
-from .model.batches import LayoutError, check_export_layout, planned_shapes
-from .records import RecordError, ecma_regex, load_schema, validate
+from laya_build import PROJECT_ROOT
+from laya_build.errors import (
+    ConfigError,  # noqa: F401  (re-exported: config.ConfigError)
+    RecordError,
+)
+from laya_build.layout import ArtifactsLayout, VersionLayout
+from laya_build.model.batches import LayoutError, check_export_layout, planned_shapes
+from laya_build.schema import ecma_regex, load_schema, validate
 
 ARTIFACTS_DIRNAME = "artifacts"
 
@@ -230,7 +232,7 @@ MODEL_SECTIONS = ("model", "export", "package", "verify", "latency", "runtime")
 def _merge_model_defaults(data: dict, path: Path) -> None:
     """Fill the model sections from ``laya_build/model/defaults.yaml``: ``Pipeline.data`` is
     then the effective configuration that every task reads and a release records."""
-    from .sections import section
+    from laya_build.config.sections import section
 
     for name in MODEL_SECTIONS:
         try:
@@ -313,7 +315,7 @@ def _check_variant(path: Path, name: str, variant: dict) -> dict:
 def _check_model(data: dict, path: Path, root: Path) -> None:
     """The effective model sections: a local checkpoint is a folder, the batch layout fits
     the export ranges, and every package that is built has verification thresholds."""
-    from .buckets import check_config as check_buckets
+    from laya_build.runtime.buckets import check_config as check_buckets
 
     local = data["model"].get("path")
     if local is not None and not (root / local).is_dir():

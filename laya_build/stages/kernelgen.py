@@ -46,8 +46,8 @@ def publish(record: dict, path: str, text: str) -> dict:
 
     The record itself is written by the stage runner; an invalid one leaves nothing behind.
     """
-    from .atomic import write_text
-    from .records import check_record
+    from laya_build.atomic import write_text
+    from laya_build.records import check_record
 
     check_record(path, record)
     write_text(path, text)

@@ -1,6 +1,6 @@
 """The latency stage's child process: time the model variants of one target on the saved inputs.
 
-Run by :func:`laya_build.isolate.run` (``measure_variants(job)``) in a fresh interpreter with
+Run by :func:`laya_build.runner.run` (``measure_variants(job)``) in a fresh interpreter with
 a fresh, empty ``TORCHINDUCTOR_CACHE_DIR`` (``torch.compile`` writes there).  The job's
 ``variants`` (those that do not depend on a package) are measured once, then its
 ``package_variants`` for each of its ``packages`` (one per dtype of the target), in order.
@@ -27,10 +27,10 @@ import time
 
 import torch
 
-from .. import aoti as rt
-from .. import runtime
-from ..model.checkpoint import load_checkpoint
-from ..model.decision import eval_copy
+from laya_build import runtime
+from laya_build.model.checkpoint import load_checkpoint
+from laya_build.model.decision import eval_copy
+from laya_build.runtime import aoti as rt
 
 
 def make_variant(name: str, job: dict, model, package: dict | None = None):

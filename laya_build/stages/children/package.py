@@ -1,9 +1,9 @@
 """The aoti_package stage's child process: compile each exported program into a ``.pt2``.
 
-Run by :func:`laya_build.isolate.run` (``compile_packages(job)``) in a fresh interpreter with
+Run by :func:`laya_build.runner.run` (``compile_packages(job)``) in a fresh interpreter with
 a fresh, empty ``TORCHINDUCTOR_CACHE_DIR``.  For every program it loads ``exported.pt2``,
 calls ``torch._inductor.aoti_compile_and_package`` and loads the package back (after
-importing the ``preload`` modules, see :func:`laya_build.aoti.preload_modules`), reporting
+importing the ``preload`` modules, see :func:`laya_build.runtime.aoti.preload_modules`), reporting
 compile and load times (parity is the fresh-process verify stage's job).
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ import time
 import torch
 import torch._inductor
 
-from .. import aoti as rt
-from ..toolchain import env_info
+from laya_build.environment import env_info
+from laya_build.runtime import aoti as rt
 
 
 def restore_symbol_hints(ep) -> list[str]:

@@ -6,9 +6,9 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from . import model_report
-from .layout import tir_flavour
-from .markdown import table
+from laya_build.layout import tir_flavour
+from laya_build.release import model_report
+from laya_build.release.markdown import table
 
 
 def records_by_stage(vdir: Path) -> dict[str, list[tuple[str, dict]]]:

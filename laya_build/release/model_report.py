@@ -1,7 +1,7 @@
 """The model half of REPORT.md and of release_diff: packages, parity and latency tables."""
 from __future__ import annotations
 
-from .markdown import table
+from laya_build.release.markdown import table
 
 
 def _key(record: dict) -> str:

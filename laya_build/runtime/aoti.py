@@ -1,11 +1,11 @@
 """Torch-only helpers around a decision program and its package, shared by the export stage
-and the child processes (:mod:`laya_build.children`): the saved-input and eager-output
+and the child processes (:mod:`laya_build.stages.children`): the saved-input and eager-output
 formats, calling a program on a saved batch, comparing heads (decision probabilities as
 upstream Laya publishes them), timing calls to a budget.
 
 This module imports nothing but ``torch``, the standard library and the serving runtime
 (:mod:`laya_build.runtime`, itself torch + stdlib): the fresh verification process
-(:mod:`laya_build.children.verify`) imports it and must not pull in transformers or any
+(:mod:`laya_build.stages.children.verify`) imports it and must not pull in transformers or any
 model code.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .runtime import cpu_isa_flags, preload_modules, sha256_file  # noqa: F401  (used by the child processes)
+from laya_build.runtime import cpu_isa_flags, preload_modules, sha256_file  # noqa: F401  (used by the child processes)
 
 HEADS = ("decision", "act")
 INPUTS_FORMAT = 2  # 2: upstream build_sequence tokenisation and the checkpoint's "calibration"
