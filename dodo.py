@@ -1,17 +1,19 @@
 """laya-build task graph. Run `doit list` to see the tasks; see README.md.
 
-Thin on purpose: load and validate pipeline.yaml, then hand doit the generators that
+Thin on purpose: load and validate pipeline.yaml, then hand doit the tasks that
 laya_build.tasks builds from it.  Nothing here imports torch, tilelang or transformers.
+A configuration or command-line error exits 3 (doit's status for a user error), with a hint.
 """
 import sys
 
 from laya_build import tasks
-from laya_build.config import ConfigError
+from laya_build.errors import LayaBuildError
 
 try:
     PIPELINE = tasks.load_pipeline()
-except ConfigError as exc:
-    sys.exit(f"laya-build: {exc}")
+except LayaBuildError as exc:
+    print(f"laya-build: {type(exc).__name__}: {exc}", file=sys.stderr)
+    sys.exit(exc.exit_code)
 
 DOIT_CONFIG = tasks.doit_config(PIPELINE)
 
@@ -72,5 +74,5 @@ def task_release():
 
 
 def task_release_diff():
-    """Markdown + JSON report of what changed between releases: doit release_diff old=A new=B."""
+    """What changed between two releases: doit release_diff --old A --new B."""
     return tasks.release_diff_task(PIPELINE)

@@ -149,17 +149,11 @@ def describe_changes(old: dict, new: dict) -> list[str]:
 
 # ------------------------------------------------------------------ snapshots for records
 
-def dist_version(dist: str) -> str | None:
-    return _version(dist)
-
 
 def versions() -> dict:
     """Versions of the stack (from metadata: initialising no CUDA)."""
     import torch
 
-    cxx = tool_path("cxx")
-    lines = _version_lines(cxx) if cxx else []
-    cxx_version = lines[0] if lines and isinstance(lines, list) else None
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -169,7 +163,42 @@ def versions() -> dict:
         "safetensors": _version("safetensors"),
         "tilelang": _version("tilelang"),
         "platform": platform.platform(),
-        "cxx": cxx_version,
+        "cxx": tool_line("cxx"),
+    }
+
+
+def tool_line(role: str) -> str | None:
+    """The identifying line of a role's compiler (first line of ``--version``; nvcc: the
+    last), found as the up-to-date checks find it (:func:`tool_path`)."""
+    exe = tool_path(role)
+    lines = _version_lines(exe) if exe else []
+    if not lines or isinstance(lines, str):
+        return None
+    return lines[-1] if role == "nvcc" else lines[0]
+
+
+def snapshot() -> dict:
+    """The build environment a release's manifest records: torch's own ``collect_env`` plus
+    TileLang/TVM, the compilers (found as the up-to-date checks find them) and the GPU."""
+    from torch.utils import collect_env
+
+    env = dict(collect_env.get_env_info()._asdict())
+    try:
+        import tilelang  # noqa: F401
+        import tvm
+
+        tvm_version = getattr(tvm, "__version__", None)
+    except ImportError:
+        tvm_version = None
+    return {
+        "collect_env": env,
+        "python": platform.python_version(),
+        "packages": {d: _version(d) for d in ("torch", "tilelang", "transformers", "tokenizers", "doit", "jsonschema")},
+        "tvm": tvm_version,
+        "cc": tool_line("cc"),
+        "cxx": tool_line("cxx"),
+        "nvcc": tool_line("nvcc"),
+        "nvidia_smi": nvidia_smi_q(),
     }
 
 

@@ -1,22 +1,90 @@
-"""Exceptions of the model, export, packaging and verification stages.
+"""Every expected failure of laya-build: what went wrong, and what to do about it.
 
-Every failure kind has its own class so that a caller (a doit task, a test) can tell an
-integrity failure from a numerical one without parsing messages; messages still name the
-file, batch, row and head involved.
+A leaf module (it imports nothing of laya-build), like pip's ``exceptions.py``.  Each class
+says in its docstring what it means and in ``hint`` what usually fixes it; an instance may
+carry a sharper hint (``hint=``, naming the command or the key).  ``str(error)`` is the
+message followed by a ``hint:`` line and the error's section of ``docs/reference/errors.md``
+(generated from this module by ``python -m laya_build.errors``; a test keeps it current).
+
+``exit_code`` is what ``doit`` exits with when the error ends a run: 3 for a configuration or
+command-line error (:class:`UserError`: nothing was built, the command must change), 1 for a
+failed task.  A caller (a doit task, a test) tells an integrity failure from a numerical one
+by its class, never by parsing messages.
 """
+
 from __future__ import annotations
+
+import re
+import sys
+
+DOCS = "docs/reference/errors.md"
+USER_ERROR_EXIT = 3  # doit's own exit status for "the user asked for something wrong"
+TASK_FAILED_EXIT = 1
 
 
 class LayaBuildError(Exception):
     """Base class of every error raised by laya-build's own code."""
 
+    exit_code = TASK_FAILED_EXIT
+    hint: str | None = None
 
-class ConfigError(LayaBuildError, ValueError):
-    """A config section is invalid or inconsistent (names the key)."""
+    def __init__(self, message: str = "", *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        if hint is not None:
+            self.hint = hint
+
+    @classmethod
+    def reference(cls) -> str:
+        """The anchor of this class in ``docs/reference/errors.md`` (``ConfigError`` -> ``config-error``)."""
+        return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", cls.__name__).lower()
+
+    def __str__(self) -> str:
+        text = self.message
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return f"{text}\n  see: {DOCS}#{self.reference()}"
+
+
+class UserError(LayaBuildError):
+    """The command or the configuration asks for something that cannot be done; nothing was built."""
+
+    exit_code = USER_ERROR_EXIT
+
+
+class ConfigError(UserError, ValueError):
+    """A configuration file (``pipeline.yaml`` or ``config=``) or a section of it is invalid or
+    inconsistent; the message names the file and the key path."""
+
+    hint = ("fix the key named above (docs/reference/configuration.md lists every key, its type and "
+            "default), then run the command again")
+
+
+class UsageError(UserError, ValueError):
+    """A ``doit`` argument is wrong: an unknown or repeated variable, a missing or malformed task
+    parameter, a version that does not exist."""
+
+    hint = ("`doit list` shows the tasks, `doit help <task>` a task's parameters; the variables are "
+            "version=<v>, config=<file> and release=<folder>, each given once")
+
+
+class GitRefError(ConfigError):
+    """``cuda.baseline.git_ref`` does not name a commit of the repository, or that commit has no ``kernels/``."""
+
+    hint = "name a commit that has kernels/ (`git log --oneline -- kernels` lists them), or a built version"
+
+
+class ReleasedVersionError(UserError):
+    """A task would write into a released (immutable) version, or into a damaged release."""
+
+    hint = "a released version is never modified: build a new one, e.g. `doit version=<new> release`"
 
 
 class CheckpointError(LayaBuildError):
-    """A checkpoint directory is incomplete or does not match the model (names path/keys)."""
+    """A checkpoint folder is incomplete or does not match the model (names the path and the keys)."""
+
+    hint = ("model.path must name a checkpoint folder in upstream Laya 0.4.15's format "
+            "(docs/guides/upstream-checkpoints.md)")
 
 
 class UnsupportedCheckpointError(CheckpointError):
@@ -24,38 +92,57 @@ class UnsupportedCheckpointError(CheckpointError):
     (e.g. ``option_layout: parallel``, a non-ModernBERT encoder); names the key and the
     supported values."""
 
+    hint = "re-export the checkpoint with one of the supported values named above"
+
 
 class RecordError(LayaBuildError, ValueError):
-    """A record (or config) does not match its schema."""
+    """A record does not match its schema, is missing or is not JSON."""
 
-class ReleasedVersionError(LayaBuildError):
-    """A task would write into a released (immutable) version."""
+    hint = ("a record is only ever written by its task: rebuild it with `doit clean <task>` and `doit <task>` "
+            "(the message names the file)")
+
 
 class ManifestMismatch(LayaBuildError):
-    """Release files do not match the manifest; the message names every offending file."""
+    """A release's files do not match its ``manifest.json``; the message names every offending file."""
 
-    def __init__(self, version_dir, problems: list[str]):
+    hint = ("the release was changed after it was made: restore the folder from the original release "
+            "(a release is never rebuilt in place), or build a new version")
+
+    def __init__(self, version_dir, problems: list[str], *, hint: str | None = None):
         self.problems = problems
-        super().__init__(f"{version_dir}: {len(problems)} file(s) do not match manifest.json: " + "; ".join(problems))
+        super().__init__(f"{version_dir}: {len(problems)} file(s) do not match manifest.json: " + "; ".join(problems),
+                         hint=hint)
+
 
 class OutputsTampered(LayaBuildError):
-    """An output was changed after the task that owns it wrote it."""
+    """An output was changed after the task that owns it wrote it; nothing builds on altered outputs."""
+
+    hint = "`doit clean <task>` removes the task's outputs; the next run rebuilds them"
+
 
 class NumericalCheckFailed(LayaBuildError, AssertionError):
-    """A CPU kernel disagrees with its reference."""
+    """A kernel's fp32 C lowering disagrees with its torch reference beyond ``cpu_checks.atol``."""
+
+    hint = ("fix the kernel; if the tolerance is what is wrong, set cpu_checks.atol_overrides.<variant> "
+            "(lower_c/<variant>.json has every shape's error)")
+
 
 class CudaSourceMismatch(LayaBuildError):
-    """Generated CUDA source differs from the baseline while ``expect: identical``."""
+    """Generated CUDA source differs from the baseline while ``cuda.expect: identical``."""
 
-class GitRefError(LayaBuildError, ValueError):
-    """The baseline git revision cannot be resolved or holds no kernels/."""
+    hint = ("review the diffs under artifacts/<version>/cuda_diff/diffs/; if the change is intended, "
+            "set cuda.expect: report or move cuda.baseline to the new sources")
+
 
 class StageError(LayaBuildError):
-    """A stage could not do its work on a supported install (e.g. compilation failed)."""
+    """A stage could not do its work on a supported install (a compile failed, a process ran
+    past its timeout)."""
+
+    hint = "the stage's log (named above) has the compiler's or the process's own output"
 
 
 class StageFailed(StageError):
-    """A stage (or a stage's child) failed in its own process; the message is its error."""
+    """A stage (or a stage's child process) failed in its own process; the message is its error."""
 
 
 class ChildCrashError(StageError):
@@ -64,50 +151,123 @@ class ChildCrashError(StageError):
     A crash is always a failure, never a pass or a skip.  ``signal`` holds the signal name.
     """
 
-    def __init__(self, message: str, signal: str | None = None):
-        super().__init__(message)
+    hint = ("a native crash: the log named above ends with its stack; on a GPU image see the preload "
+            "settings (docs/guides/gpu-builds.md)")
+
+    def __init__(self, message: str, signal: str | None = None, *, hint: str | None = None):
+        super().__init__(message, hint=hint)
         self.signal = signal
 
 
 class VerificationError(LayaBuildError):
     """The packaged model failed fresh-process verification."""
 
+    hint = "verify.json and verify_child.log of the build say what the package did"
+
 
 class PackageIntegrityError(VerificationError):
-    """The package on disk is not the one its record describes (checked before loading)."""
+    """A file is not the bytes its record or manifest names (checked before anything loads it)."""
+
+    hint = ("in a build, rebuild the package (`doit clean aoti_package` then `doit aoti_package`); "
+            "a release: restore it from the original")
 
 
 class InputsMismatchError(VerificationError):
-    """Saved inputs / eager outputs do not belong together (dtype, target, shapes, hashes)."""
+    """Saved inputs and eager outputs do not belong to the package (dtype, target, shapes, hashes)."""
+
+    hint = "rebuild the export and the package of this build (`doit clean export aoti_package`, then `doit verify`)"
 
 
 class ParityError(VerificationError):
     """The package's outputs differ from the eager reference beyond a threshold."""
 
+    hint = ("the package computes something else than eager: check package.inductor_configs and the dtype; "
+            "if the tolerance is what is wrong, raise verify.thresholds.<target>.<dtype>")
+
 
 class LogitParityError(ParityError):
-    """A head's logits differ by more than ``logit_atol``."""
+    """A head's logits differ from eager by more than ``logit_atol``."""
 
 
 class ProbabilityParityError(ParityError):
-    """A head's softmax probabilities differ by more than ``prob_atol``."""
+    """A head's calibrated probabilities differ from eager by more than ``prob_atol``."""
 
 
 class ArgmaxMismatchError(ParityError):
-    """A head's argmax differs from the eager reference on some row."""
+    """A head's argmax differs from eager on some row (and the eager logits do not tie)."""
 
 
 class VerifyChildCrashError(ChildCrashError, VerificationError):
-    """The fresh verification process died by a signal."""
+    """The fresh verification process died by a signal: a failure, never a pass."""
 
 
 class PackageIsaError(VerificationError):
     """The package was built for CPU vector instructions this CPU lacks (checked before loading)."""
 
+    hint = "verify and serve it on a CPU with the instructions named above, or build the package on this machine"
+
 
 class GraphReplayMismatchError(VerificationError):
     """A CUDA graph replay of the package differs from the plain call on the same padded inputs."""
 
+    hint = "serve without graphs meanwhile (runtime.buckets.<target>: []) and report verify.json"
+
 
 class RuntimeInputError(LayaBuildError, ValueError):
     """A call's tensors do not fit the package (names the tensor, the dimension and the range)."""
+
+    hint = "split or pad the call so that every dimension lies in the package's export.dims"
+
+
+def message_of(exc: BaseException) -> str:
+    """An error's own message, without the hint and reference lines ``str()`` adds (to wrap it
+    in another message)."""
+    return exc.message if isinstance(exc, LayaBuildError) else str(exc)
+
+
+def all_errors() -> list[type[LayaBuildError]]:
+    """Every error class of laya-build, in the order of this module."""
+    module = sys.modules[__name__]
+    return [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, LayaBuildError)]
+
+
+def render_reference() -> str:
+    """``docs/reference/errors.md``: each error, what it means, what to do, how doit exits."""
+    lines = ["# Errors", "",
+             "Generated from `laya_build/errors.py` by `.venv/bin/python -m laya_build.errors`; do not edit.", "",
+             "laya-build prints an expected failure as its message, a `hint:` line with what usually fixes it "
+             "and a link to its section here.  `doit` exits with 3 for a configuration or command-line error "
+             "(nothing was built; change the command or the configuration) and with 1 for a failed task.", "",
+             "| error | exit status | is a kind of |", "|---|---|---|"]
+    for cls in all_errors():
+        parent = next((b.__name__ for b in cls.__bases__ if issubclass(b, LayaBuildError)), "")
+        lines.append(f"| [`{cls.__name__}`](#{cls.reference()}) | {cls.exit_code} | {parent} |")
+    for cls in all_errors():
+        doc = " ".join((cls.__doc__ or "").split())
+        lines += ["", f"## {cls.__name__}", "", doc, ""]
+        if cls.hint:
+            lines.append(f"What to do: {cls.hint}.")
+            lines.append("")
+        lines.append(f"Exit status of `doit`: {cls.exit_code}.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pathlib import Path
+
+    args = sys.argv[1:] if argv is None else argv
+    target = Path(__file__).resolve().parent.parent / DOCS
+    text = render_reference()
+    if args == ["--check"]:
+        if not target.is_file() or target.read_text() != text:
+            print(f"{DOCS} is out of date: run `.venv/bin/python -m laya_build.errors`", file=sys.stderr)
+            return 1
+        return 0
+    from laya_build.atomic import write_text
+
+    write_text(target, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

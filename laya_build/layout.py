@@ -22,6 +22,7 @@ MANIFEST_NAME, REPORT_NAME, EFFECTIVE_CONFIG_NAME = "manifest.json", "REPORT.md"
 RELEASE_FILES = (REPORT_NAME, EFFECTIVE_CONFIG_NAME)
 # Stages of the model builds: one folder per (target, dtype), record ``<stage>.json``.
 BUILD_STAGES = ("export", "aoti_package", "verify")
+AOTI_PACKAGE_DIR = "aoti_package"
 # Model stages over every build of a target at once: one folder per target (``latency``
 # measures the dtype-independent variants once and then each package of the target).
 TARGET_STAGES = ("latency",)
@@ -60,6 +61,10 @@ class ArtifactsLayout:
     def cache(self, *parts: str) -> Path:
         return self.root.joinpath(CACHE_DIR, *parts)
 
+    def baseline_kernels(self, tree: str) -> Path:
+        """``kernels/`` of a git tree, extracted for ``cuda_diff``'s baseline (shared by every version)."""
+        return self.cache("baseline-kernels", tree)
+
     def doit_db(self, version: str) -> Path:
         return self.root / DOIT_DB_DIR / f"{version}.sqlite3"
 
@@ -94,15 +99,33 @@ class VersionLayout:
     def lower_c_source(self, variant: str) -> Path:
         return self.root / LOWER_C_DIR / f"{variant}.c"
 
+    def lower_c_record(self, variant: str) -> Path:
+        return self.lower_c_source(variant).with_suffix(".json")
+
     def cuda_source(self, name: str) -> Path:
         return self.root / CUDA_DIR / name
+
+    def cuda_record(self, name: str) -> Path:
+        return self.cuda_source(name).with_suffix(".json")
 
     @property
     def cuda_diff_dir(self) -> Path:
         return self.root / CUDA_DIFF_DIR
 
+    @property
+    def cuda_diff_record(self) -> Path:
+        return self.cuda_diff_dir / record_name("cuda_diff")
+
+    @property
+    def cuda_diffs_dir(self) -> Path:
+        """One ``<name>.diff`` per differing source."""
+        return self.cuda_diff_dir / "diffs"
+
     def cuda_baseline(self, name: str) -> Path:
         return self.cuda_diff_dir / "baseline" / name
+
+    def cuda_baseline_record(self, name: str) -> Path:
+        return self.cuda_baseline(name).with_suffix(".json")
 
     # model stages
     @property

@@ -20,7 +20,6 @@ imports torch, tilelang or transformers, and nothing is written.
 """
 from __future__ import annotations
 
-import copy
 import math
 import re
 from dataclasses import dataclass
@@ -30,10 +29,7 @@ import yaml
 
 from kernels.registry import CPU_DTYPE, KERNELS
 from laya_build import PROJECT_ROOT
-from laya_build.errors import (
-    ConfigError,  # noqa: F401  (re-exported: config.ConfigError)
-    RecordError,
-)
+from laya_build.errors import ConfigError, RecordError, UsageError, message_of
 from laya_build.layout import ArtifactsLayout, VersionLayout
 from laya_build.model.batches import LayoutError, check_export_layout, planned_shapes
 from laya_build.schema import ecma_regex, load_schema, validate
@@ -48,6 +44,7 @@ class Pipeline:
     data: dict
     path: Path
     root: Path  # project root
+    release_folder: Path | None = None  # ``doit verify release=<folder>``: a release folder where it lies
 
     @property
     def version(self) -> str:
@@ -62,6 +59,11 @@ class Pipeline:
         return self.output_root / self.version
 
     @property
+    def verify_dir(self) -> Path:
+        """The folder ``doit verify`` checks: ``release=<folder>``, else the version's own."""
+        return self.release_folder or self.version_dir
+
+    @property
     def artifacts(self) -> ArtifactsLayout:
         return ArtifactsLayout(self.output_root)
 
@@ -69,9 +71,6 @@ class Pipeline:
     def layout(self) -> VersionLayout:
         """Every path of the version being built (:mod:`laya_build.layout`)."""
         return self.artifacts.version(self.version)
-
-    def section(self, key: str, default=None):
-        return copy.deepcopy(self.data.get(key, default))
 
 
 def model_builds(data: dict) -> list[tuple[str, str]]:
@@ -141,7 +140,7 @@ def _parse(text: str, label: str) -> dict:
             raise ConfigError(f"the top level must be a mapping, got {type(data).__name__}")
         _check_values(data, "")
     except ConfigError as exc:
-        raise ConfigError(f"{label}: {exc}") from None
+        raise ConfigError(f"{label}: {message_of(exc)}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{label}: not valid YAML: {exc}") from None
     except RecursionError:
@@ -179,10 +178,69 @@ def check_version(value: str, what: str) -> str:
     return value
 
 
-def from_command_line(get_var, *, root: str | Path = PROJECT_ROOT) -> Pipeline:
-    """The pipeline as ``doit config=... version=...`` asks for it (``get_var``: doit's)."""
-    return load(get_var("config", None), root=root, overrides={"version": get_var("version", None)},
-                path_argument="config")
+VARIABLES = {
+    "version": "the version to build or verify (default: pipeline.yaml's version)",
+    "config": "the configuration file (default: pipeline.yaml)",
+    "release": "a release folder to verify where it lies (doit verify release=<folder>)",
+}
+
+
+def check_variables(variables: dict[str, str], given: list[tuple[str, str]] | None = None) -> None:
+    """The ``doit`` variables (``name=value``) must be known ones, each given once (``given``:
+    every ``name=value`` in the order typed, where known)."""
+    seen: dict[str, str] = {}
+    for name, value in given or []:
+        if name in seen and seen[name] != value:
+            raise UsageError(f"doit argument {name}= is given twice ({name}={_shown(seen[name])} and "
+                             f"{name}={_shown(value)}); which one is meant is not clear",
+                             hint=f"give {name}= once")
+        seen[name] = value
+    unknown = sorted(set(variables) - set(VARIABLES))
+    if unknown:
+        raise UsageError(f"doit argument {unknown[0]}={_shown(variables[unknown[0]])}: not a variable of "
+                         f"laya-build (known: {', '.join(f'{k}=' for k in VARIABLES)})",
+                         hint="; ".join(f"{k}=: {v}" for k, v in VARIABLES.items()))
+
+
+def from_command_line(variables: dict[str, str], *, root: str | Path = PROJECT_ROOT,
+                      given: list[tuple[str, str]] | None = None) -> Pipeline:
+    """The pipeline as ``doit config=... version=... release=...`` asks for it."""
+    check_variables(variables, given)
+    root = Path(root).resolve()
+    version = variables.get("version")
+    folder = None
+    if variables.get("release") is not None:
+        folder, released = release_folder(variables["release"], root)
+        if version is not None and version != released:
+            raise UsageError(f"doit argument release={_shown(variables['release'])} is version {released}, "
+                             f"not version={_shown(version)}", hint="give release= alone, or the matching version=")
+        version = released
+    pipeline = load(variables.get("config"), root=root, overrides={"version": version}, path_argument="config")
+    return Pipeline(data=pipeline.data, path=pipeline.path, root=root, release_folder=folder)
+
+
+def release_folder(value: str, root: Path) -> tuple[Path, str]:
+    """A release folder given as ``release=`` (relative to the project root) and its version."""
+    import json
+
+    from laya_build.layout import MANIFEST_NAME
+
+    label = f"doit argument release={_shown(value)}"
+    folder = (root / value).resolve() if value else root
+    manifest = folder / MANIFEST_NAME
+    if not value or not folder.is_dir():
+        raise UsageError(f"{label}: {folder} is not a folder", hint="name a release folder (one with manifest.json)")
+    if not manifest.is_file():
+        raise UsageError(f"{label}: {folder} is not a release (it has no {MANIFEST_NAME})",
+                         hint="name the folder of a released version, e.g. release=artifacts/0.1.0")
+    try:
+        version = json.loads(manifest.read_bytes()[:1 << 24])["version"]
+        check_version(version, f"{label}: its manifest's version")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise UsageError(f"{label}: {manifest} does not name a version",
+                         hint="a release's manifest.json is written by `doit release`; restore it from the release"
+                         ) from None
+    return folder, version
 
 
 def load(path: str | Path | None = None, *, root: str | Path = PROJECT_ROOT, overrides: dict | None = None,
@@ -216,7 +274,7 @@ def load(path: str | Path | None = None, *, root: str | Path = PROJECT_ROOT, ove
     try:
         validate("pipeline", data, what=str(path))
     except RecordError as exc:
-        raise ConfigError(str(exc)) from None
+        raise ConfigError(message_of(exc)) from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply (a recursive alias?)") from None
     _check_kernels(data, path, root,
@@ -238,7 +296,7 @@ def _merge_model_defaults(data: dict, path: Path) -> None:
         try:
             data[name] = section(name, data.get(name))
         except ConfigError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
+            raise ConfigError(f"{path}: {message_of(exc)}") from None
 
 
 def _fail(path: Path, key: str, message: str):
@@ -323,7 +381,7 @@ def _check_model(data: dict, path: Path, root: Path) -> None:
     try:
         check_export_layout(planned_shapes(data["model"]["inputs"]), data["export"])
     except LayoutError as exc:
-        _fail(path, exc.key, exc.message)
+        _fail(path, exc.key, exc.detail)
     thresholds = data["verify"]["thresholds"]
     for target, dtype in model_builds(data):
         if dtype not in thresholds.get(target, {}):
@@ -333,4 +391,4 @@ def _check_model(data: dict, path: Path, root: Path) -> None:
     try:
         check_buckets(data)  # runtime.buckets inside export.dims (checked after the batch layout)
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        raise ConfigError(f"{path}: {message_of(exc)}") from None

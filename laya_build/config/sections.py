@@ -7,7 +7,7 @@ import copy
 import functools
 
 from laya_build import PROJECT_ROOT
-from laya_build.errors import ConfigError, RecordError
+from laya_build.errors import ConfigError, RecordError, message_of
 from laya_build.schema import validate
 
 DEFAULTS_PATH = PROJECT_ROOT / "laya_build" / "model" / "defaults.yaml"
@@ -38,5 +38,5 @@ def section(name: str, cfg: dict | None) -> dict:
     try:
         validate("model_sections", {name: merged}, what=f"{name} config")
     except RecordError as exc:
-        raise ConfigError(str(exc)) from None
+        raise ConfigError(message_of(exc)) from None
     return merged

@@ -94,7 +94,7 @@ class LayoutError(ConfigError):
 
     def __init__(self, key: str, message: str):
         super().__init__(f"{key}: {message}")
-        self.key, self.message = key, message
+        self.key, self.detail = key, message
 
 
 class DimsError(LayoutError):

@@ -41,7 +41,7 @@ import os
 
 import torch
 
-from laya_build.errors import ConfigError, InputsMismatchError
+from laya_build.errors import ConfigError, InputsMismatchError, message_of
 from laya_build.model.batches import DECISIONS, Decision, DimsError, batch_layout, check_dims, planned_shapes
 from laya_build.model.decision import QUESTION_TYPES
 from laya_build.model.tokenizer import build_sequence, noul_labels, special_token_ids, to_internal
@@ -79,7 +79,7 @@ def check_question(name: str, question: dict) -> None:
         try:
             noul_labels(question["labels"])
         except ConfigError as exc:
-            raise bad(str(exc)) from None
+            raise bad(message_of(exc)) from None
 
 
 def encode_decision(tokenizer, decision: Decision, max_len: int, head_max_len: int,
@@ -154,7 +154,7 @@ def load_inputs(path: str | os.PathLike) -> dict:
     try:
         return load_weights_only(path, "inputs", INPUTS_FORMAT)
     except ValueError as exc:
-        raise InputsMismatchError(str(exc)) from None
+        raise InputsMismatchError(message_of(exc)) from None
 
 
 def batch_shape(batch: dict) -> dict[str, int]:
@@ -168,4 +168,4 @@ def check_dims_reached(batches: list[dict], dims: dict, *, reach: bool = True) -
     try:
         check_dims([batch_shape(b) for b in batches], dims, reach=reach)
     except DimsError as exc:
-        raise InputsMismatchError(exc.message) from None
+        raise InputsMismatchError(exc.detail) from None

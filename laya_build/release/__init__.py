@@ -7,20 +7,26 @@ name, which files are missing, extra or altered, on any machine that has only th
 from __future__ import annotations
 
 import json
-import platform
-import shutil
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
 from laya_build.atomic import write_json, write_text
-from laya_build.environment import dist_version, nvidia_smi_q
+from laya_build.environment import snapshot
 from laya_build.errors import (  # noqa: F401  (ReleasedVersionError re-exported)
     LayaBuildError,
     ManifestMismatch,  # noqa: F401  (re-exported)
     ReleasedVersionError,
 )
-from laya_build.layout import EFFECTIVE_CONFIG_NAME, MANIFEST_NAME, RELEASE_FILES, REPORT_NAME
+from laya_build.layout import (
+    AOTI_PACKAGE_DIR,
+    EFFECTIVE_CONFIG_NAME,
+    MANIFEST_NAME,
+    RELEASE_FILES,
+    REPORT_NAME,
+    record_name,
+)
+from laya_build.log import get_logger
 from laya_build.records import file_entry, read_record, sha256_file
 
 MANIFEST, REPORT, EFFECTIVE_CONFIG = MANIFEST_NAME, REPORT_NAME, EFFECTIVE_CONFIG_NAME
@@ -28,6 +34,8 @@ MANIFEST, REPORT, EFFECTIVE_CONFIG = MANIFEST_NAME, REPORT_NAME, EFFECTIVE_CONFI
 # release files, no manifest and this marker is an interrupted release, which the next
 # release may finish; without the marker it is a damaged release (its manifest was removed).
 PENDING = ".release-pending"
+
+log = get_logger(__name__)
 
 
 
@@ -95,44 +103,36 @@ def git_state(root: Path) -> dict:
     return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
 
 
-def _first_line(cmd: list[str], last: bool = False) -> str | None:
-    if shutil.which(cmd[0]) is None:
-        return None
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
-    return (lines[-1] if last else lines[0]) if lines else None
-
-
-def environment() -> dict:
-    """The build environment: torch's own ``collect_env`` plus TileLang/TVM, compilers, GPU."""
-    from torch.utils import collect_env
-
-    env = {k: v for k, v in collect_env.get_env_info()._asdict().items()}
-    try:
-        import tilelang  # noqa: F401
-        import tvm
-
-        tvm_version = getattr(tvm, "__version__", None)
-    except ImportError:
-        tvm_version = None
-
-    return {
-        "collect_env": env,
-        "python": platform.python_version(),
-        "packages": {d: dist_version(d)
-                     for d in ("torch", "tilelang", "transformers", "tokenizers", "doit", "jsonschema")},
-        "tvm": tvm_version,
-        "cc": _first_line(["cc", "--version"]),
-        "cxx": _first_line(["c++", "--version"]),
-        "nvcc": _first_line(["nvcc", "--version"], last=True),
-        "nvidia_smi": nvidia_smi_q(),
-    }
-
-
 def release_files(version_dir: Path) -> list[Path]:
     """Every file of the version folder except its manifest (and the publication marker)."""
     vdir = Path(version_dir)
     return sorted(p for p in vdir.rglob("*") if p.is_file() and p not in (vdir / MANIFEST, vdir / PENDING))
+
+
+def publish(**spec) -> None:
+    """The ``release`` stage: REPORT.md, the effective configuration, then the manifest
+    (:func:`build_manifest`)."""
+    build_manifest(spec)
+
+
+def check_release(version_dir) -> None:
+    """The ``verify:manifest`` stage: every file of the release against its manifest."""
+    manifest = check_files(Path(version_dir))
+    log.info(f"verify {manifest['version']}: {manifest['totals']['files']} files match {MANIFEST}")
+
+
+def listed_builds(version_dir) -> list[str]:
+    """The builds (``cpu-float32``) whose package the release's manifest lists."""
+    manifest = json.loads(manifest_path(version_dir).read_text())
+    record = record_name("aoti_package")
+    return sorted(f["path"].split("/")[1] for f in manifest["files"]
+                  if f["path"].startswith(f"{AOTI_PACKAGE_DIR}/") and f["path"].endswith(f"/{record}"))
+
+
+def released_versions(artifacts_root) -> list[str]:
+    """The released versions of an artifacts folder."""
+    root = Path(artifacts_root)
+    return sorted(d.name for d in root.iterdir() if d.is_dir() and is_released(d)) if root.is_dir() else []
 
 
 def build_manifest(spec: dict) -> dict:
@@ -153,7 +153,7 @@ def build_manifest(spec: dict) -> dict:
                                    f"remove them or rebuild before releasing")
     write_text(vdir / PENDING, "release publication in progress\n")
     write_json(vdir / EFFECTIVE_CONFIG, spec["config"])
-    env = environment()
+    env = snapshot()
     git = git_state(Path(spec["root"]))
     write_text(vdir / REPORT, render_report(vdir, spec["config"], env, git))
     owners = spec["owners"]

@@ -39,3 +39,10 @@ def upstream(path, stage: str) -> dict:
     if record["stage"] != stage:
         raise ConfigError(f"{path}: expected a {stage} record, got stage {record['stage']!r}")
     return record
+
+
+def verify_spec(layout, cfg: dict, runtime_cfg: dict, target: str, dtype: str) -> dict:
+    """run_verify's arguments for one build of a version folder (``layout``)."""
+    return {"verify_cfg": cfg, "runtime_cfg": runtime_cfg,
+            "package_record_path": str(layout.build_record("aoti_package", target, dtype)),
+            "inputs_path": str(layout.inputs), "eager_path": str(layout.eager(target, dtype))}

@@ -11,7 +11,8 @@ import shutil
 from pathlib import Path
 
 from laya_build.atomic import write_text
-from laya_build.errors import CudaSourceMismatch  # noqa: F401  (CudaSourceMismatch re-exported)
+from laya_build.errors import CudaSourceMismatch, StageError
+from laya_build.log import get_logger
 from laya_build.records import sha256_file
 
 
@@ -32,7 +33,7 @@ def _side(path: Path) -> dict | None:
 def compare_file(name: str, current: Path, baseline: Path, diff_path: Path, diff_rel: str) -> dict:
     entry = {"file": name, "current": _side(current), "baseline": _side(baseline)}
     if entry["current"] is None:
-        raise FileNotFoundError(f"generated source {current} is missing")
+        raise StageError(f"generated source {current} is missing", hint="`doit cuda_source` generates it")
     if entry["baseline"] is None:
         entry.update(identical=False, first_diff_offset=None, diff=None, note="missing in baseline")
         return entry
@@ -50,7 +51,7 @@ def compare_file(name: str, current: Path, baseline: Path, diff_path: Path, diff
     return entry
 
 
-def run_cuda_diff(spec: dict) -> dict:
+def run_cuda_diff(**spec) -> dict:
     """spec: files [{name, current, baseline}], diff_dir, diff_dir_rel, expect, baseline (description)."""
     diff_dir = Path(spec["diff_dir"])
     shutil.rmtree(diff_dir, ignore_errors=True)  # no diff of an earlier run survives
@@ -72,4 +73,5 @@ def run_cuda_diff(spec: dict) -> dict:
     if spec["expect"] == "identical" and same != len(files):
         differing = ", ".join(f["file"] for f in files if not f["identical"])
         raise CudaSourceMismatch(f"{record['summary']} against {spec['baseline']['describe']}; differing: {differing}")
+    get_logger(__name__).info(f"cuda_diff: {record['summary']} against {spec['baseline']['describe']}")
     return record

@@ -39,7 +39,7 @@ def kernels_origin(spec: dict) -> str:
     return f"git:{spec['kernels_commit']}"
 
 
-def run_cuda_source(spec: dict) -> dict:
+def run_cuda_source(**spec) -> dict:
     """spec: variant, factory, args, kwargs, dtype, target (TileLang target dict), source (path);
     for a baseline also kernels_root and kernels_commit."""
     start = time.perf_counter()

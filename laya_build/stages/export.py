@@ -19,7 +19,6 @@ from pathlib import Path
 
 from laya_build import PROJECT_ROOT
 from laya_build.atomic import atomic_path, torch_save
-from laya_build.config.sections import section
 from laya_build.environment import unsupported_reason, versions
 from laya_build.errors import ConfigError, InputsMismatchError
 from laya_build.log import get_logger
@@ -140,7 +139,7 @@ def run_export(export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: s
     from laya_build.model.inputs import batch_shape, load_inputs
 
     start = time.perf_counter()
-    cfg = section("export", export_cfg)
+    cfg = export_cfg
     check_target(target)
     torch_dtype(dtype)
     if dtype not in cfg["targets"].get(target, []):
@@ -160,7 +159,7 @@ def run_export(export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: s
     try:  # the rules pipeline.yaml was checked against at load, now on the saved tensors
         check_export_layout({key: [batch_shape(b) for b in inputs[key]] for key in BATCH_KEYS}, cfg)
     except DimsError as exc:
-        raise InputsMismatchError(f"{inputs_path}: {exc.message}") from None
+        raise InputsMismatchError(f"{inputs_path}: {exc.detail}") from None
     programs = [p for p in PROGRAMS if cfg["single_slot"] or not p.single_slot]
 
     model, _, _ = load_checkpoint(checkpoint_dir)

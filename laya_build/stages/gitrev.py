@@ -36,6 +36,7 @@ def extract_kernels(root: Path, sha: str, dest: Path) -> Path:
     Returns ``dest``, the folder to put first on ``sys.path`` so ``import kernels`` loads the
     baseline instead of the working tree.
     """
+    root, dest = Path(root), Path(dest)
     if (dest / "kernels" / "__init__.py").is_file():
         return dest
     proc = subprocess.run(["git", "archive", "--format=tar", sha, "kernels"], cwd=root, capture_output=True)

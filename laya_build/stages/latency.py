@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 from laya_build.atomic import write_text
-from laya_build.config.sections import section
 from laya_build.environment import device_snapshot, unsupported_reason, versions
 from laya_build.errors import ConfigError, StageError
 from laya_build.records import check_record, sha256_file
@@ -123,8 +122,7 @@ def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_p
     from laya_build.model.inputs import batch_shape, load_inputs
 
     start = time.perf_counter()
-    cfg = section("latency", latency_cfg)
-    runtime = section("runtime", runtime_cfg)
+    cfg, runtime = latency_cfg, runtime_cfg
     out = Path(out_dir)
     records = _package_records(package_record_paths, target)
     if reason := unsupported_reason(target, aoti=True):

@@ -145,7 +145,7 @@ def check_case(case: Case, atol: float, where: str) -> dict:
     return result
 
 
-def run_lower_c(spec: dict) -> dict:
+def run_lower_c(**spec) -> dict:
     """spec: variant, factory, args, kwargs, shapes, seed, atol, source (path), source_rel."""
     import torch
 

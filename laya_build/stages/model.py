@@ -14,7 +14,6 @@ import math
 import time
 from pathlib import Path
 
-from laya_build.config.sections import section
 from laya_build.environment import versions
 from laya_build.records import file_entry
 
@@ -28,7 +27,7 @@ def run_model(model_cfg: dict, out_dir) -> dict:
     from laya_build.runtime.aoti import PROBABILITY_RULE, PROBABILITY_RULE_SOURCE
 
     start = time.perf_counter()
-    cfg = section("model", model_cfg)
+    cfg = model_cfg
     out = Path(out_dir)
     ckpt, (model, tokenizer, agent) = install_checkpoint(cfg["path"], cfg["generate"], out / CHECKPOINT_DIRNAME)
     inputs = build_inputs(tokenizer, cfg["inputs"], agent)

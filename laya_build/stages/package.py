@@ -18,7 +18,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from laya_build.config.sections import section
 from laya_build.environment import device_snapshot, versions
 from laya_build.errors import ConfigError
 from laya_build.layout import record_name
@@ -55,7 +54,7 @@ def check_inductor_configs(configs: dict) -> None:
 
 def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
     start = time.perf_counter()
-    cfg = section("package", package_cfg)
+    cfg = package_cfg
     check_target(target)
     check_inductor_configs(cfg["inductor_configs"])
     if target not in cfg["targets"]:

@@ -24,7 +24,7 @@ def pin_key(factory_name: str) -> str | None:
     return next((key for key, case in PROBE_CASES.items() if case.factory_name == factory_name), None)
 
 
-def run_probe_c(spec: dict) -> dict:
+def run_probe_c(**spec) -> dict:
     """spec: variant, factory, args, kwargs, dtype, cpu."""
     from kernels import probe as kprobe
 

@@ -48,7 +48,7 @@ def _tir(old_recs: dict, new_recs: dict) -> list[dict]:
             for k in sorted(set(old) | set(new))]
 
 
-def run_release_diff(spec: dict) -> dict:
+def run_release_diff(**spec) -> dict:
     """spec: artifacts (root), old, new, out (folder), out_rel (its path relative to artifacts)."""
     root = Path(spec["artifacts"])
     old_dir, new_dir, out = root / spec["old"], root / spec["new"], Path(spec["out"])

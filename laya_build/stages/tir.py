@@ -6,7 +6,7 @@ import time
 from laya_build.stages.kernelgen import call_args, kernel_toolchain, load_factory, publish, sha256_text
 
 
-def run_tir(spec: dict) -> dict:
+def run_tir(**spec) -> dict:
     """spec: variant, factory, args, kwargs, dtype, cpu, target (TileLang target), script (output path)."""
     import tilelang  # noqa: F401  (puts its bundled tvm on sys.path)
     import tvm

@@ -27,10 +27,10 @@ as a failure.
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
-from laya_build.config.sections import section
 from laya_build.errors import (
     ArgmaxMismatchError,
     ConfigError,
@@ -45,7 +45,7 @@ from laya_build.runner import inductor_cache
 from laya_build.runner import run as run_process
 from laya_build.runtime.aoti import HEADS, summarize
 from laya_build.runtime.buckets import parse_buckets
-from laya_build.stages.common import skip_if_blocked, upstream
+from laya_build.stages.common import skip_if_blocked, upstream, verify_spec
 
 CHILD_MODULE = "laya_build.stages.children.verify"
 MEASURES = (("logit", "logits", LogitParityError), ("prob", "probabilities", ProbabilityParityError))
@@ -117,11 +117,11 @@ def runner_checks(programs: list[dict]) -> list[dict]:
     return checked
 
 
-def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, out_dir,
-               runtime_cfg: dict | None = None) -> dict:
+def run_verify(verify_cfg: dict, runtime_cfg: dict, package_record_path, inputs_path, eager_path, out_dir) -> dict:
+    """Verify one package (``verify`` of a build): the effective ``verify`` and ``runtime``
+    sections, the package record, the saved inputs and eager outputs; results in ``out_dir``."""
     start = time.perf_counter()
-    cfg = section("verify", verify_cfg)
-    runtime = section("runtime", runtime_cfg)
+    cfg, runtime = verify_cfg, runtime_cfg
     package_record_path, eager_path, out = Path(package_record_path), Path(eager_path), Path(out_dir)
     pkg = upstream(package_record_path, "aoti_package")
     target = pkg["target"]
@@ -177,3 +177,15 @@ def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, o
         "elapsed_s": round(time.perf_counter() - start, 4),
     }
     return record
+
+
+def verify_released(release_dir, build: str, out_dir) -> dict:
+    """Verify the package ``build`` (``cpu-float32``) of a released version folder with the
+    release's own configuration (its ``pipeline.effective.json``, which the manifest covers:
+    ``verify:manifest`` checked every file first); results in ``out_dir``, outside the release."""
+    from laya_build.layout import VersionLayout
+
+    release = VersionLayout(Path(release_dir))
+    config = json.loads(release.effective_config.read_text())
+    target, dtype = build.split("-", 1)
+    return run_verify(**verify_spec(release, config["verify"], config["runtime"], target, dtype), out_dir=out_dir)

@@ -1,21 +1,24 @@
 """The doit task graph, built from a validated :class:`~laya_build.config.Pipeline`.
 
-This package is the only code that knows doit: :mod:`.common` (the one stage-task builder,
-derived dependencies, actions), :mod:`.checks` (outputs and toolchain up-to-date checks),
-:mod:`.kernels`, :mod:`.model` and :mod:`.release` (the task generators), :mod:`.dispatch`
-(the order doit starts ready tasks in), :mod:`.state` (doit's task state, kept across a
-kill).  Building the graph imports no torch, tilelang or transformers.
+This package is the only code that knows doit: :mod:`.build` (a :class:`laya_build.stage.Stage`
+as a doit task: the one builder), :mod:`.deps` (dependencies derived from the sources),
+:mod:`.checks` (outputs and toolchain up-to-date checks), :mod:`.kernels`, :mod:`.model` and
+:mod:`.release` (the stages of each task), :mod:`.dispatch` (the order doit starts ready tasks
+in), :mod:`.state` (doit's task state, kept across a kill), :mod:`.exits` (exit status 3 for
+configuration and command-line errors).  Building the graph imports no torch, tilelang or
+transformers.
 """
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
-from doit import get_var
+from doit import doit_cmd
 
 from laya_build import PROJECT_ROOT
 from laya_build import config as config_mod
-from laya_build.tasks import dispatch, state
+from laya_build.tasks import dispatch, exits, state
 from laya_build.tasks.kernels import cuda_diff_tasks, cuda_source_tasks, lower_c_tasks, probe_c_tasks, tir_tasks
 from laya_build.tasks.model import (
     aoti_package_tasks,
@@ -33,13 +36,23 @@ __all__ = ["load_pipeline", "doit_config", "tir_tasks", "probe_c_tasks", "lower_
 
 dispatch.install()  # a task whose dependencies just finished starts first (see dispatch)
 state.install()  # doit's sqlite3 backend commits each task's state when it is recorded (see state)
+exits.install()  # a run whose failures are all configuration or command-line errors exits 3 (see exits)
 
 DEFAULT_TASKS = ["tir", "probe_c", "lower_c", "cuda_source", "cuda_diff"]
 
 
 def load_pipeline(root: Path = PROJECT_ROOT) -> config_mod.Pipeline:
-    """The pipeline of ``root``, with ``doit config=... version=...`` applied."""
-    return config_mod.from_command_line(get_var, root=root)
+    """The pipeline of ``root``, with ``doit config=... version=... release=...`` applied."""
+    variables = dict(doit_cmd._CMDLINE_VARS or {})
+    return config_mod.from_command_line(variables, root=root, given=typed_variables(variables))
+
+
+def typed_variables(variables: dict) -> list[tuple[str, str]] | None:
+    """Every ``name=value`` of this process's command line as typed (doit keeps only the last
+    value of a name), when that command line is the one doit parsed (not when doit runs
+    inside another program)."""
+    typed = [tuple(arg.split("=", 1)) for arg in sys.argv[1:] if arg[:1] != "-" and "=" in arg]
+    return typed if dict(typed) == variables else None
 
 
 def default_processes() -> int:

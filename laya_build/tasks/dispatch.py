@@ -16,14 +16,14 @@ appended to the front, in order.  Which tasks run, and what each depends on, is 
 doit's parallel runner forks its workers once it has a first task to hand each; every worker
 used to start its own fork server (:mod:`laya_build.runner`), paying torch's and TileLang's
 imports once per worker.  The runner now makes the server place before it forks
-(:func:`laya_build.runner.share_servers`): the first worker to need a server starts it and the
+(:func:`laya_build.runner.forkserver.share_servers`): the first worker to need a server starts it and the
 others connect to it.  Nothing is started for a run that executes no task.
 """
 from __future__ import annotations
 
 from doit import control, runner
 
-from laya_build import runner as stage_runner
+from laya_build.runner import forkserver
 
 _ORIGINAL = control.TaskDispatcher._update_waiting
 _START_PROCESSES = runner.MRunner._run_start_processes
@@ -37,7 +37,7 @@ def _update_waiting_unblocked_first(self, processed):
 
 
 def _start_processes_sharing_servers(self, job_q, result_q):
-    stage_runner.share_servers()
+    forkserver.share_servers()
     return _START_PROCESSES(self, job_q, result_q)
 
 

@@ -8,19 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from doit.exceptions import TaskFailed
-from doit.tools import config_changed
-
 from kernels.registry import KERNELS
-from laya_build import release
 from laya_build.layout import cuda_name, tir_flavour
-from laya_build.log import get_logger
-from laya_build.records import write_record
+from laya_build.stage import Stage
 from laya_build.stages import gitrev
-from laya_build.tasks.checks import outputs_unchanged
-from laya_build.tasks.common import clean_action, clear_outputs, derived_deps, reported, stage_task, task_outputs
-
-log = get_logger(__name__)
+from laya_build.tasks.build import doit_task, version_stage
 
 
 def _variants(p):
@@ -42,10 +34,11 @@ def tir_tasks(p):
             target = "c" if cpu else p.data["cuda"]["archs"][0]
             spec = {"variant": variant, **vspec, "dtype": dtype, "cpu": cpu, "target": target,
                     "script": str(script), "script_rel": v.rel(script)}
-            yield stage_task(p, basename="tir", name=f"{variant}.{flavour}", doc=f"TIR of {variant} ({flavour})",
-                             module="laya_build.stages.tir", function="run_tir", spec=spec, record=record,
-                             files=[script], schemas=("tir",), kernel_module=_factory_module(p, vspec["factory"]),
-                             config={"variant": vspec, "dtype": dtype, "cpu": cpu, "target": target}, fork=True)
+            yield doit_task(p, version_stage(
+                p, "tir", f"{variant}.{flavour}", doc=f"TIR of {variant} ({flavour})",
+                entry="laya_build.stages.tir:run_tir", spec=spec, record=record, files=(script,), schemas=("tir",),
+                code=(_factory_module(p, vspec["factory"]),),
+                config={"variant": vspec, "dtype": dtype, "cpu": cpu, "target": target}))
 
 
 def probe_c_tasks(p):
@@ -55,13 +48,12 @@ def probe_c_tasks(p):
         flavours = [(d, False) for d in probe["dtypes"]] + [(d, True) for d in probe.get("cpu_dtypes", [])]
         for dtype, cpu in flavours:
             flavour = f"{'cpu' if cpu else 'gpu'}-{dtype}"
-            spec = {"variant": variant, **vspec, "dtype": dtype, "cpu": cpu}
-            yield stage_task(p, basename="probe_c", name=f"{variant}.{flavour}",
-                             doc=f"probe {variant} for target c ({flavour})",
-                             module="laya_build.stages.probe_c", function="run_probe_c", spec=spec,
-                             record=p.layout.probe_record(variant, flavour), schemas=("probe_c",),
-                             kernel_module=_factory_module(p, vspec["factory"]),
-                             config={"variant": vspec, "dtype": dtype, "cpu": cpu}, fork=True)
+            yield doit_task(p, version_stage(
+                p, "probe_c", f"{variant}.{flavour}", doc=f"probe {variant} for target c ({flavour})",
+                entry="laya_build.stages.probe_c:run_probe_c", spec={"variant": variant, **vspec, "dtype": dtype,
+                                                                     "cpu": cpu},
+                record=p.layout.probe_record(variant, flavour), schemas=("probe_c",),
+                code=(_factory_module(p, vspec["factory"]),), config={"variant": vspec, "dtype": dtype, "cpu": cpu}))
 
 
 def lower_c_tasks(p):
@@ -73,11 +65,11 @@ def lower_c_tasks(p):
         check = {"seed": checks["seed"], "atol": checks.get("atol_overrides", {}).get(variant, checks["atol"]),
                  "shapes": checks["shapes"][variant]}
         spec = {"variant": variant, **vspec, **check, "source": str(source), "source_rel": v.rel(source)}
-        yield stage_task(p, basename="lower_c", name=variant, doc=f"C lowering + numerical check of {variant}",
-                         module="laya_build.stages.lower_c", function="run_lower_c", spec=spec,
-                         record=source.with_suffix(".json"), files=[source], schemas=("lower_c",),
-                         kernel_module=_factory_module(p, vspec["factory"]), config={"variant": vspec, **check},
-                         fork=True)
+        yield doit_task(p, version_stage(
+            p, "lower_c", variant, doc=f"C lowering + numerical check of {variant}",
+            entry="laya_build.stages.lower_c:run_lower_c", spec=spec, record=v.lower_c_record(variant),
+            files=(source,), schemas=("lower_c",), code=(_factory_module(p, vspec["factory"]),),
+            config={"variant": vspec, **check}))
 
 
 def cuda_source_paths(p):
@@ -97,12 +89,21 @@ def cuda_source_tasks(p):
     """CUDA source per kernel x dtype x arch, generated without a GPU, one process each."""
     for variant, vspec, dtype, target, name in cuda_source_paths(p):
         source = p.layout.cuda_source(name)
-        yield stage_task(p, basename="cuda_source", name=name.removesuffix(".cu").replace("/", "."),
-                         doc=f"CUDA source of {variant} ({dtype}, {target['arch']})",
-                         module="laya_build.stages.cuda_source", function="run_cuda_source",
-                         spec=_cuda_spec(p, variant, vspec, dtype, target, source), record=source.with_suffix(".json"),
-                         files=[source], schemas=("cuda_source",), kernel_module=_factory_module(p, vspec["factory"]),
-                         config={"variant": vspec, "dtype": dtype, "target": target}, fork=True)
+        yield doit_task(p, version_stage(
+            p, "cuda_source", name.removesuffix(".cu").replace("/", "."),
+            doc=f"CUDA source of {variant} ({dtype}, {target['arch']})",
+            entry="laya_build.stages.cuda_source:run_cuda_source",
+            spec=_cuda_spec(p, variant, vspec, dtype, target, source), record=p.layout.cuda_record(name),
+            files=(source,), schemas=("cuda_source",), code=(_factory_module(p, vspec["factory"]),),
+            config={"variant": vspec, "dtype": dtype, "target": target}))
+
+
+def _failing(name: str, doc: str, exc) -> dict:
+    """A task that fails with ``exc`` when it runs (not the whole graph when it is built)."""
+    from laya_build.tasks.build import failure
+
+    return {"name": name, "doc": doc, "actions": [lambda: failure(exc)],
+            "uptodate": [False]}
 
 
 def cuda_diff_tasks(p):
@@ -113,29 +114,26 @@ def cuda_diff_tasks(p):
         yield {"name": None, "doc": "byte-level diff of CUDA sources against cuda.baseline (none configured)"}
         return
     v = p.layout
-    out = v.cuda_diff_dir
-    record = out / "cuda_diff.json"
     files = []
     baseline_tasks = []
     if "git_ref" in baseline:
         try:
             sha = gitrev.resolve(p.root, baseline["git_ref"])
             tree = gitrev.kernels_tree(p.root, sha)
-        except gitrev.GitRefError as exc:  # fail this task when it runs, not the whole graph
-            message = str(exc)
-            yield {"name": "compare", "doc": "byte-level diff of CUDA sources (baseline unresolvable)",
-                   "actions": [lambda: TaskFailed(message)], "uptodate": [False]}
+        except gitrev.GitRefError as exc:
+            yield _failing("compare", "byte-level diff of CUDA sources (baseline unresolvable)", exc)
             return
         describe = {"kind": "git_ref", "ref": baseline["git_ref"], "commit": sha,
                     "describe": f"kernels at git {baseline['git_ref']} ({sha[:12]})"}
-        kernels_root = p.artifacts.cache("baseline-kernels", tree)
-        yield {
-            "name": "baseline_kernels",
-            "doc": f"kernels/ as of {sha[:12]}, extracted for the baseline generation",
-            "actions": [(_extract_action, [p.root, sha, kernels_root])],
-            "targets": [str(kernels_root / "kernels" / "__init__.py")],
-            "uptodate": [config_changed({"kernels_tree": tree})],
-        }
+        kernels_root = p.artifacts.baseline_kernels(tree)
+        extract = Stage(basename="cuda_diff", name="baseline_kernels",
+                        doc=f"kernels/ as of {sha[:12]}, extracted for the baseline generation",
+                        entry="laya_build.stages.gitrev:extract_kernels", process="inline",
+                        # a cache shared by every version (extracted atomically, once): no outputs of its own
+                        spec={"root": str(p.root), "sha": sha, "dest": str(kernels_root)},
+                        config={"kernels_tree": tree},
+                        outputs_record=p.artifacts.outputs_record(p.version, "cuda_diff:baseline_kernels"))
+        yield doit_task(p, extract)
         lowering = gitrev.lowering_module(p.root, sha)
         for variant, vspec, dtype, target, name in cuda_source_paths(p):
             base = v.cuda_baseline(name)
@@ -146,15 +144,14 @@ def cuda_diff_tasks(p):
                     "kernels_root": str(kernels_root), "kernels_commit": sha}
             # The kernels come from the revision (keyed by its tree); the code that runs them
             # is this checkout's stage, whose closure is taken without kernels/.
-            task = stage_task(p, basename="cuda_diff", name=task_name,
-                              doc=f"CUDA source of {variant} ({dtype}, {target['arch']}) from kernels at {sha[:12]}",
-                              module="laya_build.stages.cuda_source", function="run_cuda_source", spec=spec,
-                              record=base.with_suffix(".json"), files=[base], schemas=("cuda_source",),
-                              config={"variant": vspec, "dtype": dtype, "target": target, "kernels_tree": tree},
-                              extra_path=[str(kernels_root)], label=f"baseline {name}", fork=True,
-                              task_dep=["cuda_diff:baseline_kernels"])
-            task["file_dep"] = [f for f in task["file_dep"] if not Path(f).is_relative_to(p.root / "kernels")]
-            yield task
+            yield doit_task(p, version_stage(
+                p, "cuda_diff", task_name,
+                doc=f"CUDA source of {variant} ({dtype}, {target['arch']}) from kernels at {sha[:12]}",
+                entry="laya_build.stages.cuda_source:run_cuda_source", spec=spec,
+                record=v.cuda_baseline_record(name), files=(base,), schemas=("cuda_source",),
+                config={"variant": vspec, "dtype": dtype, "target": target, "kernels_tree": tree},
+                code_excluded=(p.root / "kernels",), sys_path=(str(kernels_root),),
+                task_dep=("cuda_diff:baseline_kernels",)))
     else:
         bdir = p.artifacts.version(baseline["version"])
         describe = {"kind": "version", "version": baseline["version"],
@@ -162,44 +159,17 @@ def cuda_diff_tasks(p):
         for *_, name in cuda_source_paths(p):
             files.append({"name": name, "current": str(v.cuda_source(name)), "baseline": str(bdir.cuda_source(name))})
 
-    diff_dir = out / "diffs"
+    diff_dir = v.cuda_diffs_dir
     spec = {"files": files, "diff_dir": str(diff_dir), "diff_dir_rel": v.rel(diff_dir),
             "expect": cuda.get("expect", "identical"), "baseline": describe}
-    code, _ = derived_deps(p, ("laya_build.stages.cuda_diff",), ("cuda_diff",))
-    outputs = task_outputs(p, "cuda_diff:compare", [record], [diff_dir])
-    yield {
-        "name": "compare",
-        "doc": f"byte-level diff of CUDA sources against {describe['describe']}",
-        "actions": [(_compare_action, [p, spec, record, outputs])],
+    compare = version_stage(
+        p, "cuda_diff", "compare", doc=f"byte-level diff of CUDA sources against {describe['describe']}",
+        entry="laya_build.stages.cuda_diff:run_cuda_diff", process="inline", spec=spec,
+        record=v.cuda_diff_record, dirs=(diff_dir,), schemas=("cuda_diff",),
         # Both sides: a rebuilt baseline re-runs the comparison (a missing baseline file is a
         # difference the record reports, not a missing dependency).
-        "file_dep": [f["current"] for f in files]
-        + [f["baseline"] for f in files if baseline_tasks or Path(f["baseline"]).is_file()] + code,
-        "task_dep": baseline_tasks,
-        "targets": [str(record)],
-        "uptodate": [config_changed({"baseline": describe, "expect": spec["expect"],
-                                     "files": [f["name"] for f in files], "version": p.version}),
-                     outputs_unchanged(outputs)],
-        "clean": clean_action(p, outputs),
-        "verbosity": 2,
-    }
-
-
-@reported()
-def _extract_action(root: Path, sha: str, dest: Path):
-    gitrev.extract_kernels(root, sha, dest)
-
-
-@reported("cuda_diff: ", FileNotFoundError)
-def _compare_action(p, spec: dict, record: Path, outputs):
-    from laya_build.stages.cuda_diff import run_cuda_diff
-
-    release.refuse_if_released(p.version_dir, "cuda_diff")
-    outputs.check_untampered("cuda_diff:compare")
-    outputs.forget()
-    clear_outputs(outputs.files, outputs.dirs)
-    rec = run_cuda_diff(spec)
-    write_record(record, rec)
-    outputs.save()
-    log.info(f"cuda_diff: {rec['summary']} against {spec['baseline']['describe']}")
-    return None
+        inputs=tuple(Path(f["current"]) for f in files)
+        + tuple(Path(f["baseline"]) for f in files if baseline_tasks or Path(f["baseline"]).is_file()),
+        config={"baseline": describe, "expect": spec["expect"], "files": [f["name"] for f in files]},
+        task_dep=tuple(baseline_tasks), verbose=True)
+    yield doit_task(p, compare)

@@ -1,16 +1,16 @@
 """Release tasks: ``release`` (REPORT.md + manifest.json, last) and ``release_diff``."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
-from doit import get_var
-from doit.exceptions import TaskFailed
-
 from laya_build import config as config_mod
-from laya_build import release, runner
+from laya_build import release
+from laya_build.errors import UsageError
 from laya_build.log import get_logger
+from laya_build.stage import Stage
 from laya_build.tasks import kernels, model
-from laya_build.tasks.common import reported
+from laya_build.tasks.build import doit_task, reported
 
 STAGE_GENERATORS = (kernels.tir_tasks, kernels.probe_c_tasks, kernels.lower_c_tasks, kernels.cuda_source_tasks,
                     kernels.cuda_diff_tasks, model.model_tasks, model.export_tasks, model.aoti_package_tasks,
@@ -41,12 +41,24 @@ def build_order() -> list[str]:
     tasks in: the model chain first (model -> export -> aoti_package -> latency, verify: each
     waits for the one before, and it holds the longest tasks, the compiles), then the kernel
     stages, whose short tasks depend on neither the chain nor each other and fill the cores the
-    chain leaves.  Started after them (before 2026-11-30), the chain ran alone at the end, one
-    core busy for its compiles; with the chain first (and doit starting unblocked tasks first,
-    :mod:`.dispatch`) the kernel stages are the tail, on both cores (README, "Build speed")."""
+    chain leaves (started after them, the chain would run alone at the end, one core busy for
+    its compiles; with doit starting unblocked tasks first, :mod:`.dispatch`, the kernel
+    stages are the tail, on every core)."""
     chain = [g for g in STAGE_GENERATORS if g.__module__ == model.__name__]
     chain.sort(key=lambda g: g is model.verify_tasks)  # latency (long) before verify (short)
     return [stage_name(g) for g in chain + [g for g in STAGE_GENERATORS if g not in chain]]
+
+
+def release_stage(p, owners_of: dict[str, str]) -> Stage:
+    """REPORT.md, pipeline.effective.json and manifest.json of ``p``'s version (the manifest
+    last: it is what makes the version released); ``owners_of``: the task of every file.  A
+    fresh process: the environment snapshot imports torch."""
+    return Stage(basename="release", name=None,
+                 doc=f"build every stage, then REPORT.md + manifest.json: releases version {p.version}",
+                 entry="laya_build.release:publish", process="fresh",
+                 spec={"version": p.version, "version_dir": str(p.version_dir), "root": str(p.root),
+                       "config": p.data, "owners": owners_of},
+                 writes_into=p.version_dir, always=True, verbose=True)
 
 
 def release_task(p) -> dict:
@@ -54,49 +66,62 @@ def release_task(p) -> dict:
     stages = build_order()
     if release.state(p.version_dir) in ("released", "damaged"):
         stages = []  # nothing may run against a released version; the action refuses
+    task = doit_task(p, release_stage(p, {}))
 
     @reported()
     def act():
-        release.refuse_if_released(p.version_dir, "release")
+        from laya_build.runner.stage import run_stage
+
         release.clear_interrupted(p.version_dir)
-        spec = {"version": p.version, "version_dir": str(p.version_dir), "root": str(p.root),
-                "config": p.data, "owners": owners(p)}
         log.info(f"release {p.version}: writing REPORT.md and {release.MANIFEST} (environment snapshot)")
-        runner.run("laya_build.release", "build_manifest", spec, label="release", task="release")
+        run_stage(release_stage(p, owners(p)))  # the owners of the files, computed when it runs
         log.info(f"release {p.version}: {release.manifest_path(p.version_dir)}")
 
-    return {
-        "actions": [act],
-        "task_dep": stages,
-        "uptodate": [False],  # always checked: a second release into this version is refused
-        "verbosity": 2,
-        "doc": f"build every stage, then REPORT.md + manifest.json: releases version {p.version}",
-    }
+    return {**task, "actions": [act], "task_dep": stages, "file_dep": [], "targets": []}
+
+
+RELEASE_DIFF_PARAMS = [
+    {"name": "old", "long": "old", "type": str, "default": "", "help": "the earlier released version (e.g. 0.1.0)"},
+    {"name": "new", "long": "new", "type": str, "default": "", "help": "the later released version (e.g. 0.2.0)"},
+]
+
+
+def release_diff_stage(p, old: str, new: str) -> Stage:
+    """The report of what changed between two released versions of ``p``'s artifacts."""
+    missing = [f"--{name}" for name, value in (("old", old), ("new", new)) if not value]
+    if missing:
+        raise UsageError(f"release_diff needs two released versions: {' and '.join(missing)} missing",
+                         hint="`doit release_diff --old <version> --new <version>`; "
+                              f"released here: {_released_list(p)}")
+    for name, value in (("old", old), ("new", new)):
+        config_mod.check_version(value, f"doit release_diff --{name}")
+        if release.state(p.artifacts.version(value).root) != "released":
+            raise UsageError(f"release_diff --{name} {value}: {p.artifacts.version(value).root} is not a release "
+                             f"(no {release.MANIFEST})",
+                             hint=f"release it first (`doit version={value} release`) or name a released version; "
+                                  f"released here: {_released_list(p)}")
+    out = p.artifacts.release_diff(old, new)
+    return Stage(basename="release_diff", name=None, doc=f"what changed from release {old} to {new}",
+                 entry="laya_build.stages.release_diff:run_release_diff", process="fresh",
+                 spec={"artifacts": str(p.output_root), "old": old, "new": new, "out": str(out),
+                       "out_rel": out.relative_to(p.output_root).as_posix()},
+                 record=out / "release_diff.json", dirs=(out,), always=True, verbose=True)
+
+
+def _released_list(p) -> str:
+    return ", ".join(release.released_versions(p.output_root)) or "none"
 
 
 def release_diff_task(p) -> dict:
-    """``doit release_diff old=A new=B``: both versions must be released."""
-    old, new = get_var("old", None), get_var("new", None)
-    doc = "what changed between two releases: doit release_diff old=<version> new=<version>"
-    if old is None or new is None:
-        return {"actions": [lambda: TaskFailed("release_diff needs two released versions: "
-                                               "doit release_diff old=<v> new=<v>")],
-                "doc": doc, "uptodate": [False]}
-    try:
-        for name, value in (("old", old), ("new", new)):
-            config_mod.check_version(value, f"doit argument {name}")
-    except config_mod.ConfigError as exc:
-        message = str(exc)
-        return {"actions": [lambda: TaskFailed(message)], "doc": doc, "uptodate": [False]}
-    out = p.artifacts.release_diff(old, new)
-    spec = {"artifacts": str(p.output_root), "old": old, "new": new, "out": str(out),
-            "out_rel": out.relative_to(p.output_root).as_posix()}
+    """``doit release_diff --old A --new B``: both versions must be released."""
 
     @reported()
-    def act():
-        runner.run("laya_build.stages.release_diff", "run_release_diff", spec, record=out / "release_diff.json",
-                    label="release_diff")
-        log.info((out / "release_diff.md").read_text())
+    def act(old, new):
+        from laya_build.runner.stage import run_stage
 
-    return {"actions": [act], "doc": doc, "uptodate": [False], "verbosity": 2,
-            "targets": [str(out / "release_diff.json"), str(out / "release_diff.md")]}
+        stage = release_diff_stage(p, old, new)
+        run_stage(stage)
+        log.info(Path(stage.spec["out"], "release_diff.md").read_text())
+
+    return {"actions": [act], "params": RELEASE_DIFF_PARAMS, "uptodate": [False], "verbosity": 2,
+            "doc": "what changed between two releases: doit release_diff --old <version> --new <version>"}

@@ -1,0 +1,195 @@
+"""The fork server of a build: one interpreter that imports torch and TileLang once, then
+forks a fresh child for every stage request, any number at once.
+
+A server listens on a Unix socket in a private folder of the build (its *place*); doit's
+parallel workers share it (:func:`share_servers`, called before doit forks them).  A handler
+per connection forks the request's child, waits for it and answers its exit status.  The
+server ends when the last process holding the place's pipe ends (the doit run, however it
+ends); the place folder is removed then, or by the next build when the run was killed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import importlib
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from laya_build import PROJECT_ROOT
+from laya_build.errors import StageFailed
+from laya_build.locks import held
+from laya_build.runner.folders import user_folder
+from laya_build.runner.process import ERROR_PREFIX, child_env, execute
+
+# What the fork server imports before forking: the heavy modules the stages use.
+SERVER_PRELOAD = ("torch", "tilelang", "jsonschema", "referencing")
+
+
+class ServerPlace:
+    """Where the fork servers of one build live: a private folder for their sockets and start
+    locks, and a pipe whose read end each server watches.  The write end stays open in the
+    process that made the place and in every process forked from it (doit's workers): when
+    the last of them ends, however it ends, the servers see end-of-file and exit."""
+
+    def __init__(self):
+        root = user_folder("forkservers")
+        if len(str(root)) > 60:  # a Unix socket path has ~107 bytes
+            root = user_folder("forkservers", Path("/tmp"))
+        _remove_stale_places(root)
+        self.folder = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root))
+        self.life_r, self.life_w = os.pipe()
+        self.owner = os.getpid()
+        atexit.register(self._remove)
+
+    def _remove(self) -> None:
+        if os.getpid() == self.owner:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def socket_path(self, env: dict | None) -> Path:
+        key = hashlib.sha256(json.dumps(env or {}, sort_keys=True).encode()).hexdigest()[:16]
+        return self.folder / f"{key}.sock"
+
+    def connect(self, env: dict | None) -> socket.socket:
+        """A connection to the server for ``env``, started first if no server answers (under a
+        lock: two workers asking at once start one server)."""
+        path = self.socket_path(env)
+        with held(path.with_suffix(".lock"), "the fork server of this build to start"):
+            try:
+                return _connect(path)
+            except (FileNotFoundError, ConnectionRefusedError):
+                pass
+            proc = subprocess.Popen([sys.executable, "-m", "laya_build.runner", "--server", str(path),
+                                     str(self.life_r)], stdout=subprocess.PIPE, text=True, cwd=PROJECT_ROOT,
+                                    stdin=subprocess.DEVNULL, env=child_env(env), pass_fds=(self.life_r,))
+            ready = proc.stdout.readline()  # listening (its imports follow; requests queue meanwhile)
+            proc.stdout.close()
+            if ready.strip() != "listening":
+                raise StageFailed(f"the stage fork server did not start (exit status {proc.wait()})")
+            return _connect(path)
+
+
+def _remove_stale_places(root: Path) -> None:
+    """Remove the places of processes that ended without removing theirs (killed builds, forked
+    workers that exit without cleanup): a place folder is named after its maker's pid."""
+    for folder in root.iterdir():
+        pid = folder.name.split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:
+            pass  # alive, another user's
+
+
+def _connect(path: Path) -> socket.socket:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(str(path))
+    except OSError:
+        conn.close()
+        raise
+    return conn
+
+
+_PLACE: ServerPlace | None = None
+_PLACE_LOCK = threading.Lock()  # threads asking at once make one place (and start one server)
+
+
+def share_servers() -> None:
+    """Make this process's server place now, so that processes forked from it later (doit's
+    parallel workers) share its fork servers: one server's imports per build, not per worker."""
+    global _PLACE
+    with _PLACE_LOCK:
+        if _PLACE is None:
+            _PLACE = ServerPlace()
+
+
+def fork_run(request: dict, env: dict | None, log_path: Path, *, show: bool) -> int:
+    """Send ``request`` to the fork server for ``env`` (one connection per request: workers
+    ask concurrently) and return the child's exit status (``-signal`` if killed)."""
+    share_servers()
+    log_path.write_text("")
+    with _PLACE.connect(env) as conn:
+        conn.sendall((json.dumps({**request, "log": str(log_path)}) + "\n").encode())
+        with conn.makefile("r", encoding="utf-8") as answers:
+            answer = answers.readline()
+    if not answer:
+        raise StageFailed("the stage fork server ended before answering")
+    returncode = json.loads(answer)["returncode"]
+    if show and returncode == 0:
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+        out = [ln for ln in text.splitlines() if ln and not ln.startswith(ERROR_PREFIX)]
+        if out:
+            print("\n".join(out), flush=True)
+    return returncode
+
+
+
+
+def serve(path: str, life_fd: int) -> int:
+    """The fork server: listen on ``path``, import the heavy modules once, then fork a handler
+    per connection; it forks the child that runs the request, waits for it and answers
+    ``{"returncode": <exit status, or -signal>}``.  Ends at end-of-file on ``life_fd``."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # a server of this place that died
+    listener.bind(path)
+    listener.listen(64)
+    print("listening", flush=True)
+    for name in SERVER_PRELOAD:
+        importlib.import_module(name)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers are reaped by the kernel
+    while True:
+        ready, _, _ = select.select([listener, life_fd], [], [])
+        if life_fd in ready and not os.read(life_fd, 1):
+            return 0
+        if listener in ready:
+            conn, _ = listener.accept()
+            if os.fork() == 0:
+                listener.close()
+                os.close(life_fd)
+                _handle(conn)
+            conn.close()
+
+
+def _handle(conn: socket.socket) -> None:
+    """A handler: run the connection's request in a child of its own and answer its status."""
+    code = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        with conn.makefile("r", encoding="utf-8") as lines:
+            request = json.loads(lines.readline())
+        pid = os.fork()
+        if pid == 0:  # the child: its own log, one request, then exit without cleanup
+            child_code = 1
+            try:
+                conn.close()
+                fd = os.open(request["log"], os.O_WRONLY | os.O_TRUNC)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                os.close(fd)
+                sys.stdin.close()
+                child_code = execute(request)
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(child_code)
+        _, status = os.waitpid(pid, 0)
+        returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        conn.sendall((json.dumps({"returncode": returncode}) + "\n").encode())
+        code = 0
+    finally:
+        os._exit(code)
