@@ -148,12 +148,12 @@ def run_export(export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: s
     if reason := unsupported_reason(target):
         return skip("export", reason, target=target, dtype=dtype)
     if target == "cuda" and not fresh_process:
-        from laya_build.runner import run as run_process
+        from laya_build.runner import Child, run
 
         spec = {"export_cfg": export_cfg, "checkpoint_dir": str(checkpoint_dir), "inputs_path": str(inputs_path),
                 "out_dir": str(out_dir), "target": target, "dtype": dtype, "fresh_process": True}
-        return run_process("laya_build.stages.export", "run_export", spec, kwargs=True, result=True,
-                           label=f"torch.export ({target}, {dtype})", reraise=True)
+        return run("laya_build.stages.export:run_export", spec,
+                   Child(label=f"torch.export ({target}, {dtype})", reraise=True), result=True)
 
     inputs = load_inputs(inputs_path)
     try:  # the rules pipeline.yaml was checked against at load, now on the saved tensors

@@ -31,8 +31,8 @@ from laya_build.environment import device_snapshot, unsupported_reason, versions
 from laya_build.errors import ConfigError, StageError
 from laya_build.records import check_record, sha256_file
 from laya_build.release.model_report import variant_label
-from laya_build.runner import inductor_cache, vec_isa_root
-from laya_build.runner import run as run_process
+from laya_build.runner import Child, run
+from laya_build.runner.folders import inductor_cache, vec_isa_root
 from laya_build.runtime.buckets import parse_buckets
 from laya_build.stages.common import check_sha256, skip, upstream
 
@@ -115,8 +115,8 @@ def _package_records(paths, target: str) -> list[tuple[Path, dict]]:
     return records
 
 
-def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_paths, out_dir,
-                target: str, runtime_cfg: dict | None = None) -> dict:
+def run_latency(latency_cfg: dict, runtime_cfg: dict, checkpoint_dir, inputs_path, package_record_paths, out_dir,
+                target: str) -> dict:
     """Measure ``target``: the shared variants once, the package variants for each package
     record of ``package_record_paths`` (every dtype of the target, one record each)."""
     from laya_build.model.inputs import batch_shape, load_inputs
@@ -157,9 +157,9 @@ def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_p
         "runtime": {"buckets": buckets, "capture_warmup": runtime["capture_warmup"]},
     }
     with inductor_cache(f"latency-{target}") as cache:
-        result = run_process(CHILD_MODULE, "measure_variants", job, result=True, log=out / "latency_child.log",
-                             timeout=cfg["timeout_s"], env={"TORCHINDUCTOR_CACHE_DIR": str(cache)},
-                             label=f"latency measurement ({target})", reraise=True)
+        child = Child(log=out / "latency_child.log", timeout=cfg["timeout_s"], reraise=True,
+                      env={"TORCHINDUCTOR_CACHE_DIR": str(cache)}, label=f"latency measurement ({target})")
+        result = run(f"{CHILD_MODULE}:measure_variants", {"job": job}, child, result=True)
 
     names = {"amp": cfg["amp_dtype"], "runner": RUNNERS[target], **cfg["compile"]}
     shapes = [batch_shape(b) for b in load_inputs(inputs_path)["batches"]]

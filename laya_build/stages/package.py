@@ -22,8 +22,8 @@ from laya_build.environment import device_snapshot, versions
 from laya_build.errors import ConfigError
 from laya_build.layout import record_name
 from laya_build.records import file_entry
-from laya_build.runner import inductor_cache, vec_isa_root
-from laya_build.runner import run as run_process
+from laya_build.runner import Child, run
+from laya_build.runner.folders import inductor_cache, vec_isa_root
 from laya_build.stages.common import check_sha256, skip_if_blocked, upstream
 from laya_build.targets import check_target
 
@@ -77,10 +77,10 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
                       "package_tmp": str(out / f".{p['name']}.partial.pt2")} for p in programs],
     }
     with inductor_cache(f"package-{target}-{exp['dtype']}") as cache:
-        result = run_process(CHILD_MODULE, "compile_packages", job, result=True, log=out / "package_child.log",
-                             timeout=cfg["timeout_s"], env={"TORCHINDUCTOR_CACHE_DIR": str(cache)},
-                             label=f"AOTInductor compile of {export_dir} for {target}/{exp['dtype']}",
-                             reraise=True)
+        child = Child(log=out / "package_child.log", timeout=cfg["timeout_s"], reraise=True,
+                      env={"TORCHINDUCTOR_CACHE_DIR": str(cache)},
+                      label=f"AOTInductor compile of {export_dir} for {target}/{exp['dtype']}")
+        result = run(f"{CHILD_MODULE}:compile_packages", {"job": job}, child, result=True)
 
     entries = []
     for p, spec, res in zip(programs, job["programs"], result["programs"]):

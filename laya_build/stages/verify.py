@@ -41,8 +41,8 @@ from laya_build.errors import (
     VerifyChildCrashError,
 )
 from laya_build.records import sha256_file
-from laya_build.runner import inductor_cache
-from laya_build.runner import run as run_process
+from laya_build.runner import Child, run
+from laya_build.runner.folders import inductor_cache
 from laya_build.runtime.aoti import HEADS, summarize
 from laya_build.runtime.buckets import parse_buckets
 from laya_build.stages.common import skip_if_blocked, upstream, verify_spec
@@ -146,10 +146,10 @@ def run_verify(verify_cfg: dict, runtime_cfg: dict, package_record_path, inputs_
            "device": target, "preload": cfg["preload"].get(target, []), "timing": timing,
            "dims": pkg["dims"], "buckets": buckets, "capture_warmup": runtime["capture_warmup"]}
     with inductor_cache(f"verify-{target}-{pkg['dtype']}") as cache:
-        result = run_process(CHILD_MODULE, "verify", job, result=True, log=out / "verify_child.log",
-                             timeout=cfg["timeout_s"], reraise=True, crash_error=VerifyChildCrashError,
-                             env={"TORCHINDUCTOR_CACHE_DIR": str(cache), "AOTI_RUNTIME_CHECK_INPUTS": "1"},
-                             label=f"verification process for {programs[0]['package']}")
+        child = Child(log=out / "verify_child.log", timeout=cfg["timeout_s"], reraise=True,
+                      crash_error=VerifyChildCrashError, label=f"verification process for {programs[0]['package']}",
+                      env={"TORCHINDUCTOR_CACHE_DIR": str(cache), "AOTI_RUNTIME_CHECK_INPUTS": "1"})
+        result = run(f"{CHILD_MODULE}:verify", {"job": job}, child, result=True)
     runners = runner_checks(result["programs"])
     ties = check_parity(result["programs"] + runners, thresholds,
                         f"package {programs[0]['package']} vs {eager_path}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from laya_build.config.sections import section
-from laya_build.stages.model import run_model
+from tests.stage_calls import run_model
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from laya_build.errors import CheckpointError
 from laya_build.model.checkpoint import generate_checkpoint, load_checkpoint
 from laya_build.records import read_record, sha256_file
-from laya_build.stages.model import run_model
+from tests.stage_calls import run_model
 
 PREFIXES = {"encoder", "head", "type_emb", "scorer", "act_head", "temperature"}
 

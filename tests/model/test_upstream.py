@@ -22,7 +22,7 @@ from laya_build.model.inputs import DECISIONS, load_inputs
 from laya_build.model.tokenizer import build_sequence, to_internal, upstream_tokenizer_config
 from laya_build.records import read_record, sha256_file
 from laya_build.runtime import aoti as rt
-from laya_build.stages.model import run_model
+from tests.stage_calls import run_model
 from tests.upstream_checkpoint import UPSTREAM_CONFIG, upstream_agent, upstream_forward, write_upstream_checkpoint
 
 BUILDS = ("model_dir", "upstream_model_dir")  # the generated checkpoint, an upstream-written one

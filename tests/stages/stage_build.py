@@ -9,9 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from laya_build.stages.export import run_export
-from laya_build.stages.model import run_model
-from laya_build.stages.package import run_package
+from tests.stage_calls import run_export, run_model, run_package
 
 DTYPES = ("float32", "bfloat16")
 FAST_TIMING = {"cpu": {"warmup": 0, "min_run_time_s": 0.01, "max_run_time_s": 0.05}}  # a few calls per figure

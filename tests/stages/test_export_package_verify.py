@@ -26,11 +26,9 @@ from laya_build.layout import record_name
 from laya_build.records import read_record, sha256_file
 from laya_build.release import model_report
 from laya_build.schema import validate
-from laya_build.stages.export import run_export
-from laya_build.stages.latency import run_latency, target_variants
-from laya_build.stages.package import run_package
-from laya_build.stages.verify import run_verify
+from laya_build.stages.latency import target_variants
 from tests.pipeline.project import ROOT
+from tests.stage_calls import run_export, run_latency, run_package, run_verify
 
 pytestmark = pytest.mark.build(seconds=180)  # two CPU packages, one torch.compile
 

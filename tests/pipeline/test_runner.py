@@ -12,29 +12,30 @@ from pathlib import Path
 
 import pytest
 
-from laya_build import runner as isolate
+from laya_build import runner
+from laya_build.runner import Child, forkserver
 from laya_build.errors import ConfigError, StageFailed
-from tests.pipeline.isolate_jobs import stat_fields
+from tests.pipeline.runner_jobs import stat_fields
 
 ROOT = Path(__file__).resolve().parents[2]
-JOBS = "tests.pipeline.isolate_jobs"
+JOBS = "tests.pipeline.runner_jobs"
 
 
 def _run(function: str, spec: dict | None = None, **kw):
-    return isolate.run(JOBS, function, spec or {}, result=True, fork=True, **kw)
+    return runner.run(f"{JOBS}:{function}", spec or {}, Child(fork=True, **kw), result=True)
 
 
 def test_concurrent_requests_get_children_of_one_server_each_from_a_clean_state(monkeypatch):
     # threads that all ask first make one place and start one server (a slow place widens the
     # window: without the lock four threads made four servers)
-    monkeypatch.setattr(isolate, "_PLACE", None)
-    make = isolate.ServerPlace.__init__
+    monkeypatch.setattr(forkserver, "_PLACE", None)
+    make = forkserver.ServerPlace.__init__
 
     def slow_place(self):
         time.sleep(0.2)
         make(self)
 
-    monkeypatch.setattr(isolate.ServerPlace, "__init__", slow_place)
+    monkeypatch.setattr(forkserver.ServerPlace, "__init__", slow_place)
     with ThreadPoolExecutor(4) as pool:
         seen = list(pool.map(lambda _: _run("where"), range(8)))
     assert len({s["server"] for s in seen}) == 1
@@ -63,9 +64,9 @@ def _alive(pid: int) -> bool:
 
 
 def test_the_server_ends_with_the_process_that_started_it():
-    code = ("import json; from laya_build import runner as isolate; "
-            f"print(json.dumps({{**isolate.run({JOBS!r}, 'where', {{}}, result=True, fork=True), "
-            "'folder': str(isolate._PLACE.folder)}))")
+    code = ("import json; from laya_build.runner import Child, forkserver, run; "
+            f"print(json.dumps({{**run({JOBS!r} + ':where', {{}}, Child(fork=True), result=True), "
+            "'folder': str(forkserver._PLACE.folder)}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     seen = json.loads(out.stdout.splitlines()[-1])
     deadline = time.monotonic() + 30
@@ -77,7 +78,8 @@ def test_the_server_ends_with_the_process_that_started_it():
 
 DODO = '''
 import json, os
-from laya_build import runner as isolate
+from laya_build import runner
+from laya_build.runner import Child, forkserver
 if os.environ["SHARE"] == "1":
     from laya_build.tasks import dispatch
     dispatch.install()
@@ -86,7 +88,7 @@ DOIT_CONFIG = {"backend": "json", "dep_file": ".doit.json"}
 
 def where(name):
     def act():
-        seen = isolate.run("tests.pipeline.isolate_jobs", "where", {}, result=True, fork=True)
+        seen = run("tests.pipeline.runner_jobs:where", {}, Child(fork=True), result=True)
         with open(name + ".json", "w") as f:
             json.dump({**seen, "worker": os.getpid()}, f)
     return act
@@ -114,7 +116,7 @@ def test_a_new_place_removes_those_of_ended_processes():
     those of live processes alone)."""
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    place = isolate.ServerPlace()
+    place = forkserver.ServerPlace()
     root = place.folder.parent
     stale = root / f"{dead.pid}-left"
     stale.mkdir()
@@ -122,7 +124,7 @@ def test_a_new_place_removes_those_of_ended_processes():
     live = root / f"{os.getpid()}-live"
     live.mkdir(exist_ok=True)
     try:
-        isolate.ServerPlace()._remove()
+        forkserver.ServerPlace()._remove()
         assert not stale.exists() and live.exists() and place.folder.exists()
     finally:
         live.rmdir()

@@ -1,4 +1,4 @@
-"""Jobs for tests/pipeline/test_isolate.py, run in fork-server children."""
+"""Jobs for tests/pipeline/test_runner.py, run in fork-server children."""
 from __future__ import annotations
 
 import os
@@ -18,21 +18,21 @@ def _ppid(pid: int) -> int:
     return int(stat_fields(pid)[1])
 
 
-def where(spec: dict) -> dict:
+def where(**spec) -> dict:
     """This child's pid and its fork server's (the child's parent is the server's handler)."""
     return {"child": os.getpid(), "server": _ppid(os.getppid())}
 
 
-def mark(spec: dict) -> str | None:
+def mark(**spec) -> str | None:
     """Leave state in this process; a later child must not see it."""
     seen = getattr(sys, "_laya_mark", None)
     sys._laya_mark = spec["mark"]
     return seen
 
 
-def crash(spec: dict) -> None:
+def crash(**spec) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def refuse(spec: dict) -> None:
+def refuse(**spec) -> None:
     raise ConfigError(f"export.dims.rows.max: {spec['value']} is below min 1")
