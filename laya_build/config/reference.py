@@ -8,8 +8,8 @@ row per key path with its type, its default and the schema's description.  ``$re
 here, so this module needs nothing beyond the standard library and PyYAML.  The output is
 the same bytes on every run.
 
-    python -m laya_build.config_reference           # (re)write docs/reference/configuration.md
-    python -m laya_build.config_reference --check   # exit 1 when that file differs from render()
+    python -m laya_build.config.reference           # (re)write docs/reference/configuration.md
+    python -m laya_build.config.reference --check   # exit 1 when that file differs from render()
 """
 from __future__ import annotations
 
@@ -24,13 +24,13 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_DIR = ROOT / "schemas"
 DEFAULTS_PATH = ROOT / "laya_build" / "model" / "defaults.yaml"
 OUTPUT = ROOT / "docs" / "reference" / "configuration.md"
 ROOT_SCHEMA = "pipeline.schema.json"
 MODEL_SCHEMA = "model_sections.schema.json"
-MODULE = __spec__.name if __spec__ is not None else "laya_build.config_reference"
+MODULE = __spec__.name if __spec__ is not None else "laya_build.config.reference"
 COMMAND = f".venv/bin/python -m {MODULE}"
 
 # The placeholder of a map's keys, by the map's key path; other maps are named after their
