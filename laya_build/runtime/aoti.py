@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from laya_build.runtime import cpu_isa_flags, preload_modules, sha256_file  # noqa: F401  (used by the child processes)
+from laya_build.runtime.serving import cpu_isa_flags, preload_modules, sha256_file  # noqa: F401  (used by the child processes)
 
 HEADS = ("decision", "act")
 INPUTS_FORMAT = 2  # 2: upstream build_sequence tokenisation and the checkpoint's "calibration"

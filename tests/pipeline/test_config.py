@@ -121,7 +121,7 @@ def test_doit_stops_before_any_task(project, case):
 
 def test_doit_version_override_on_command_line(project):
     run = project.doit("list", "version=1..2")
-    assert run.returncode != 0 and "laya-build: doit argument version=1..2: is not a version" in run.stderr
+    assert run.returncode != 0 and "laya-build: ConfigError: doit argument version=1..2: is not a version" in run.stderr
     assert "pipeline.yaml" not in run.stderr
     assert project.doit("list", "version=1.2.0").returncode == 0
 

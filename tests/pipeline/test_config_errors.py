@@ -329,7 +329,7 @@ def test_bad_file_is_refused_at_load(tmp_path, cid):
     argument, fragment = _prepare(tmp_path, cid)
     before = sorted(p.name for p in tmp_path.iterdir())
     with pytest.raises(config.ConfigError) as info:
-        config.from_command_line({"config": argument}.get, root=tmp_path)
+        config.from_command_line({"config": argument}, root=tmp_path)
     message = str(info.value)
     assert fragment in message, message
     # the path is the argument's fault; the contents are the file's
@@ -342,11 +342,11 @@ def test_command_line_version_is_reported_as_an_argument(tmp_path):
     (tmp_path / "pipeline.yaml").write_text(TEXT)
     for bad in BAD_VERSIONS:
         with pytest.raises(config.ConfigError) as info:
-            config.from_command_line({"version": bad}.get, root=tmp_path)
+            config.from_command_line({"version": bad}, root=tmp_path)
         message = str(info.value)
         assert message.startswith("doit argument version=") and ": is not a version" in message, message
         assert "pipeline.yaml" not in message
-    assert config.from_command_line({"version": "1.2.0-rc.1"}.get, root=tmp_path).version == "1.2.0-rc.1"
+    assert config.from_command_line({"version": "1.2.0-rc.1"}, root=tmp_path).version == "1.2.0-rc.1"
 
 
 def test_version_from_the_command_line_is_named_when_it_clashes(tmp_path):
@@ -355,7 +355,7 @@ def test_version_from_the_command_line_is_named_when_it_clashes(tmp_path):
     (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(config.ConfigError,
                        match=r"invalid at cuda.baseline.version: .*\(2\.0\.0, from doit argument version=2\.0\.0\)"):
-        config.from_command_line({"version": "2.0.0"}.get, root=tmp_path)
+        config.from_command_line({"version": "2.0.0"}, root=tmp_path)
 
 
 # -- real doit runs: exit code, one message, no traceback, nothing written ---------------------
@@ -376,10 +376,11 @@ def _doit_fails(project: Project, *args: str) -> str:
     shutil.rmtree(project.artifacts, ignore_errors=True)
     before = _untracked(project)
     run = project.doit(*args, "list")
-    assert run.returncode != 0, run.stdout
+    assert run.returncode == 3, run.stdout  # a configuration or command-line error: doit's user-error status
     assert "Traceback" not in run.stderr + run.stdout, run.stderr
     lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("laya-build: "), run.stderr
+    assert len(lines) == 3 and lines[0].startswith("laya-build: ConfigError: "), run.stderr
+    assert lines[1].startswith("  hint: ") and lines[2] == "  see: docs/reference/errors.md#config-error", run.stderr
     assert not project.artifacts.exists(), "a bad config must write nothing"
     assert _untracked(project) == before
     return lines[0]
@@ -413,12 +414,12 @@ def test_doit_list_refuses_a_bad_file(project, cid):
     finally:
         (project.path / "bad.yaml").unlink(missing_ok=True)
     blamed = f"doit argument config={argument}: " if content is None else f"{project.path / argument}: "
-    assert message.startswith(f"laya-build: {blamed}") and fragment in message, message
+    assert message.startswith(f"laya-build: ConfigError: {blamed}") and fragment in message, message
 
 
 @pytest.mark.parametrize("bad", ["1.0.0\n", "1.0.0 ", "1..2", "1.0.0\t"])
 def test_doit_list_reports_a_bad_version_argument_as_an_argument(project, bad):
     message = _doit_fails(project, f"version={bad}")
-    assert message.startswith(f"laya-build: doit argument version={bad!r}: is not a version") or \
-        message.startswith(f"laya-build: doit argument version={bad}: is not a version"), message
+    assert message.startswith(f"laya-build: ConfigError: doit argument version={bad!r}: is not a version") or \
+        message.startswith(f"laya-build: ConfigError: doit argument version={bad}: is not a version"), message
     assert "pipeline.yaml" not in message

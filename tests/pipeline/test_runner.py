@@ -78,8 +78,7 @@ def test_the_server_ends_with_the_process_that_started_it():
 
 DODO = '''
 import json, os
-from laya_build import runner
-from laya_build.runner import Child, forkserver
+from laya_build.runner import Child, run
 if os.environ["SHARE"] == "1":
     from laya_build.tasks import dispatch
     dispatch.install()

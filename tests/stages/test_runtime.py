@@ -10,10 +10,10 @@ import torch
 from stage_build import DTYPES
 from torch.testing import assert_close
 
-from laya_build import runtime
 from laya_build.config.sections import section
 from laya_build.errors import ConfigError, PackageIntegrityError, PackageIsaError, RuntimeInputError
 from laya_build.records import read_record
+from laya_build.runtime import serving as runtime
 from laya_build.runtime.buckets import Bucket, ExportDims, parse_buckets, smallest_holding
 
 # Batch 0 (1x32x2) is bucket 0 exactly; batch 1 (2x64x3) is padded in rows, tokens and

@@ -27,10 +27,10 @@ import time
 
 import torch
 
-from laya_build import runtime
 from laya_build.model.checkpoint import load_checkpoint
 from laya_build.model.decision import eval_copy
 from laya_build.runtime import aoti as rt
+from laya_build.runtime import serving as runtime
 
 
 def make_variant(name: str, job: dict, model, package: dict | None = None):

@@ -53,7 +53,6 @@ import sys  # noqa: E402
 
 import torch  # noqa: E402
 
-from laya_build import runtime  # noqa: E402
 from laya_build.errors import (  # noqa: E402
     InputsMismatchError,
     PackageIntegrityError,
@@ -61,6 +60,7 @@ from laya_build.errors import (  # noqa: E402
     VerificationError,
 )
 from laya_build.runtime import aoti as rt  # noqa: E402
+from laya_build.runtime import serving as runtime  # noqa: E402
 
 IMPORTED = time.perf_counter()
 CRASH_ENV = "LAYA_VERIFY_CHILD_CRASH"

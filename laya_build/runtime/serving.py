@@ -1,0 +1,510 @@
+"""The serving runtime of a decision package: open, check, load fast, pad to buckets, replay.
+
+What a process that answers decisions needs, and nothing else: ``torch``, the standard
+library, :mod:`laya_build.errors` and :mod:`laya_build.runtime.buckets` (no doit, transformers or
+model code).  The fresh verification process uses it as it is.
+
+Opening a package
+    :func:`open_release` takes a released version folder and a build (``cuda-bfloat16``):
+    every file it reads (the effective configuration, the package record, the ``.pt2``)
+    must match ``manifest.json`` by sha256 before it is used.  :func:`open_build` takes an
+    ``aoti_package.json`` of a build folder; the ``.pt2`` must match that record.  A
+    ``.pt2`` runs native code: nothing loads it before its hash is checked.
+
+Loading fast (:func:`load_package`)
+    ``torch._inductor.aoti_load_package`` compares the CPU vector ISA recorded in the
+    package (``AOTI_CPU_ISA``) with ``pick_vec_isa()`` of the loading process and only
+    *logs a warning* when they differ (``torch/export/pt2_archive/_package.py``
+    ``_load_aoti``, torch 2.11 and 2.13); the C++ loader then opens the package's
+    precompiled ``.so`` and never asks for the ISA again.  Answering ``pick_vec_isa()``
+    costs a dry compile of one probe per candidate ISA, each loaded in a child Python
+    (about 11 s on the 2-core CPU machine, ten children of ~4 s on the H200 image).  This
+    module answers it with the recorded ISA instead, after checking that the running CPU
+    has every feature that ISA names (the cpuinfo checks of ``cpu_vec_isa.x86_isa_checker``,
+    no compiler); a CPU that lacks one fails with :class:`PackageIsaError` (torch would only
+    warn, then fault on the first vector instruction).  The answer is scoped to the load
+    (``valid_vec_isa_list`` is swapped and restored under a lock), so a later
+    ``torch.compile`` in the same process still probes for itself.  Not covered by any ISA
+    check, by torch or here: the package is compiled with ``-march=native`` and may use
+    other features of the build machine's CPU.  ``loader="direct"`` skips
+    ``aoti_load_package`` (and with it the import of Inductor and Dynamo) and calls the C++
+    loader it wraps; the pipeline keeps the public API.
+
+Buckets and CUDA graphs (:class:`DecisionRunner`)
+    Loaded with ``run_single_threaded=True`` (the model pool of a default load queries CUDA
+    events during a call, which a capture forbids), one graph per bucket is captured after
+    warm-up calls on a side stream, on that same stream, with
+    ``capture_error_mode="thread_local"`` (seen to work on the H200, 2026-11-30).  Each
+    bucket owns its static inputs, the padding template and the graph's outputs for as long
+    as the runner lives.  A call is padded to the cheapest bucket that holds it (padding
+    rows attend to their first token only and have no marker slot; padding tokens have
+    ``attention_mask`` 0; padding slots have ``marker_mask`` 0 and so a logit of -1e4 and
+    probability 0, which changes neither the softmax nor the act features of the real
+    slots), copied into the bucket's static inputs and replayed; the real rows' outputs are
+    returned as new tensors.  A call larger than every bucket runs the plain package, its
+    tokens padded to a multiple of 16 (and every dimension to the package's minimum).  On
+    the CPU the same padding runs through plain package calls, without graphs.
+
+    Calls are serialised by a lock: the static inputs and outputs of a bucket are shared,
+    and a single-threaded package has no thread synchronisation of its own.  Concurrent
+    callers therefore wait for each other; run one runner per thread (each with its own
+    load) for parallel serving.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.util
+import json
+import platform
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from laya_build.errors import PackageIntegrityError, PackageIsaError, RuntimeInputError
+from laya_build.runtime.buckets import Bucket, ExportDims, parse_buckets, smallest_holding
+
+ARG_NAMES = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
+MODEL_NAME = "model"  # the model inside a .pt2 that aoti_load_package loads
+CAPTURE_WARMUP = 3
+MANIFEST = "manifest.json"
+EFFECTIVE_CONFIG = "pipeline.effective.json"
+
+_ISA_LOCK = threading.Lock()
+
+
+# ------------------------------------------------------------------------------ integrity
+
+def sha256_file(path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def check_sha256(path, expected: str, what: str) -> str:
+    """``path``'s sha256, which must be ``expected`` (from ``what``) before anything uses it."""
+    actual = sha256_file(path)
+    if actual != expected:
+        raise PackageIntegrityError(f"{path}: sha256 {actual} does not match the {what}'s {expected}; "
+                                    "refusing to load it (a .pt2 runs native code)")
+    return actual
+
+
+# ------------------------------------------------------------------------------- vec ISA
+
+LOADERS = ("aoti_load_package", "direct")
+
+
+def import_loader_modules(loader: str = "aoti_load_package") -> None:
+    """Import what :func:`load_package` needs, so a caller can time imports apart from the
+    load: for ``aoti_load_package`` Inductor's package loader (which imports Dynamo; ~2 s on
+    the CPU machine), for ``direct`` nothing beyond torch."""
+    if loader == "aoti_load_package":
+        import torch._inductor.codecache  # noqa: F401
+        import torch._inductor.cpu_vec_isa  # noqa: F401
+        import torch._inductor.package  # noqa: F401
+
+
+def package_metadata(path) -> dict:
+    """The metadata AOTInductor recorded in the package (``AOTI_DEVICE_KEY``, ``AOTI_CPU_ISA``...)."""
+    return dict(torch._C._aoti.AOTIModelPackageLoader.load_metadata_from_package(str(path), MODEL_NAME))
+
+
+def cpu_isa_flags() -> list[str] | None:
+    """Vector features of this CPU as Inductor names them (``avx2``, ``avx512``,
+    ``avx512_vnni``, ``amx_tile``), from cpuinfo; ``None`` off x86-64.  The checks of
+    ``torch._inductor.cpu_vec_isa.x86_isa_checker``, made without importing Inductor."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    avx512 = torch.cpu._is_avx512_supported()
+    found = {"avx2": torch.cpu._is_avx2_supported(), "avx512": avx512,
+             "avx512_vnni": avx512 and torch.cpu._is_vnni_supported(), "amx_tile": torch.cpu._is_amx_tile_supported()}
+    return [name for name, present in found.items() if present]
+
+
+INVALID_ISA = "INVALID_VEC_ISA"  # str(cpu_vec_isa.invalid_vec_isa).upper(): no vectorisation
+
+
+def check_isa(path, metadata: dict) -> dict:
+    """The package's recorded ISA against this CPU: ``{"package", "cpu", "mode"}``.
+
+    Raises :class:`PackageIsaError` when this CPU lacks a feature the recorded ISA names.
+    Unchecked (``cpu`` None) off x86-64 or without a recorded ISA.
+    """
+    recorded = metadata.get("AOTI_CPU_ISA")
+    flags = cpu_isa_flags()
+    if recorded and flags is not None and recorded != INVALID_ISA:
+        missing = [f for f in recorded.lower().split() if f not in flags]
+        if missing:
+            raise PackageIsaError(f"{path}: built for the CPU vector ISA {recorded}, but this CPU lacks "
+                                  f"{', '.join(missing)} (it has {', '.join(flags) or 'none of them'}); its "
+                                  "vectorised kernels would fault, refusing to load it")
+    return {"package": recorded, "cpu": flags, "mode": "probed"}
+
+
+def recorded_vec_isa(isa: dict):
+    """The VecISA object of a checked recorded ISA, to answer ``pick_vec_isa()`` with
+    (``None``: leave the question to torch's probe: unchecked, or unknown to this torch)."""
+    from torch._inductor import cpu_vec_isa
+
+    if isa["package"] is None or isa["cpu"] is None:
+        return None
+    if isa["package"] == INVALID_ISA:
+        return cpu_vec_isa.invalid_vec_isa
+    return next((i for i in cpu_vec_isa.supported_vec_isa_list if str(i).upper() == isa["package"]), None)
+
+
+@contextlib.contextmanager
+def vec_isa_answered(isa):
+    """Within the block, ``pick_vec_isa()`` answers ``isa`` without probing (``None``: no change)."""
+    if isa is None:
+        yield
+        return
+    from torch._inductor import cpu_vec_isa
+
+    with _ISA_LOCK:
+        original = cpu_vec_isa.valid_vec_isa_list
+        answer = [] if isa is cpu_vec_isa.invalid_vec_isa else [isa]
+        cpu_vec_isa.valid_vec_isa_list = lambda: list(answer)
+        try:
+            yield
+        finally:
+            cpu_vec_isa.valid_vec_isa_list = original
+
+
+# ------------------------------------------------------------------------------- loading
+
+@dataclass
+class LoadedPackage:
+    """A loaded ``.pt2``: call it like the model (returns ``(decision_logits, act_logits)``)."""
+
+    path: Path
+    sha256: str
+    device: torch.device
+    single_threaded: bool
+    loader: str
+    isa: dict
+    timings: dict  # sha256_s, probe_s, load_s
+    compiled: object = field(repr=False)
+
+    def __call__(self, *args):
+        if self.loader == "direct":
+            return tuple(self.compiled.boxed_run(list(args)))
+        return tuple(self.compiled(*args))
+
+
+def _check_call_spec(loader, path) -> None:
+    """The direct loader is called with the five tensors as a flat list and returns the two
+    heads flat: the package's pytree specs must say exactly that."""
+    from torch.utils import _pytree
+
+    in_spec, out_spec = (_pytree.treespec_loads(s) for s in loader.get_call_spec())
+    if (in_spec.num_leaves, out_spec.num_leaves) != (len(ARG_NAMES), 2):
+        raise PackageIntegrityError(f"{path}: takes {in_spec.num_leaves} inputs and returns {out_spec.num_leaves} "
+                                    f"outputs; a decision package takes {len(ARG_NAMES)} and returns 2")
+
+
+def load_package(path, sha256: str, *, what: str = "package record", single_threaded: bool = True,
+                 loader: str = "aoti_load_package") -> LoadedPackage:
+    """Check ``path`` against ``sha256`` (from ``what``) and the CPU against the package's
+    recorded ISA, then load it (see the module docstring).
+
+    ``loader``: ``aoti_load_package`` (torch's API; its ISA question answered from the
+    package) or ``direct``: the ``torch._C._aoti.AOTIModelPackageLoader`` that
+    ``aoti_load_package`` wraps, called with the flat inputs, without importing Inductor or
+    Dynamo and without the wrapper's per-call pytree parsing (private API: measured in
+    ``benchmarks/runtime_bench.py``, not used by the pipeline).
+    """
+    if loader not in LOADERS:
+        raise ValueError(f"loader must be one of {', '.join(LOADERS)}, got {loader!r}")
+    path = Path(path)
+    start = time.perf_counter()
+    check_sha256(path, sha256, what)
+    hashed = time.perf_counter()
+    metadata = package_metadata(path)
+    isa = check_isa(path, metadata)
+    if loader == "direct":
+        isa["mode"] = "not-asked"
+        probed = time.perf_counter()
+        compiled = torch._C._aoti.AOTIModelPackageLoader(str(path), MODEL_NAME, single_threaded, 1, -1)
+        _check_call_spec(compiled, path)
+    else:
+        answer = recorded_vec_isa(isa)
+        isa["mode"] = "probed" if answer is None else "pre-answered"
+        probed = time.perf_counter()
+        with vec_isa_answered(answer):
+            compiled = torch._inductor.aoti_load_package(str(path), run_single_threaded=single_threaded)
+    loaded = time.perf_counter()
+    return LoadedPackage(path=path, sha256=sha256, device=torch.device(metadata.get("AOTI_DEVICE_KEY", "cpu")),
+                         single_threaded=single_threaded, loader=loader, isa=isa, compiled=compiled,
+                         timings={"sha256_s": hashed - start, "probe_s": probed - hashed, "load_s": loaded - probed})
+
+
+def preload_modules(names) -> dict:
+    """Import each named module that is installed, before a package is loaded.
+
+    Every process that loads a package calls this with its stage's ``preload.<target>`` list
+    (default ``[tilelang]`` for cuda: the GPU image's load crash, docs/aoti.md "How verify
+    copes with the image's load crash").
+    """
+    done, missing = [], []
+    for name in names:
+        if importlib.util.find_spec(name) is None:
+            missing.append(name)
+        else:
+            importlib.import_module(name)
+            done.append(name)
+    return {"imported": done, "missing": missing}
+
+
+# ------------------------------------------------------------------------------- runner
+
+def padding_template(bucket: Bucket, device) -> tuple:
+    """The five inputs of a call of the bucket's shape that is padding only: every row
+    attends to its first token alone and has no marker slot."""
+    rows, tokens, slots = bucket.rows, bucket.tokens, bucket.slots
+    with torch.inference_mode(False):
+        mask = torch.zeros(rows, tokens, dtype=torch.long, device=device)
+        mask[:, 0] = 1
+        return (torch.zeros(rows, tokens, dtype=torch.long, device=device), mask,
+                torch.zeros(rows, slots, dtype=torch.long, device=device),
+                torch.zeros(rows, slots, dtype=torch.long, device=device),
+                torch.zeros(rows, dtype=torch.long, device=device))
+
+
+def fill(static: tuple, template: tuple, args: tuple) -> None:
+    """Copy a call into ``static`` (of a bucket's shape): its tensors at the top-left
+    corner, the padding template everywhere else."""
+    for dst, pad, src in zip(static, template, args):
+        if dst.shape == src.shape:
+            dst.copy_(src)
+        else:
+            dst.copy_(pad)
+            dst[tuple(slice(0, n) for n in src.shape)].copy_(src)
+
+
+@dataclass
+class _Slot:
+    """What one bucket owns: static inputs, the padding template, and on CUDA the graph,
+    its outputs and its capture stream (all kept alive as long as the runner)."""
+
+    bucket: Bucket
+    static: tuple
+    template: tuple
+    graph: object = None
+    outputs: tuple | None = None
+    stream: object = None
+    capture_s: float = 0.0
+
+
+class DecisionRunner:
+    """A loaded decision package behind per-bucket CUDA graphs (plain padded calls on the CPU).
+
+    ``runner(input_ids, attention_mask, marker_pos, marker_mask, qtype)`` returns
+    ``(decision_logits [rows, slots], act_logits [rows, n_act])`` on the package's device,
+    for the call's own rows and slots.  See the module docstring for padding, the choice of
+    bucket and the lock that serialises calls.
+    """
+
+    def __init__(self, package: LoadedPackage, *, dims: dict, buckets=(), capture: bool | None = None,
+                 capture_warmup: int = CAPTURE_WARMUP):
+        self.package = package
+        self.device = package.device
+        self.dims = ExportDims.from_dims(dims)
+        self.buckets = parse_buckets(buckets, self.dims, where="buckets")
+        self.graphed = self.device.type == "cuda" if capture is None else capture
+        if self.graphed and not package.single_threaded:
+            raise ValueError("CUDA graphs need a package loaded with single_threaded=True")
+        self.capture_warmup = capture_warmup
+        self._lock = threading.Lock()
+        self._slots: dict[Bucket, _Slot] = {}
+        for bucket in self.buckets:
+            template = padding_template(bucket, self.device)
+            with torch.inference_mode(False):
+                slot = _Slot(bucket, tuple(t.clone() for t in template), template)
+            if self.graphed:
+                self._capture(slot)
+            self._slots[bucket] = slot
+
+    @property
+    def mode(self) -> str:
+        return "cuda_graphs" if self.graphed else "padded_calls"
+
+    @property
+    def graphs(self) -> dict:
+        """Bucket -> its captured ``torch.cuda.CUDAGraph`` (empty without graphs)."""
+        return {b: s.graph for b, s in self._slots.items() if s.graph is not None}
+
+    @property
+    def capture_s(self) -> float:
+        return sum(s.capture_s for s in self._slots.values())
+
+    def _capture(self, slot: _Slot) -> None:
+        start = time.perf_counter()
+        stream = torch.cuda.Stream(device=self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.no_grad():
+            with torch.cuda.stream(stream):
+                for _ in range(self.capture_warmup):
+                    self.package(*slot.static)
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+                outputs = self.package(*slot.static)
+            torch.cuda.synchronize(self.device)
+        slot.graph, slot.outputs, slot.stream = graph, outputs, stream
+        slot.capture_s = time.perf_counter() - start
+
+    def shape(self, args) -> tuple[int, int, int]:
+        """``(rows, tokens, slots)`` of a call; :class:`RuntimeInputError` for tensors that
+        do not form one or that exceed what the package accepts."""
+        if len(args) != len(ARG_NAMES):
+            raise RuntimeInputError(f"expected {len(ARG_NAMES)} tensors ({', '.join(ARG_NAMES)}), got {len(args)}")
+        for name, t in zip(ARG_NAMES, args):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.long:
+                got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+                raise RuntimeInputError(f"{name} must be an int64 tensor, got {got}")
+        ids, mask, pos, pmask, qtype = args
+        if ids.dim() != 2 or pos.dim() != 2 or qtype.dim() != 1:
+            raise RuntimeInputError(f"input_ids and marker_pos must be 2-d and qtype 1-d, got shapes "
+                                    f"{tuple(ids.shape)}, {tuple(pos.shape)}, {tuple(qtype.shape)}")
+        rows, tokens = ids.shape
+        slots = pos.shape[1]
+        for name, t, want in (("attention_mask", mask, (rows, tokens)), ("marker_mask", pmask, (rows, slots)),
+                              ("marker_pos", pos, (rows, slots)), ("qtype", qtype, (rows,))):
+            if tuple(t.shape) != want:
+                raise RuntimeInputError(f"{name} has shape {tuple(t.shape)}; input_ids {tuple(ids.shape)} "
+                                        f"and marker_pos {tuple(pos.shape)} need {want}")
+        if min(rows, tokens, slots) < 1:
+            raise RuntimeInputError(f"empty call: rows {rows}, tokens {tokens}, slots {slots}")
+        if over := self.dims.too_large(rows, tokens, slots):
+            raise RuntimeInputError(f"a call of {rows} rows x {tokens} tokens x {slots} slots exceeds the "
+                                    f"package's export ranges ({'; '.join(over)}): rows {self.dims.rows}, "
+                                    f"tokens {self.dims.tokens}, slots {self.dims.slots}")
+        return rows, tokens, slots
+
+    def bucket_for(self, rows: int, tokens: int, slots: int) -> Bucket | None:
+        """The cheapest bucket holding a call of this shape; ``None``: the plain package runs it."""
+        return smallest_holding(self.buckets, rows, tokens, slots)
+
+    def _padded(self, shape: Bucket, args) -> tuple:
+        template = padding_template(shape, self.device)
+        out = tuple(t.clone() for t in template)
+        fill(out, template, args)
+        return out
+
+    def padded_inputs(self, args) -> tuple:
+        """The inputs the package sees for this call (its bucket's shape, or the fitted
+        shape of a plain call), as new tensors on the package's device."""
+        rows, tokens, slots = self.shape(args)
+        return self._padded(self.bucket_for(rows, tokens, slots) or self.dims.fitted(rows, tokens, slots), args)
+
+    def plain(self, *args):
+        """The package called directly on ``args`` (no padding, no graph), under the lock."""
+        with self._lock, torch.no_grad():
+            return self.package(*(t.to(self.device) for t in args))
+
+    def __call__(self, *args):
+        rows, tokens, slots = self.shape(args)
+        bucket = self.bucket_for(rows, tokens, slots)
+        with self._lock, torch.no_grad():
+            if bucket is None:
+                fitted = self.dims.fitted(rows, tokens, slots)
+                if fitted == Bucket(rows, tokens, slots):
+                    decision, act = self.package(*(t.to(self.device) for t in args))
+                else:
+                    decision, act = self.package(*self._padded(fitted, args))
+            else:
+                slot = self._slots[bucket]
+                fill(slot.static, slot.template, args)
+                if slot.graph is not None:
+                    slot.graph.replay()
+                    decision, act = slot.outputs
+                else:
+                    decision, act = self.package(*slot.static)
+            return decision[:rows, :slots].clone(), act[:rows].clone()
+
+    def describe(self) -> dict:
+        return {"mode": self.mode, "buckets": [b.as_dict() for b in self.buckets],
+                "capture_s": self.capture_s,
+                "captures": [{**s.bucket.as_dict(), "capture_s": s.capture_s} for s in self._slots.values()]}
+
+
+# ------------------------------------------------------------------------------ opening
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PackageIntegrityError(f"{path}: missing ({what})") from None
+    except json.JSONDecodeError as exc:
+        raise PackageIntegrityError(f"{path}: not JSON ({what}): {exc}") from None
+
+
+def _program(record: dict, record_path: Path, program: str) -> dict:
+    if record.get("stage") != "aoti_package":
+        raise PackageIntegrityError(f"{record_path}: not an aoti_package record")
+    if record.get("status") != "ok":
+        raise PackageIntegrityError(f"{record_path}: the build was skipped ({record.get('reason')}); no package")
+    found = next((p for p in record["programs"] if p["name"] == program), None)
+    if found is None:
+        names = ", ".join(p["name"] for p in record["programs"])
+        raise PackageIntegrityError(f"{record_path}: no program {program!r} (has {names})")
+    return found
+
+
+def open_build(package_record_path, *, buckets=(), program: str = "decision", preload=(),
+               capture: bool | None = None, capture_warmup: int = CAPTURE_WARMUP) -> DecisionRunner:
+    """The runner of a build folder's package (``aoti_package.json`` beside the ``.pt2``);
+    the package must match the record's sha256."""
+    record_path = Path(package_record_path)
+    record = _read_json(record_path, "package record")
+    entry = _program(record, record_path, program)
+    preload_modules(preload)
+    package = load_package(record_path.parent / entry["package"]["path"], entry["package"]["sha256"],
+                           what="package record", single_threaded=True)
+    return DecisionRunner(package, dims=record["dims"], buckets=buckets, capture=capture,
+                          capture_warmup=capture_warmup)
+
+
+def open_release(release_dir, build: str, *, buckets=None, program: str = "decision",
+                 capture: bool | None = None, capture_warmup: int = CAPTURE_WARMUP) -> DecisionRunner:
+    """The runner of a released build (``<target>-<dtype>``, e.g. ``cuda-bfloat16``).
+
+    The effective configuration, the package record and the ``.pt2`` must each match the
+    release's ``manifest.json``; buckets default to the release's ``runtime.buckets.<target>``
+    and the modules imported before loading to its ``verify.preload.<target>``.
+    """
+    vdir = Path(release_dir)
+    manifest = _read_json(vdir / MANIFEST, "release manifest")
+    listed = {f["path"]: f["sha256"] for f in manifest.get("files", [])}
+
+    def checked(rel: str) -> Path:
+        if rel not in listed:
+            raise PackageIntegrityError(f"{vdir / rel}: not listed in {vdir / MANIFEST}")
+        path = vdir / rel
+        if not path.is_file():
+            raise PackageIntegrityError(f"{path}: listed in {vdir / MANIFEST} but missing")
+        check_sha256(path, listed[rel], "release manifest")
+        return path
+
+    config = _read_json(checked(EFFECTIVE_CONFIG), "effective configuration")
+    record_rel = f"aoti_package/{build}/aoti_package.json"
+    record = _read_json(checked(record_rel), "package record")
+    entry = _program(record, vdir / record_rel, program)
+    package_rel = f"aoti_package/{build}/{entry['package']['path']}"
+    if package_rel not in listed or not (vdir / package_rel).is_file():
+        raise PackageIntegrityError(f"{vdir / package_rel}: missing from the release or its manifest")
+    if listed[package_rel] != entry["package"]["sha256"]:
+        raise PackageIntegrityError(f"{vdir / package_rel}: the manifest's sha256 {listed[package_rel]} is "
+                                    f"not the package record's {entry['package']['sha256']}")
+    target = record["target"]
+    if buckets is None:
+        buckets = config.get("runtime", {}).get("buckets", {}).get(target, [])
+    preload_modules(config.get("verify", {}).get("preload", {}).get(target, []))
+    package = load_package(vdir / package_rel, listed[package_rel], what="release manifest", single_threaded=True)
+    return DecisionRunner(package, dims=record["dims"], buckets=buckets, capture=capture,
+                          capture_warmup=capture_warmup)
