@@ -19,7 +19,7 @@ from laya_build.schema import validate
 from laya_build.stages.verify import check_parity
 
 ROOT = Path(__file__).resolve().parents[2]
-EVIDENCE = ROOT / "docs" / "evidence"
+EVIDENCE = ROOT / "docs" / "measurements" / "data"
 RECORDS = ["2026-11-29-h200-aoti_package.json", "2026-11-29-h200-verify.json",
            "2026-11-29-h200-latency.json"]
 

@@ -32,7 +32,7 @@ from tests.stage_calls import run_export, run_latency, run_package, run_verify
 
 pytestmark = pytest.mark.build(seconds=180)  # two CPU packages, one torch.compile
 
-EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence"
+EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "measurements" / "data"
 
 
 def copy_package(build, dtype, dest):
