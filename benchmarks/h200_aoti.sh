@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The H200 evidence run of issue 5 (docs/aoti.md), on the lent GPU machine.
+# The GPU packaging run of pipeline.h200.yaml on an H200 (docs/measurements/aoti-h200.md).
 #
 #   benchmarks/h200_aoti.sh start   # start the pipeline in its own session, wait, collect
 #   benchmarks/h200_aoti.sh wait    # a later call on the same warm machine: wait, collect
 #   TASKS="aoti_package verify" ...  # other doit tasks than "aoti_package verify latency"
 #
-# One device call may run 10 minutes; generating, exporting, packaging (28 layers),
-# verifying in a fresh process and measuring latency may take longer, so `start` runs
+# Generating, exporting, packaging (28 layers), verifying in a fresh process and measuring
+# latency may take longer than a remote shell with a time limit lives, so `start` runs
 #   doit config=pipeline.h200.yaml aoti_package verify latency
-# under setsid (it outlives the call while the machine stays warm) and then waits up to
+# under setsid (it outlives the shell that started it) and then waits up to
 # WAIT_S seconds; `wait` waits again.  Either copies the records, logs and the latency table
 # (one per target: `latency/<target>/`) to $OUT (at most 8 files come back).  Then, when
 # GPU_TESTS=1, the GPU kernel tests run after the pipeline, never beside it (they would

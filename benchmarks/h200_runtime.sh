@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 run of issue 12 (docs/aoti.md, "Runtime"): the graphed runtime, the fresh load and
+# The H200 runtime run (docs/measurements/runtime-h200.md): the graphed runtime, the fresh load and
 # Inductor's autotuning options, on the 28-layer bf16 package of pipeline.h200.yaml.
 #
 #   benchmarks/h200_runtime.sh start   # start every phase in its own session, wait, collect
@@ -7,12 +7,12 @@
 #   benchmarks/h200_runtime.sh status  # what ran, what is running
 #   LAYA_RUNTIME_DRY=1 benchmarks/h200_runtime.sh start   # the same phases on the CPU, tiny model
 #
-# A device call may run 10 minutes and the machine stays warm only ~30 s after a call, so
-# `start` runs the phases under setsid (they outlive the call) and waits up to WAIT_S
-# seconds; call `wait` again AT ONCE after each return until it prints "state: done".  Each
+# The phases may take longer than a remote shell with a time limit lives, so `start` runs
+# them under setsid (they outlive the shell) and waits up to WAIT_S seconds; call `wait`
+# again after each return until it prints "state: done".  Each
 # phase has its own log, exit status and time limit; a failing phase does not stop the
 # phases that do not need it, and every `start`/`wait` copies what exists so far to $OUT
-# (at most 8 files).  Phases, in order of what issue 12 needs most:
+# (at most 8 files).  Phases, most important first:
 #   build     doit aoti_package (checkpoint, export, the CUDA package; ~2-4 min compile)
 #   verify    doit verify: parity, the graphed runner vs eager.pt and replay vs plain (bit for
 #             bit), the fresh-load breakdown (import, sha256, ISA answer, load, capture, 1st call)
@@ -26,8 +26,8 @@
 #   autotune  the same export packaged with max_autotune (GEMM) and, if time is left,
 #             coordinate_descent_tuning: compile time and runner latency against the default
 #             (skipped when less than AUTOTUNE_NEEDS_S of the DEADLINE_S budget is left)
-# The whole sequence stops starting phases DEADLINE_S seconds after `start` (default 1380 s:
-# the session's 30 device minutes less the machine's start and the last transfers).
+# The whole sequence stops starting phases DEADLINE_S seconds after `start` (default 1380 s,
+# 23 minutes).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD

@@ -239,7 +239,7 @@ def diff_sections(model: dict, old: str, new: str) -> list[str]:
         out += ["## Packages\n",
                 "A package that differs while its exported program is identical is the same graph "
                 "compiled differently: AOTInductor embeds the compiler, its flags (`-march=native`) "
-                "and include paths, and on CUDA its autotuning choices (docs/aoti.md); compare the "
+                "and include paths, and on CUDA its autotuning choices (docs/concepts/reproducibility.md); compare the "
                 "verification deltas below.\n",
                 table(["build", "program", f"{old} bytes", f"{new} bytes", "exported program identical",
                        "package identical"],

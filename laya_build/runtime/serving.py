@@ -247,7 +247,7 @@ def preload_modules(names) -> dict:
     """Import each named module that is installed, before a package is loaded.
 
     Every process that loads a package calls this with its stage's ``preload.<target>`` list
-    (default ``[tilelang]`` for cuda: the GPU image's load crash, docs/aoti.md "How verify
+    (default ``[tilelang]`` for cuda: the GPU image's load crash, docs/guides/gpu-builds.md "How verify
     copes with the image's load crash").
     """
     done, missing = [], []

@@ -21,7 +21,7 @@ lacks fails with :class:`PackageIsaError` before it is loaded.  The record's ``f
 breaks the child's time to its first answer down (imports, sha256, ISA answer, load,
 graph capture, first call).
 
-The child imports the modules of ``verify.preload.<target>`` before loading (why: docs/aoti.md,
+The child imports the modules of ``verify.preload.<target>`` before loading (why: docs/guides/gpu-builds.md,
 "How verify copes with the image's load crash"); if it still crashes, the signal is reported
 as a failure.
 """

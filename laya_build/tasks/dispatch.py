@@ -13,11 +13,11 @@ This changes one method of doit's ``TaskDispatcher`` (doit 0.37.0, pinned in req
 the queue is a ``collections.deque``; the patched method runs doit's own and moves what it
 appended to the front, in order.  Which tasks run, and what each depends on, is unchanged.
 
-doit's parallel runner forks its workers once it has a first task to hand each; every worker
-used to start its own fork server (:mod:`laya_build.runner`), paying torch's and TileLang's
-imports once per worker.  The runner now makes the server place before it forks
-(:func:`laya_build.runner.forkserver.share_servers`): the first worker to need a server starts it and the
-others connect to it.  Nothing is started for a run that executes no task.
+doit's parallel runner forks its workers once it has a first task to hand each; left alone,
+every worker would start its own fork server (:mod:`laya_build.runner.forkserver`), paying
+torch's and TileLang's imports once per worker.  The runner makes the server place before it
+forks (:func:`laya_build.runner.forkserver.share_servers`): the first worker to need a server
+starts it and the others connect to it.  Nothing is started for a run that executes no task.
 """
 from __future__ import annotations
 

@@ -135,7 +135,7 @@ def test_h200_config_is_valid_and_differs_only_where_documented(tmp_path):
     expected["model"]["generate"].update(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
                                          intermediate_size=2624, max_position_embeddings=8192, local_attention=128)
     expected["package"]["targets"] = ["cuda"]  # only the CUDA package is built
-    # issue 12: a 7-row batch (rows 1..7) and CUDA-graph buckets at the goal shapes and saved batches
+    # a 7-row batch (rows 1..7) and CUDA-graph buckets at the serving shapes and saved batches
     expected["model"]["inputs"]["batches"].append({"decisions": [
         "second-charge-hold", "duplicate-likelihood", "forgotten-cancellation", "annual-refund", "urgency",
         "failed-payment-step", "late-fee-noul"], "tokens": 256})

@@ -1,10 +1,10 @@
-"""The H200 evidence in docs/evidence (issue 5, docs/aoti.md) checked against today's code.
+"""The H200 measurements in docs/measurements/data checked against today's code.
 
-The records were produced on the lent GPU machine; CI has no GPU, so these tests re-check
+The records were produced on an H200; a machine without a GPU cannot reproduce them, so these tests re-check
 the committed results instead: they are valid records of the current schemas, they pass
 the current verify thresholds of ``pipeline.h200.yaml`` with the current parity rules, and
 the first run's raw result still fails the threshold it failed on the GPU, with the message
-docs/aoti.md quotes.
+docs/measurements/aoti-h200.md quotes.
 """
 from __future__ import annotations
 
