@@ -26,6 +26,13 @@ AOTI_PACKAGE_DIR = "aoti_package"
 # Model stages over every build of a target at once: one folder per target (``latency``
 # measures the dtype-independent variants once and then each package of the target).
 TARGET_STAGES = ("latency",)
+# Files of the export and package stages (one program of the decision model: ``decision``, or
+# ``decision_single_slot``, whose names end in ``_single_slot``).
+EXPORTED_NAME, EAGER_NAME = "exported{suffix}.pt2", "eager{suffix}.pt"
+LATENCY_TABLE_NAME = "latency.md"
+RELEASE_DIFF_RECORD_NAME, RELEASE_DIFF_REPORT_NAME = "release_diff.json", "release_diff.md"
+DIFFS_DIR, DIFF_SUFFIX = "diffs", ".diff"
+DEPS_CACHE_NAME = "deps-parse.json"  # parsed imports of the project's sources, by their sha256
 # An atomic write's temporary file beside its target (laya_build.atomic).
 TMP_GLOB = ".{name}.*.tmp"
 
@@ -33,6 +40,34 @@ TMP_GLOB = ".{name}.*.tmp"
 def record_name(stage: str) -> str:
     """The file name of a stage's record: ``<stage>.json``."""
     return f"{stage}.json"
+
+
+def exported_name(suffix: str = "") -> str:
+    return EXPORTED_NAME.format(suffix=suffix)
+
+
+def eager_name(suffix: str = "") -> str:
+    return EAGER_NAME.format(suffix=suffix)
+
+
+def package_name(program: str) -> str:
+    """The ``.pt2`` of a program: ``decision.pt2``."""
+    return f"{program}.pt2"
+
+
+def child_log_name(stage: str) -> str:
+    """The log of a model stage's child process: ``package_child.log``."""
+    return f"{stage}_child.log"
+
+
+def diff_name(name: str) -> str:
+    """The unified diff of a source ``name`` (``cuda/rope/bfloat16-sm_90.cu.diff``)."""
+    return name + DIFF_SUFFIX
+
+
+def package_record_path(build: str) -> str:
+    """A build's package record, relative to its version folder."""
+    return f"{AOTI_PACKAGE_DIR}/{build}/{record_name('aoti_package')}"
 
 
 def tir_flavour(dtype: str, cpu: bool) -> str:
@@ -74,6 +109,10 @@ class ArtifactsLayout:
 
     def verifications(self, version: str) -> Path:
         return self.root / VERIFICATIONS_DIR / version
+
+    def verification(self, version: str, build: str) -> Path:
+        """Where ``doit verify`` of a released version puts a build's results."""
+        return self.verifications(version) / build
 
     def release_diff(self, old: str, new: str) -> Path:
         return self.root / RELEASE_DIFF_DIR / f"{old}..{new}"
@@ -160,7 +199,7 @@ class VersionLayout:
         return self.build_dir(stage, target, dtype) / record_name(stage)
 
     def eager(self, target: str, dtype: str) -> Path:
-        return self.build_dir("export", target, dtype) / "eager.pt"
+        return self.build_dir("export", target, dtype) / eager_name()
 
     # releases
     @property

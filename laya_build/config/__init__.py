@@ -185,6 +185,11 @@ VARIABLES = {
 }
 
 
+# Names that are task parameters, not variables (``--old 0.1.0``, not ``old=0.1.0``).
+TASK_PARAMETERS = {name: "release_diff takes it as a parameter: `doit release_diff --old <version> --new <version>`"
+                   for name in ("old", "new")}
+
+
 def check_variables(variables: dict[str, str], given: list[tuple[str, str]] | None = None) -> None:
     """The ``doit`` variables (``name=value``) must be known ones, each given once (``given``:
     every ``name=value`` in the order typed, where known)."""
@@ -196,6 +201,9 @@ def check_variables(variables: dict[str, str], given: list[tuple[str, str]] | No
                              hint=f"give {name}= once")
         seen[name] = value
     unknown = sorted(set(variables) - set(VARIABLES))
+    if unknown and unknown[0] in TASK_PARAMETERS:
+        raise UsageError(f"doit argument {unknown[0]}={_shown(variables[unknown[0]])}: not a variable of laya-build; "
+                         f"{TASK_PARAMETERS[unknown[0]]}", hint="`doit help <task>` lists a task's parameters")
     if unknown:
         raise UsageError(f"doit argument {unknown[0]}={_shown(variables[unknown[0]])}: not a variable of "
                          f"laya-build (known: {', '.join(f'{k}=' for k in VARIABLES)})",

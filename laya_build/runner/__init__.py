@@ -1,7 +1,8 @@
 """Processes of a build: the one runner of stage functions and of their children.
 
 * :mod:`.process`: :func:`run` a function in a fresh interpreter or a fork-server child
-  (:class:`Child` says how), the protocol between them, timeouts that end a process group;
+  (:class:`Child` says how), timeouts that end a process group; :mod:`.child`: the child's
+  side (its environment, running one request);
 * :mod:`.forkserver`: the build's fork server, shared by doit's workers;
 * :mod:`.folders`: a user's folders outside every checkout (server places, Inductor caches);
 * :mod:`.stage`: running a :class:`laya_build.stage.Stage` (immutability, outputs, record).
@@ -17,7 +18,8 @@ from __future__ import annotations
 import json
 import sys
 
-from laya_build.runner.process import Child, execute, run
+from laya_build.runner.child import execute
+from laya_build.runner.process import Child, run
 
 __all__ = ["Child", "run", "execute"]
 

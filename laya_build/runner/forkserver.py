@@ -29,8 +29,8 @@ from pathlib import Path
 from laya_build import PROJECT_ROOT
 from laya_build.errors import StageFailed
 from laya_build.locks import held
+from laya_build.runner.child import ERROR_PREFIX, child_env, execute
 from laya_build.runner.folders import user_folder
-from laya_build.runner.process import ERROR_PREFIX, child_env, execute
 
 # What the fork server imports before forking: the heavy modules the stages use.
 SERVER_PRELOAD = ("torch", "tilelang", "jsonschema", "referencing")

@@ -28,7 +28,6 @@ neither can ever pass as success.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import signal
@@ -37,14 +36,13 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 from laya_build import PROJECT_ROOT, errors
 from laya_build.errors import StageError, StageFailed
+from laya_build.runner.child import child_env
 
-ERROR_PREFIX = "LAYA-ERROR "
 TAIL_LINES = 25
 
 
@@ -67,24 +65,6 @@ class Child:
             raise ValueError("a timeout needs a fresh process (fork=False)")
 
 
-def child_env(env: dict | None = None) -> dict:
-    """Environment of a stage process: offline, the project importable, a fixed hash seed."""
-    out = dict(os.environ)
-    paths = [str(PROJECT_ROOT)]
-    if out.get("PYTHONPATH"):
-        paths.append(out["PYTHONPATH"])
-    out["PYTHONPATH"] = os.pathsep.join(paths)
-    out["HF_HUB_OFFLINE"] = "1"
-    out["TRANSFORMERS_OFFLINE"] = "1"
-    # Reproducible outputs: with a random str hash seed, torch.export orders some nodes by
-    # set iteration (the two rotary inv_freq buffers of ModernBERT), so exported.pt2 bytes
-    # changed from run to run.
-    out["PYTHONHASHSEED"] = "0"
-    out["PYTHONUNBUFFERED"] = "1"
-    out.update(env or {})
-    return out
-
-
 def run(entry: str, spec: dict, child: Child = Child(), *, record: str | os.PathLike | None = None,
         result: bool = False):
     """Run ``entry`` (``"module:function"``) as ``function(**spec)`` in a process of its own;
@@ -102,7 +82,7 @@ def run(entry: str, spec: dict, child: Child = Child(), *, record: str | os.Path
             _log(f"[laya] {what}: started (log {log_path.name})")
         start = time.perf_counter()
         if child.fork:
-            from laya_build.runner.forkserver import fork_run
+            from laya_build.runner.forkserver import fork_run  # its sockets and locks only when asked for
 
             returncode = fork_run(request, child.env, log_path, show=not child.log)
         else:
@@ -186,38 +166,3 @@ def _run_fresh(request: dict, child: Child, log_path: Path, *, what: str) -> int
             reader.join()
             out.write("".join(lines))
     return proc.returncode
-
-
-# ------------------------------------------------------------------------------ the child
-
-def _write_json(path: str, obj) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh)
-    os.replace(tmp, path)
-
-
-def execute(request: dict) -> int:
-    """Run one request in this process (a fresh interpreter or a forked child)."""
-    # ``python -m`` puts the working directory first on sys.path; paths the parent asked for
-    # (a baseline revision's kernels/) must win over the project's own.
-    sys.path[:0] = request.get("sys_path", [])
-    if request.get("task"):
-        os.environ["LAYA_TASK"] = request["task"]
-    try:
-        module, function = request["entry"].split(":", 1)
-        value = getattr(importlib.import_module(module), function)(**request["spec"])
-        if request.get("record"):
-            from laya_build.records import write_record
-
-            write_record(Path(request["record"]), value)
-        if request.get("result"):
-            _write_json(request["result"], value)
-    except Exception as exc:  # reported to the parent (StageFailed, or the class itself)
-        traceback.print_exc()
-        message = errors.message_of(exc)
-        print(f"{ERROR_PREFIX}{type(exc).__name__}: {message}".replace("\n", " | "), file=sys.stderr)
-        _write_json(request["error"], {"type": type(exc).__name__, "message": message,
-                                       "hint": getattr(exc, "hint", None)})
-        return 1
-    return 0

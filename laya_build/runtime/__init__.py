@@ -14,10 +14,12 @@ importing :mod:`.buckets` imports no torch.
 
 from __future__ import annotations
 
+import importlib
+
+SUBMODULES = ("serving", "buckets", "aoti")
+
 
 def __getattr__(name: str):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    from laya_build.runtime import serving
-
-    return getattr(serving, name)
+    if name.startswith("__") or name in SUBMODULES:  # a submodule is imported by the import system itself
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module("laya_build.runtime.serving"), name)

@@ -66,13 +66,13 @@ from pathlib import Path
 import torch
 
 from laya_build.errors import PackageIntegrityError, PackageIsaError, RuntimeInputError
+from laya_build.layout import EFFECTIVE_CONFIG_NAME, MANIFEST_NAME, package_record_path
 from laya_build.runtime.buckets import Bucket, ExportDims, parse_buckets, smallest_holding
 
 ARG_NAMES = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
 MODEL_NAME = "model"  # the model inside a .pt2 that aoti_load_package loads
 CAPTURE_WARMUP = 3
-MANIFEST = "manifest.json"
-EFFECTIVE_CONFIG = "pipeline.effective.json"
+MANIFEST, EFFECTIVE_CONFIG = MANIFEST_NAME, EFFECTIVE_CONFIG_NAME
 
 _ISA_LOCK = threading.Lock()
 
@@ -492,7 +492,7 @@ def open_release(release_dir, build: str, *, buckets=None, program: str = "decis
         return path
 
     config = _read_json(checked(EFFECTIVE_CONFIG), "effective configuration")
-    record_rel = f"aoti_package/{build}/aoti_package.json"
+    record_rel = package_record_path(build)
     record = _read_json(checked(record_rel), "package record")
     entry = _program(record, vdir / record_rel, program)
     package_rel = f"aoti_package/{build}/{entry['package']['path']}"

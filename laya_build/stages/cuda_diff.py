@@ -12,6 +12,7 @@ from pathlib import Path
 
 from laya_build.atomic import write_text
 from laya_build.errors import CudaSourceMismatch, StageError
+from laya_build.layout import diff_name
 from laya_build.log import get_logger
 from laya_build.records import sha256_file
 
@@ -57,7 +58,7 @@ def run_cuda_diff(**spec) -> dict:
     shutil.rmtree(diff_dir, ignore_errors=True)  # no diff of an earlier run survives
     files = [
         compare_file(f["name"], Path(f["current"]), Path(f["baseline"]),
-                     diff_dir / (f["name"] + ".diff"), f"{spec['diff_dir_rel']}/{f['name']}.diff")
+                     diff_dir / diff_name(f["name"]), f"{spec['diff_dir_rel']}/{diff_name(f['name'])}")
         for f in spec["files"]
     ]
     same = sum(f["identical"] for f in files)

@@ -21,6 +21,7 @@ from laya_build import PROJECT_ROOT
 from laya_build.atomic import atomic_path, torch_save
 from laya_build.environment import unsupported_reason, versions
 from laya_build.errors import ConfigError, InputsMismatchError
+from laya_build.layout import eager_name, exported_name
 from laya_build.log import get_logger
 from laya_build.records import file_entry, sha256_file
 from laya_build.runtime.aoti import EAGER_FORMAT, batch_args, run_batches
@@ -40,9 +41,9 @@ class Program:
 
 
 PROGRAMS = (
-    Program("decision", "batches", False, "exported.pt2", "eager.pt"),
-    Program("decision_single_slot", "single_slot_batches", True,
-            "exported_single_slot.pt2", "eager_single_slot.pt"),
+    Program("decision", "batches", False, exported_name(), eager_name()),
+    Program("decision_single_slot", "single_slot_batches", True, exported_name("_single_slot"),
+            eager_name("_single_slot")),
 )
 
 

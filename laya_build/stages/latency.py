@@ -29,6 +29,7 @@ from pathlib import Path
 from laya_build.atomic import write_text
 from laya_build.environment import device_snapshot, unsupported_reason, versions
 from laya_build.errors import ConfigError, StageError
+from laya_build.layout import LATENCY_TABLE_NAME, child_log_name, record_name
 from laya_build.records import check_record, sha256_file
 from laya_build.release.model_report import variant_label
 from laya_build.runner import Child, run
@@ -157,7 +158,7 @@ def run_latency(latency_cfg: dict, runtime_cfg: dict, checkpoint_dir, inputs_pat
         "runtime": {"buckets": buckets, "capture_warmup": runtime["capture_warmup"]},
     }
     with inductor_cache(f"latency-{target}") as cache:
-        child = Child(log=out / "latency_child.log", timeout=cfg["timeout_s"], reraise=True,
+        child = Child(log=out / child_log_name("latency"), timeout=cfg["timeout_s"], reraise=True,
                       env={"TORCHINDUCTOR_CACHE_DIR": str(cache)}, label=f"latency measurement ({target})")
         result = run(f"{CHILD_MODULE}:measure_variants", {"job": job}, child, result=True)
 
@@ -172,10 +173,10 @@ def run_latency(latency_cfg: dict, runtime_cfg: dict, checkpoint_dir, inputs_pat
         "packages": [{"dtype": p["dtype"], "sha256": p["sha256"]} for p in packages],
         "skipped_packages": skipped, "inputs": {"sha256": sha256_file(inputs_path)},
         "timing": timing, "amp_dtype": cfg["amp_dtype"], "compile": cfg["compile"],
-        "variants": variants, "markdown": "latency.md",
+        "variants": variants, "markdown": LATENCY_TABLE_NAME,
         "device": device_snapshot(target), "versions": versions(),
         "elapsed_s": round(time.perf_counter() - start, 4),
     }
-    check_record(out / "latency.json", record)  # nothing is written for an invalid record
-    write_text(out / "latency.md", markdown(record, shapes))
+    check_record(out / record_name("latency"), record)  # nothing is written for an invalid record
+    write_text(out / LATENCY_TABLE_NAME, markdown(record, shapes))
     return record

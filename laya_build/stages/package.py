@@ -20,7 +20,7 @@ from pathlib import Path
 
 from laya_build.environment import device_snapshot, versions
 from laya_build.errors import ConfigError
-from laya_build.layout import record_name
+from laya_build.layout import child_log_name, package_name, record_name
 from laya_build.records import file_entry
 from laya_build.runner import Child, run
 from laya_build.runner.folders import inductor_cache, vec_isa_root
@@ -30,10 +30,6 @@ from laya_build.targets import check_target
 # Compilers this stage runs: part of its up-to-date check (laya_build.environment).
 TOOLS = ("cxx", "nvcc")
 CHILD_MODULE = "laya_build.stages.children.package"
-
-
-def package_name(program: str) -> str:
-    return f"{program}.pt2"
 
 
 def check_inductor_configs(configs: dict) -> None:
@@ -77,7 +73,7 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
                       "package_tmp": str(out / f".{p['name']}.partial.pt2")} for p in programs],
     }
     with inductor_cache(f"package-{target}-{exp['dtype']}") as cache:
-        child = Child(log=out / "package_child.log", timeout=cfg["timeout_s"], reraise=True,
+        child = Child(log=out / child_log_name("package"), timeout=cfg["timeout_s"], reraise=True,
                       env={"TORCHINDUCTOR_CACHE_DIR": str(cache)},
                       label=f"AOTInductor compile of {export_dir} for {target}/{exp['dtype']}")
         result = run(f"{CHILD_MODULE}:compile_packages", {"job": job}, child, result=True)

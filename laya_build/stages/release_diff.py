@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from laya_build.atomic import write_text
-from laya_build.layout import tir_flavour
+from laya_build.layout import DIFFS_DIR, RELEASE_DIFF_RECORD_NAME, RELEASE_DIFF_REPORT_NAME, diff_name, tir_flavour
 from laya_build.records import check_record
 from laya_build.release import check_files, model_report
 from laya_build.release.report import records_by_stage, table
@@ -30,8 +30,8 @@ def _sources(old_dir: Path, new_dir: Path, old_files: dict, new_files: dict, fol
         if name not in old_files:
             rows.append({"file": name, "status": "added"})
             continue
-        entry = compare_file(name, new_dir / name, old_dir / name, out / "diffs" / (name + ".diff"),
-                             f"{out_rel}/diffs/{name}.diff")
+        entry = compare_file(name, new_dir / name, old_dir / name, out / DIFFS_DIR / diff_name(name),
+                             f"{out_rel}/{DIFFS_DIR}/{diff_name(name)}")
         rows.append({"file": name, "status": "identical" if entry["identical"] else "changed",
                      "old_sha256": entry["baseline"]["sha256"], "new_sha256": entry["current"]["sha256"],
                      "first_diff_offset": entry["first_diff_offset"], "diff": entry["diff"]})
@@ -83,8 +83,8 @@ def run_release_diff(**spec) -> dict:
         "c_changed": [r["file"] for r in csrc if r["status"] != "identical"],
         "tir_changed": [r["kernel"] for r in record["tir"] if r["changed"]],
     }
-    check_record(out / "release_diff.json", record)
-    write_text(out / "release_diff.md", render(record))
+    check_record(out / RELEASE_DIFF_RECORD_NAME, record)
+    write_text(out / RELEASE_DIFF_REPORT_NAME, render(record))
     return record
 
 

@@ -40,6 +40,7 @@ from laya_build.errors import (
     VerificationError,
     VerifyChildCrashError,
 )
+from laya_build.layout import child_log_name
 from laya_build.records import sha256_file
 from laya_build.runner import Child, run
 from laya_build.runner.folders import inductor_cache
@@ -146,7 +147,7 @@ def run_verify(verify_cfg: dict, runtime_cfg: dict, package_record_path, inputs_
            "device": target, "preload": cfg["preload"].get(target, []), "timing": timing,
            "dims": pkg["dims"], "buckets": buckets, "capture_warmup": runtime["capture_warmup"]}
     with inductor_cache(f"verify-{target}-{pkg['dtype']}") as cache:
-        child = Child(log=out / "verify_child.log", timeout=cfg["timeout_s"], reraise=True,
+        child = Child(log=out / child_log_name("verify"), timeout=cfg["timeout_s"], reraise=True,
                       crash_error=VerifyChildCrashError, label=f"verification process for {programs[0]['package']}",
                       env={"TORCHINDUCTOR_CACHE_DIR": str(cache), "AOTI_RUNTIME_CHECK_INPUTS": "1"})
         result = run(f"{CHILD_MODULE}:verify", {"job": job}, child, result=True)

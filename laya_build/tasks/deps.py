@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from laya_build import PROJECT_ROOT
-from laya_build.layout import ARTIFACTS_DIR, CACHE_DIR
+from laya_build.layout import ARTIFACTS_DIR, CACHE_DIR, DEPS_CACHE_NAME
 
 # The project's own top-level packages: their modules are files of the build.
 PROJECT_PACKAGES = ("laya_build", "kernels")
@@ -119,7 +119,7 @@ class Project:
 
     @property
     def _cache_path(self) -> Path:
-        return self.root / ARTIFACTS_DIR / CACHE_DIR / "deps-parse.json"
+        return self.root / ARTIFACTS_DIR / CACHE_DIR / DEPS_CACHE_NAME
 
     def save_cache(self) -> None:
         """Keep this process's parses for the next (atomically; entries of sources that no

@@ -14,7 +14,7 @@ from __future__ import annotations
 from laya_build import config as config_mod
 from laya_build import release
 from laya_build.errors import ManifestMismatch
-from laya_build.layout import build_name
+from laya_build.layout import build_name, record_name
 from laya_build.stage import Stage
 from laya_build.stages.common import verify_spec
 from laya_build.tasks.build import doit_task, failure, stage_env, version_stage
@@ -106,7 +106,6 @@ def _release_verify_tasks(p):
     """``verify:manifest`` (the release's files against its manifest), then ``verify:<build>``
     for every package the manifest lists."""
     vdir = p.verify_dir
-    out_root = p.artifacts.verifications(p.version)
     check = Stage(basename="verify", name="manifest", doc=f"files of release {p.version} against its manifest",
                   entry="laya_build.release:check_release", process="inline", spec={"version_dir": str(vdir)},
                   always=True, verbose=True)
@@ -121,12 +120,13 @@ def _release_verify_tasks(p):
                "uptodate": [False]}
         return
     for build in builds:
-        out = out_root / build
+        out = p.artifacts.verification(p.version, build)
         yield doit_task(p, Stage(
             basename="verify", name=build, doc=f"verification of released package {build} ({p.version})",
             entry="laya_build.stages.verify:verify_released", spec={"release_dir": str(vdir), "build": build,
                                                                    "out_dir": str(out)},
-            record=out / "verify.json", dirs=(out,), schemas=("verify", "aoti_package", "export", "model_sections"),
+            record=out / record_name("verify"), dirs=(out,),
+            schemas=("verify", "aoti_package", "export", "model_sections"),
             env=stage_env(p), always=True, task_dep=("verify:manifest",), verbose=True))
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from laya_build import config as config_mod
 from laya_build import release
 from laya_build.errors import UsageError
+from laya_build.layout import RELEASE_DIFF_RECORD_NAME, RELEASE_DIFF_REPORT_NAME
 from laya_build.log import get_logger
 from laya_build.stage import Stage
 from laya_build.tasks import kernels, model
@@ -105,7 +106,7 @@ def release_diff_stage(p, old: str, new: str) -> Stage:
                  entry="laya_build.stages.release_diff:run_release_diff", process="fresh",
                  spec={"artifacts": str(p.output_root), "old": old, "new": new, "out": str(out),
                        "out_rel": out.relative_to(p.output_root).as_posix()},
-                 record=out / "release_diff.json", dirs=(out,), always=True, verbose=True)
+                 record=out / RELEASE_DIFF_RECORD_NAME, dirs=(out,), always=True, verbose=True)
 
 
 def _released_list(p) -> str:
@@ -121,7 +122,7 @@ def release_diff_task(p) -> dict:
 
         stage = release_diff_stage(p, old, new)
         run_stage(stage)
-        log.info(Path(stage.spec["out"], "release_diff.md").read_text())
+        log.info(Path(stage.spec["out"], RELEASE_DIFF_REPORT_NAME).read_text())
 
     return {"actions": [act], "params": RELEASE_DIFF_PARAMS, "uptodate": [False], "verbosity": 2,
             "doc": "what changed between two releases: doit release_diff --old <version> --new <version>"}

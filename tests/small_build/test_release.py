@@ -208,7 +208,7 @@ def test_release_diff_lists_exactly_the_changed_kernel(released, small_builds):
     rebuilt = {task.split(":")[0] for task in run.executed}
     assert not rebuilt & {"model", "export", "aoti_package"}, "a kernel change leaves the model's stages alone"
     shutil.copytree(old.version_dir(KILLED_VERSION), project.version_dir(KILLED_VERSION))
-    run = project.doit("release_diff", "old=0.1.0", "new=0.2.0")
+    run = project.doit("release_diff", "--old", "0.1.0", "--new", "0.2.0")
     assert run.returncode == 0, run.stdout + run.stderr
     out = project.artifacts / "release_diff" / "0.1.0..0.2.0"
     record = read_record(out / "release_diff.json")
@@ -237,9 +237,26 @@ def test_release_diff_lists_exactly_the_changed_kernel(released, small_builds):
 
 
 def test_release_diff_needs_released_versions(released):
+    """A version that is no release, a malformed one, a missing parameter and the old variable
+    form are command-line errors: exit 3, the version named, and a hint with what to run and
+    the versions released here."""
     project, _ = released
-    run = project.doit("release_diff", "old=0.1.0", "new=9.9.9")
-    assert run.returncode != 0
-    assert "9.9.9" in run.stdout + run.stderr and "manifest.json" in run.stdout + run.stderr
-    run = project.doit("release_diff", "old=0.1.0", "new=../x")
-    assert run.returncode != 0 and "is not a version" in run.stdout + run.stderr
+    run = project.doit("release_diff", "--old", "0.1.0", "--new", "9.9.9")
+    out = run.stdout + run.stderr
+    assert run.returncode == 3, out
+    assert "UsageError: release_diff --new 9.9.9" in out and "is not a release (no manifest.json)" in out
+    assert "hint: release it first (`doit version=9.9.9 release`)" in out and "released here: 0.1.0" in out
+    run = project.doit("release_diff", "--old", "0.1.0", "--new", "../x")
+    assert run.returncode == 3 and "is not a version" in run.stdout + run.stderr
+    run = project.doit("release_diff", "--old", "0.1.0")
+    assert run.returncode == 3 and "--new missing" in run.stdout + run.stderr
+    run = project.doit("release_diff", "old=0.1.0", "new=0.2.0")
+    assert run.returncode == 3 and "doit argument new=0.2.0: not a variable" in run.stderr
+    assert not (project.artifacts / "release_diff" / "0.1.0..9.9.9").exists()
+
+
+def test_doit_help_lists_the_parameters_of_release_diff(released):
+    project, _ = released
+    run = project.doit("help", "release_diff")
+    assert run.returncode == 0
+    assert "--old=ARG" in run.stdout and "--new=ARG" in run.stdout and "released version" in run.stdout

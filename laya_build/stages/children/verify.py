@@ -67,8 +67,8 @@ CRASH_ENV = "LAYA_VERIFY_CHILD_CRASH"
 # The runtime layer of laya_build (torch + stdlib); any other laya_build module, or
 # transformers, in this process would mean it ran more than the package.
 RUNTIME_PACKAGES = ("laya_build.runtime", "laya_build.runner")  # with their modules
-RUNTIME_MODULES = {"laya_build", "laya_build.errors", "laya_build.stages", "laya_build.stages.children",
-                   "laya_build.stages.children.verify"}
+RUNTIME_MODULES = {"laya_build", "laya_build.errors", "laya_build.layout", "laya_build.stages",
+                   "laya_build.stages.children", "laya_build.stages.children.verify"}
 
 
 def check_inputs(job: dict, inputs: dict, eagers: list[dict]) -> None:
