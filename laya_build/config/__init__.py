@@ -45,6 +45,7 @@ class Pipeline:
     path: Path
     root: Path  # project root
     release_folder: Path | None = None  # ``doit verify release=<folder>``: a release folder where it lies
+    wait: bool = True  # ``wait=no``: refuse at once when another run builds the same version
 
     @property
     def version(self) -> str:
@@ -283,6 +284,7 @@ VARIABLES = {
     "version": "the version to build or verify (default: pipeline.yaml's version)",
     "config": "the configuration file (default: pipeline.yaml)",
     "release": "a release folder to verify where it lies (doit verify release=<folder>)",
+    "wait": "yes (default) or no: whether a run waits for another run of the same version in this checkout",
 }
 
 
@@ -324,8 +326,12 @@ def from_command_line(variables: dict[str, str], *, root: str | Path = PROJECT_R
             raise UsageError(f"doit argument release={_shown(variables['release'])} is version {released}, "
                              f"not version={_shown(version)}", hint="give release= alone, or the matching version=")
         version = released
+    wait = variables.get("wait", "yes")
+    if wait not in ("yes", "no"):
+        raise UsageError(f"doit argument wait={_shown(wait)}: expected yes or no", hint="wait=no refuses at once "
+                         "when another run builds the same version; without it a run waits")
     pipeline = load(variables.get("config"), root=root, overrides={"version": version}, path_argument="config")
-    return Pipeline(data=pipeline.data, path=pipeline.path, root=root, release_folder=folder)
+    return Pipeline(data=pipeline.data, path=pipeline.path, root=root, release_folder=folder, wait=wait == "yes")
 
 
 def release_folder(value: str, root: Path) -> tuple[Path, str]:

@@ -18,7 +18,8 @@ from doit import doit_cmd
 
 from laya_build import PROJECT_ROOT
 from laya_build import config as config_mod
-from laya_build.tasks import dispatch, exits, selection, state
+from laya_build.locks import run_lock
+from laya_build.tasks import dispatch, exits, run, state
 from laya_build.tasks.kernels import cuda_diff_tasks, cuda_source_tasks, lower_c_tasks, probe_c_tasks, tir_tasks
 from laya_build.tasks.model import (
     aoti_package_tasks,
@@ -46,7 +47,9 @@ def load_pipeline(root: Path = PROJECT_ROOT) -> config_mod.Pipeline:
     """The pipeline of ``root``, with ``doit config=... version=... release=...`` applied."""
     variables = dict(doit_cmd._CMDLINE_VARS or {})
     pipeline = config_mod.from_command_line(variables, root=root, given=typed_variables(variables))
-    selection.install(lambda selected: check_verifiable(pipeline, selected))  # verify builds nothing
+    run.install(lambda selected: check_verifiable(pipeline, selected),  # verify builds nothing
+                lambda: run_lock(pipeline.artifacts.run_lock(pipeline.version), f"version {pipeline.version}",
+                                 wait=pipeline.wait))  # one run per version at a time
     return pipeline
 
 

@@ -112,9 +112,9 @@ def missing_packages(p, version_dir) -> list[str]:
 
 def check_verifiable(p, selected: list[str]) -> None:
     """When only ``verify`` is asked for: the version must be a release or a complete build
-    (``verify`` never builds; :mod:`laya_build.tasks.selection`)."""
+    (``verify`` never builds; :mod:`laya_build.tasks.run`)."""
     from laya_build.errors import UsageError
-    from laya_build.tasks.selection import only
+    from laya_build.tasks.run import only
 
     if not only(selected, "verify") or p.release_folder is not None:
         return
