@@ -80,6 +80,20 @@ class ReleasedVersionError(UserError):
     hint = "a released version is never modified: build a new one, e.g. `doit version=<new> release`"
 
 
+class BuildBusyError(LayaBuildError):
+    """Another ``doit`` run in this checkout builds (or verifies) the same version, and this run
+    was asked not to wait for it (``wait=no``); the message names that run."""
+
+    hint = "wait for that run to end (run again without wait=no, which waits), or build another version"
+
+
+class DiskFullError(LayaBuildError):
+    """A write failed for lack of space or quota (ENOSPC, EDQUOT); the message names the file and
+    the filesystem's free space.  The partial file was removed."""
+
+    hint = "free space on that filesystem (or give artifacts/ a larger one), then run the same command again"
+
+
 class CheckpointError(LayaBuildError):
     """A checkpoint folder is incomplete or does not match the model (names the path and the keys)."""
 

@@ -100,6 +100,10 @@ class ArtifactsLayout:
         """``kernels/`` of a git tree, extracted for ``cuda_diff``'s baseline (shared by every version)."""
         return self.cache("baseline-kernels", tree)
 
+    def run_lock(self, version: str) -> Path:
+        """Held by the ``doit`` run that builds or verifies ``version`` in this checkout."""
+        return self.root / DOIT_DB_DIR / f"{version}.lock"
+
     def doit_db(self, version: str) -> Path:
         return self.root / DOIT_DB_DIR / f"{version}.sqlite3"
 

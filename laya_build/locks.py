@@ -1,13 +1,18 @@
-"""File locks that say what they wait for (``filelock``), shared by every checkout of a user."""
+"""File locks that say what they wait for (``filelock``): between the processes of a build, the
+builds of a user, and the ``doit`` runs of a checkout."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import sys
+import time
 from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from laya_build.errors import BuildBusyError
 from laya_build.log import get_logger
 
 log = get_logger(__name__)
@@ -24,6 +29,46 @@ def held(path: str | os.PathLike, what: str):
         log.info(f"[laya] waiting for {what} (lock {path}, held by another process)")
         lock.acquire()
     try:
+        yield
+    finally:
+        lock.release()
+
+
+def _holder_file(path: Path) -> Path:
+    return path.with_name(path.name + ".holder.json")
+
+
+def _holder(path: Path) -> str:
+    """Who holds the run lock ``path``, as its holder wrote it."""
+    try:
+        info = json.loads(_holder_file(path).read_text())
+        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(info["started"]))
+        return f"pid {info['pid']}, `{info['command']}`, started {started}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process that has not said who it is"
+
+
+@contextlib.contextmanager
+def run_lock(path: str | os.PathLike, what: str, *, wait: bool = True):
+    """Hold ``path`` for a whole ``doit`` run of ``what`` (e.g. "version 0.1.0"): a second run
+    waits, saying which process it waits for, or with ``wait`` False raises
+    :class:`BuildBusyError` naming it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path), mode=0o600)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        busy = f"another doit run in this checkout builds {what} ({_holder(path)})"
+        if not wait:
+            raise BuildBusyError(f"{busy}; not waiting (wait=no)") from None
+        log.info(f"laya-build: waiting: {busy}")
+        lock.acquire()
+    try:
+        from laya_build.atomic import write_json
+
+        command = " ".join(["doit", *sys.argv[1:]])
+        write_json(_holder_file(path), {"pid": os.getpid(), "command": command, "started": time.time()})
         yield
     finally:
         lock.release()

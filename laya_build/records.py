@@ -28,14 +28,36 @@ def write_record(path: str | os.PathLike, record: dict, *, exclusive: bool = Fal
     return write_json(path, record, exclusive=exclusive)
 
 
-def read_record(path: str | os.PathLike) -> dict:
+# The largest JSON document laya-build reads (a record, a manifest, an effective configuration):
+# far above any it writes (a manifest of the default release: ~60 kB), far below what makes a
+# read slow or large; a folder it did not write (a copied release) may hold anything.
+MAX_JSON_BYTES = 16 << 20
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON document"):
+    """A JSON document of at most :data:`MAX_JSON_BYTES`, read in bounded time and memory;
+    every way it cannot be read is a :class:`RecordError` naming the file."""
     path = Path(path)
     try:
-        record = json.loads(path.read_text())
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_JSON_BYTES + 1)
     except FileNotFoundError:
-        raise RecordError(f"{path}: record is missing") from None
-    except json.JSONDecodeError as exc:
+        raise RecordError(f"{path}: {what} is missing") from None
+    except OSError as exc:
+        raise RecordError(f"{path}: {what} cannot be read ({exc.strerror or exc})") from None
+    if len(raw) > MAX_JSON_BYTES:
+        raise RecordError(f"{path}: larger than {MAX_JSON_BYTES:,} bytes, more than any {what} laya-build writes")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RecordError(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise RecordError(f"{path}: nested too deeply to be a {what}") from None
+
+
+def read_record(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    record = read_json(path, "record")
     if not isinstance(record, dict) or "stage" not in record:
         raise RecordError(f"{path}: not a stage record (no top-level 'stage')")
     validate(record["stage"], record, what=str(path))

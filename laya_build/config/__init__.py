@@ -45,6 +45,7 @@ class Pipeline:
     path: Path
     root: Path  # project root
     release_folder: Path | None = None  # ``doit verify release=<folder>``: a release folder where it lies
+    wait: bool = True  # ``wait=no``: refuse at once when another run builds the same version
 
     @property
     def version(self) -> str:
@@ -118,13 +119,17 @@ def _read(path: Path, argument: str = "") -> str:
     ``argument`` (``doit argument config=...: ``) prefixes the errors about the path."""
     label = f"{argument}{path}"
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"{label}: configuration file not found") from None
     except IsADirectoryError:
         raise ConfigError(f"{label}: is a directory, not a configuration file") from None
     except OSError as exc:
         raise ConfigError(f"{label}: cannot be read ({exc.strerror or exc})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{label}: larger than {MAX_CONFIG_BYTES:,} bytes, more than any configuration holds",
+                          hint="name the pipeline's configuration file (config=...); a real one is a few kB")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -133,14 +138,111 @@ def _read(path: Path, argument: str = "") -> str:
                           f"line {line})") from None
 
 
+# Bounds of a configuration document: far above any real one (pipeline.yaml: ~2 kB, ~300 values),
+# far below what makes loading slow.  Aliases are counted expanded (each use of an anchor counts
+# its whole value), so a few hundred bytes of nested aliases cannot stand for 10^8 values.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_VALUES = 100_000
+
+
+def _expanded_sizes(root) -> dict[int, int]:
+    """id(node) -> how many values the node stands for with every alias expanded (itself
+    included), for the composed YAML ``root``; each node is visited once, so this is linear in
+    the document however far the aliases expand.  A node that contains itself (a recursive
+    alias) is refused."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[object, bool]] = [(root, False)]
+    open_: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        if id(node) in sizes:
+            continue
+        children = _children(node)
+        if done:
+            open_.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(c)] for _, c in children)
+            continue
+        if id(node) in open_:
+            raise ConfigError(f"invalid at {_path_to(root, node)}: a recursive alias (the value contains itself)")
+        open_.add(id(node))
+        stack.append((node, True))
+        for _, child in children:
+            if id(child) in open_:
+                raise ConfigError(f"invalid at {_path_to(root, child)}: a recursive alias (the value contains itself)")
+            if id(child) not in sizes:
+                stack.append((child, False))
+    return sizes
+
+
+def _children(node) -> list[tuple[str, object]]:
+    """(key, node) of a composed mapping's values and keys, or a sequence's items."""
+    if isinstance(node, yaml.MappingNode):
+        out = []
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) else "<key>"
+            out += [(name, key), (name, value)]
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [(str(i), item) for i, item in enumerate(node.value)]
+    return []
+
+
+def _path_to(root, target) -> str:
+    """The key path of the first occurrence of ``target`` under ``root`` (breadth first)."""
+    queue, seen = [(root, "")], set()
+    while queue:
+        node, path = queue.pop(0)
+        if node is target:
+            return path or "<root>"
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        queue += [(child, f"{path}.{key}" if path else key) for key, child in _children(node)]
+    return "<root>"
+
+
+def _check_expansion(root) -> None:
+    """Refuse a document whose aliases expand beyond :data:`MAX_CONFIG_VALUES`, naming the key
+    path where the expansion lies (from the top, the largest mapping value, as deep as mappings
+    go while it is over the bound)."""
+    sizes = _expanded_sizes(root)
+    total = sizes[id(root)]
+    if total <= MAX_CONFIG_VALUES:
+        return
+    node, path = root, ""
+    while isinstance(node, yaml.MappingNode):
+        over = [(k, c) for k, c in _children(node) if sizes[id(c)] > MAX_CONFIG_VALUES]
+        if not over:
+            break
+        key, node = max(over, key=lambda kc: sizes[id(kc[1])])
+        path = f"{path}.{key}" if path else key
+    raise ConfigError(f"invalid at {path or '<root>'}: its YAML aliases expand to {sizes[id(node)]:,} values "
+                      f"({total:,} in the document), more than the {MAX_CONFIG_VALUES:,} a configuration may hold",
+                      hint="write the values out, or use anchors for small values only; a real pipeline.yaml "
+                           "holds a few hundred values")
+
+
+def _load_yaml(text: str):
+    """Compose the document, check its expanded size, then construct it."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def _parse(text: str, label: str) -> dict:
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        data = _load_yaml(text)
         if not isinstance(data, dict):
             raise ConfigError(f"the top level must be a mapping, got {type(data).__name__}")
         _check_values(data, "")
     except ConfigError as exc:
-        raise ConfigError(f"{label}: {message_of(exc)}") from None
+        raise ConfigError(f"{label}: {message_of(exc)}", hint=exc.hint) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{label}: not valid YAML: {exc}") from None
     except RecursionError:
@@ -182,6 +284,7 @@ VARIABLES = {
     "version": "the version to build or verify (default: pipeline.yaml's version)",
     "config": "the configuration file (default: pipeline.yaml)",
     "release": "a release folder to verify where it lies (doit verify release=<folder>)",
+    "wait": "yes (default) or no: whether a run waits for another run of the same version in this checkout",
 }
 
 
@@ -223,8 +326,12 @@ def from_command_line(variables: dict[str, str], *, root: str | Path = PROJECT_R
             raise UsageError(f"doit argument release={_shown(variables['release'])} is version {released}, "
                              f"not version={_shown(version)}", hint="give release= alone, or the matching version=")
         version = released
+    wait = variables.get("wait", "yes")
+    if wait not in ("yes", "no"):
+        raise UsageError(f"doit argument wait={_shown(wait)}: expected yes or no", hint="wait=no refuses at once "
+                         "when another run builds the same version; without it a run waits")
     pipeline = load(variables.get("config"), root=root, overrides={"version": version}, path_argument="config")
-    return Pipeline(data=pipeline.data, path=pipeline.path, root=root, release_folder=folder)
+    return Pipeline(data=pipeline.data, path=pipeline.path, root=root, release_folder=folder, wait=wait == "yes")
 
 
 def release_folder(value: str, root: Path) -> tuple[Path, str]:
@@ -304,7 +411,7 @@ def _merge_model_defaults(data: dict, path: Path) -> None:
         try:
             data[name] = section(name, data.get(name))
         except ConfigError as exc:
-            raise ConfigError(f"{path}: {message_of(exc)}") from None
+            raise ConfigError(f"{path}: {message_of(exc)}", hint=exc.hint) from None
 
 
 def _fail(path: Path, key: str, message: str):
@@ -399,4 +506,4 @@ def _check_model(data: dict, path: Path, root: Path) -> None:
     try:
         check_buckets(data)  # runtime.buckets inside export.dims (checked after the batch layout)
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {message_of(exc)}") from None
+        raise ConfigError(f"{path}: {message_of(exc)}", hint=exc.hint) from None

@@ -27,7 +27,7 @@ from laya_build.layout import (
     record_name,
 )
 from laya_build.log import get_logger
-from laya_build.records import file_entry, read_record, sha256_file
+from laya_build.records import file_entry, read_json, read_record, sha256_file
 
 MANIFEST, REPORT, EFFECTIVE_CONFIG = MANIFEST_NAME, REPORT_NAME, EFFECTIVE_CONFIG_NAME
 # Present while `doit release` publishes (from REPORT.md to the manifest): a folder with
@@ -123,7 +123,7 @@ def check_release(version_dir) -> None:
 
 def listed_builds(version_dir) -> list[str]:
     """The builds (``cpu-float32``) whose package the release's manifest lists."""
-    manifest = json.loads(manifest_path(version_dir).read_text())
+    manifest = read_json(manifest_path(version_dir), "manifest")
     record = record_name("aoti_package")
     return sorted(f["path"].split("/")[1] for f in manifest["files"]
                   if f["path"].startswith(f"{AOTI_PACKAGE_DIR}/") and f["path"].endswith(f"/{record}"))

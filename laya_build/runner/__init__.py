@@ -29,4 +29,7 @@ def _main() -> int:
         from laya_build.runner.forkserver import serve
 
         return serve(sys.argv[2], int(sys.argv[3]))
+    from laya_build.runner import lifetime
+
+    lifetime.lead_own_group()  # a fresh stage process: its group (and compilers) end when its parent dies
     return execute(json.loads(sys.stdin.read()))

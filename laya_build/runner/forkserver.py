@@ -29,6 +29,7 @@ from pathlib import Path
 from laya_build import PROJECT_ROOT
 from laya_build.errors import StageFailed
 from laya_build.locks import held
+from laya_build.runner import lifetime
 from laya_build.runner.child import ERROR_PREFIX, child_env, execute
 from laya_build.runner.folders import user_folder
 
@@ -149,9 +150,13 @@ def serve(path: str, life_fd: int) -> int:
     listener.bind(path)
     listener.listen(64)
     print("listening", flush=True)
+    # a terminal's Ctrl-C is the doit process's to handle: it stops the whole build, this server
+    # included (which ends anyway when the build's last process ends: end-of-file on life_fd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     for name in SERVER_PRELOAD:
         importlib.import_module(name)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers are reaped by the kernel
+    server = os.getpid()
     while True:
         ready, _, _ = select.select([listener, life_fd], [], [])
         if life_fd in ready and not os.read(life_fd, 1):
@@ -161,21 +166,40 @@ def serve(path: str, life_fd: int) -> int:
             if os.fork() == 0:
                 listener.close()
                 os.close(life_fd)
+                lifetime.die_with_parent(signal.SIGKILL, server)
                 _handle(conn)
             conn.close()
 
 
+def _wait_or_end(pid: int, conn: socket.socket) -> int:
+    """The exit status of the child ``pid``; if the client closes ``conn`` first (it sends
+    nothing after its request), the child's group is killed first."""
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        ready, _, _ = select.select([conn], [], [], 0.5)
+        if ready and not conn.recv(1):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            return os.waitpid(pid, 0)[1]
+
+
 def _handle(conn: socket.socket) -> None:
-    """A handler: run the connection's request in a child of its own and answer its status."""
+    """A handler: run the connection's request in a child of its own and answer its status.
+    The child leads a process group of its own and dies with the handler; when the client goes
+    away before the child is done (its doit worker was stopped), the child's group is ended."""
     code = 1
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         with conn.makefile("r", encoding="utf-8") as lines:
             request = json.loads(lines.readline())
+        handler = os.getpid()
         pid = os.fork()
         if pid == 0:  # the child: its own log, one request, then exit without cleanup
             child_code = 1
             try:
+                lifetime.lead_own_group(handler)
                 conn.close()
                 fd = os.open(request["log"], os.O_WRONLY | os.O_TRUNC)
                 os.dup2(fd, 1)
@@ -187,7 +211,9 @@ def _handle(conn: socket.socket) -> None:
                 sys.stderr.flush()
             finally:
                 os._exit(child_code)
-        _, status = os.waitpid(pid, 0)
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)  # also here: the group exists before the client could go away
+        status = _wait_or_end(pid, conn)
         returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         conn.sendall((json.dumps({"returncode": returncode}) + "\n").encode())
         code = 0

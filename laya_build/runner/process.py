@@ -41,6 +41,7 @@ from pathlib import Path
 
 from laya_build import PROJECT_ROOT, errors
 from laya_build.errors import StageError, StageFailed
+from laya_build.runner import lifetime
 from laya_build.runner.child import child_env
 
 TAIL_LINES = 25
@@ -139,7 +140,8 @@ def _run_fresh(request: dict, child: Child, log_path: Path, *, what: str) -> int
     with open(log_path, "w", encoding="utf-8") as out:
         proc = subprocess.Popen([sys.executable, "-m", "laya_build.runner"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE if show else out, stderr=out, text=True, cwd=PROJECT_ROOT,
-                                env=child_env(child.env), process_group=0)
+                                env=child_env(child.env), process_group=0,
+                                preexec_fn=lifetime.preexec_stage(os.getpid()))
         lines: list[str] = []
         reader = None
         if show:  # progress lines of long stages, shown as they come (and kept for the error)

@@ -435,13 +435,21 @@ class DecisionRunner:
 
 # ------------------------------------------------------------------------------ opening
 
+MAX_JSON_BYTES = 16 << 20  # no record or manifest of a release comes near it
+
+
 def _read_json(path: Path, what: str) -> dict:
     try:
-        return json.loads(path.read_text())
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_JSON_BYTES + 1)
     except FileNotFoundError:
         raise PackageIntegrityError(f"{path}: missing ({what})") from None
-    except json.JSONDecodeError as exc:
-        raise PackageIntegrityError(f"{path}: not JSON ({what}): {exc}") from None
+    if len(raw) > MAX_JSON_BYTES:
+        raise PackageIntegrityError(f"{path}: larger than {MAX_JSON_BYTES:,} bytes: not a {what} of a release")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise PackageIntegrityError(f"{path}: not JSON ({what}): {type(exc).__name__}") from None
 
 
 def _program(record: dict, record_path: Path, program: str) -> dict:

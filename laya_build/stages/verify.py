@@ -27,7 +27,6 @@ as a failure.
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from laya_build.errors import (
     VerifyChildCrashError,
 )
 from laya_build.layout import child_log_name
-from laya_build.records import sha256_file
+from laya_build.records import read_json, sha256_file
 from laya_build.runner import Child, run
 from laya_build.runner.folders import inductor_cache
 from laya_build.runtime.aoti import HEADS, summarize
@@ -187,6 +186,6 @@ def verify_released(release_dir, build: str, out_dir) -> dict:
     from laya_build.layout import VersionLayout
 
     release = VersionLayout(Path(release_dir))
-    config = json.loads(release.effective_config.read_text())
+    config = read_json(release.effective_config, "effective configuration")
     target, dtype = build.split("-", 1)
     return run_verify(**verify_spec(release, config["verify"], config["runtime"], target, dtype), out_dir=out_dir)

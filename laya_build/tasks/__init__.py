@@ -18,10 +18,12 @@ from doit import doit_cmd
 
 from laya_build import PROJECT_ROOT
 from laya_build import config as config_mod
-from laya_build.tasks import dispatch, exits, state
+from laya_build.locks import run_lock
+from laya_build.tasks import dispatch, exits, run, state
 from laya_build.tasks.kernels import cuda_diff_tasks, cuda_source_tasks, lower_c_tasks, probe_c_tasks, tir_tasks
 from laya_build.tasks.model import (
     aoti_package_tasks,
+    check_verifiable,
     export_tasks,
     latency_tasks,
     model_builds,
@@ -44,7 +46,11 @@ DEFAULT_TASKS = ["tir", "probe_c", "lower_c", "cuda_source", "cuda_diff"]
 def load_pipeline(root: Path = PROJECT_ROOT) -> config_mod.Pipeline:
     """The pipeline of ``root``, with ``doit config=... version=... release=...`` applied."""
     variables = dict(doit_cmd._CMDLINE_VARS or {})
-    return config_mod.from_command_line(variables, root=root, given=typed_variables(variables))
+    pipeline = config_mod.from_command_line(variables, root=root, given=typed_variables(variables))
+    run.install(lambda selected: check_verifiable(pipeline, selected),  # verify builds nothing
+                lambda: run_lock(pipeline.artifacts.run_lock(pipeline.version), f"version {pipeline.version}",
+                                 wait=pipeline.wait))  # one run per version at a time
+    return pipeline
 
 
 def typed_variables(variables: dict) -> list[tuple[str, str]] | None:

@@ -102,6 +102,39 @@ def verify_tasks(p):
                                         schemas=("aoti_package", "export")))
 
 
+def missing_packages(p, version_dir) -> list[str]:
+    """The package records of ``p``'s builds that a version folder lacks (relative paths)."""
+    from laya_build.layout import VersionLayout
+
+    layout = VersionLayout(version_dir)
+    return [layout.rel(r) for t, d in model_builds(p) if not (r := layout.build_record("aoti_package", t, d)).is_file()]
+
+
+def check_verifiable(p, selected: list[str]) -> None:
+    """When only ``verify`` is asked for: the version must be a release or a complete build
+    (``verify`` never builds; :mod:`laya_build.tasks.run`)."""
+    from laya_build.errors import UsageError
+    from laya_build.tasks.run import only
+
+    if not only(selected, "verify") or p.release_folder is not None:
+        return
+    if release.state(p.version_dir) in ("released", "damaged"):
+        return
+    missing = missing_packages(p, p.version_dir)
+    if not missing:
+        return
+    released = release.released_versions(p.output_root)
+    built = [v.name for v in sorted(p.output_root.iterdir()) if v.is_dir() and v.name not in released
+             and release.state(v) == "build" and v.name[:1].isdigit() and not missing_packages(p, v)] \
+        if p.output_root.is_dir() else []
+    what = "nothing of it is built" if not p.version_dir.is_dir() else f"it lacks {', '.join(missing)}"
+    raise UsageError(f"verify version={p.version}: version {p.version} is neither a release nor a complete build "
+                     f"({what}); verify checks what exists and builds nothing",
+                     hint=f"versions that can be verified here: released {', '.join(released) or 'none'}; "
+                          f"built {', '.join(built) or 'none'}.  To build this one first: "
+                          f"`doit version={p.version} aoti_package`, or `doit version={p.version} release`")
+
+
 def _release_verify_tasks(p):
     """``verify:manifest`` (the release's files against its manifest), then ``verify:<build>``
     for every package the manifest lists."""
