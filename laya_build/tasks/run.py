@@ -85,7 +85,7 @@ def _interrupts() -> None:
     """This process leads the build: its descendants stay its own, carry the build's id, and
     stop with it."""
     _RUN["main"] = os.getpid()
-    os.environ.setdefault(lifetime.BUILD_ENV, f"{os.getpid()}-{time.time_ns()}")
+    os.environ[lifetime.BUILD_ENV] = f"{os.getpid()}-{time.time_ns()}"  # this build's own, never a parent's
     lifetime.become_subreaper()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupted)

@@ -4,10 +4,12 @@ robustness tests and the release tests:
 
 * ``traced``: a clean build of every stage in one ``doit`` run, with the file tracer
   (``tracer/sitecustomize.py``) in every process: what each task reads (test_dependencies);
-* ``killed``: a checkout whose build is killed with SIGKILL at several points while the traced
-  build runs beside it (shared compiler-cache paths and locks, one user), then re-run as
-  ``doit release`` (test_robustness); its release is the one test_release inspects and
-  tampers with (in copies).
+* ``killed``: a checkout whose build is stopped at several points while the traced build runs
+  beside it (shared compiler-cache paths and locks, one user), each time in another way: SIGINT
+  to its process group (a terminal's Ctrl-C), SIGTERM to the ``doit`` process alone (a CI
+  timeout), SIGKILL to the ``doit`` process alone and to its whole group; then re-run as ``doit
+  release`` (test_robustness); its release is the one test_release inspects and tampers with
+  (in copies).
 
 The traced checkout builds the next version (``TRACED_VERSION``) of the same sources, so its
 outputs are compared with the killed one's byte for byte, and test_release later changes one
@@ -45,6 +47,31 @@ KILL_POINTS = {  # (task, seconds after it started): each runs for several secon
     "AOTInductor compile": ("aoti_package:cpu-float32", 8.0),
     "verification": ("verify:cpu-float32", 2.0),
 }
+# how each point stops the build: (signal, to the whole process group or the doit process alone,
+# doit's worker processes); a `-n 1` run does the tasks one after the other
+STOPS = {
+    "kernel child": (signal.SIGINT, "group", 2),
+    "model stage": (signal.SIGKILL, "doit", 1),
+    "torch.export": (signal.SIGTERM, "doit", 1),
+    "AOTInductor compile": (signal.SIGINT, "group", 1),
+    "verification": (signal.SIGKILL, "group", 1),
+}
+BUILD_ENV = "LAYA_BUILD_ID"  # laya_build.runner.lifetime: every process of a build carries it
+
+
+@dataclass
+class Stop:
+    """What a stopped build left: its exit status, how long doit took to exit, its output and
+    every process of it still running after that (from the process table)."""
+
+    point: str
+    signal: str
+    to: str
+    returncode: int
+    exit_s: float
+    output: str
+    had_running: list[str]  # the build's processes when it was stopped (names)
+    left: list[str]  # ... and those still running after doit exited
 # the killed checkout builds and releases the project's version; the traced one builds the next
 # (test_release makes it a release with one kernel changed, to diff against the killed one's)
 KILLED_VERSION, TRACED_VERSION = "0.1.0", "0.2.0"
@@ -68,35 +95,75 @@ def start(project: Project, *args: str, env: dict | None = None) -> subprocess.P
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def kill_when(proc: subprocess.Popen, reached, timeout: float = 900) -> list[str] | None:
-    """SIGKILL ``proc``'s whole process group as soon as ``reached(started)`` holds, where
-    ``started`` maps each task doit started (its ``.  task`` line) to when; returns the tasks
-    started, in order (None if the build ended first)."""
+def build_processes(doit_pid: int) -> list[str]:
+    """``pid name`` of every running process of the build that ``doit_pid`` leads (from the
+    process table: every process of a build carries its id, ``<doit pid>-...``)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid", "name"]):
+        try:
+            tag = proc.environ().get(BUILD_ENV, "")
+            if tag.startswith(f"{doit_pid}-") and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(f"{proc.pid} {proc.info['name']}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def stop_when(proc: subprocess.Popen, reached, point: str, timeout: float = 900) -> tuple[list[str], Stop] | None:
+    """Stop ``proc`` as :data:`STOPS` says for ``point`` as soon as ``reached(started)`` holds,
+    where ``started`` maps each task doit started (its ``.  task`` line) to when; returns the
+    tasks started, in order, and what the stop left (None if the build ended first)."""
     started: dict[str, float] = {}
+    lines: list[str] = []
 
     def read():
         for line in proc.stdout:
+            lines.append(line)
             if line.startswith(". "):
                 started.setdefault(line[1:].strip(), time.monotonic())
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
+    sig, to, _ = STOPS[point]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            return False
-        if reached(dict(started)):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return list(started)
+            return None
+        if reached(dict(started), proc.pid):
+            running = build_processes(proc.pid)
+            stopped = time.monotonic()
+            os.killpg(proc.pid, sig) if to == "group" else os.kill(proc.pid, sig)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            exit_s = time.monotonic() - stopped
+            reader.join(timeout=10)
+            left = build_processes(proc.pid)
+            for _ in range(50):  # a process dying with its parent may take a moment
+                if not left:
+                    break
+                time.sleep(0.1)
+                left = build_processes(proc.pid)
+            return list(started), Stop(point, sig.name, to, proc.returncode, exit_s, "".join(lines),
+                                       [r.split(" ", 1)[1] for r in running], left)
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     raise AssertionError("the build reached no kill point in time")
 
 
-def running_for(task: str, seconds: float):
-    """Kill point: ``task`` started ``seconds`` ago (each of these runs for longer)."""
-    return lambda started: task in started and time.monotonic() - started[task] > seconds
+def running_for(task: str, seconds: float, compiling: bool = False):
+    """Kill point: ``task`` started ``seconds`` ago (each of these runs for longer); with
+    ``compiling``, not before the C++ compiler runs (or a minute has passed)."""
+    def reached(started, pid):
+        if task not in started or time.monotonic() - started[task] <= seconds:
+            return False
+        return not compiling or time.monotonic() - started[task] > 60 or any(
+            p.endswith(" cc1plus") for p in build_processes(pid))
+    return reached
 
 
 def assert_nothing_half_done(project: Project) -> None:
@@ -128,6 +195,7 @@ class SmallBuilds:
     # of both checkouts, right after the builds (later tests commit in the killed checkout)
     kernel_outputs: dict = field(default_factory=dict)
     kills: list = field(default_factory=list)  # the kill points reached
+    stops: list = field(default_factory=list)  # what each stop left (Stop)
     finished_before_kills: set = field(default_factory=set)  # tasks a killed run had finished
     resumed: DoitRun | None = None  # `doit release` after the kills
 
@@ -155,11 +223,15 @@ def small_builds(tmp_path_factory) -> SmallBuilds:
                          traced_digests={}, killed=killed)
     try:
         for point, (task, after) in KILL_POINTS.items():
-            run = start(killed, "-n", "1", *BUILD)
-            started = kill_when(run, running_for(task, after))
-            if started is not None:
+            workers = STOPS[point][2]
+            run = start(killed, "-n", str(workers), *BUILD)
+            stopped = stop_when(run, running_for(task, after, compiling=point == "AOTInductor compile"), point)
+            if stopped is not None:
+                started, stop = stopped
                 builds.kills.append(point)
-                builds.finished_before_kills.update(started[:-1])  # `-n 1`: all but the last ended
+                builds.stops.append(stop)
+                if workers == 1:
+                    builds.finished_before_kills.update(started[:-1])  # `-n 1`: all but the last ended
                 assert_nothing_half_done(killed)
         builds.resumed = killed.doit("release")  # the plain re-run: carries on to the release
     finally:

@@ -1,9 +1,11 @@
-"""Real builds killed with SIGKILL at several points, damaged releases, and two builds at once.
+"""Real builds stopped at several points, damaged releases, and two builds at once.
 
-Kills are real (``conftest.py``, ``small_builds``): ``doit`` runs in its own process group and
-the whole group gets SIGKILL when the build reaches a point (a fork-server child generating a
-kernel, the model stage, torch.export, the AOTInductor compile, the fresh-process
-verification).  After every kill nothing is accepted that is not complete, and a plain
+Stops are real (``conftest.py``, ``small_builds``): ``doit`` runs in its own process group and
+gets a signal when the build reaches a point (a fork-server child generating a kernel, the
+model stage, torch.export, the AOTInductor compile, the fresh-process verification): SIGINT to
+the group (Ctrl-C), SIGTERM to the doit process alone (a CI timeout), SIGKILL to it alone or
+to the whole group.  After every stop no process of the build is left (the process table),
+nothing is accepted that is not complete, and a plain
 ``doit release`` carries on, while another checkout (the dependency oracle's traced build)
 builds from scratch all along (shared compiler-cache paths and locks, one user); the release
 verifies, and its packages are byte-identical to the other checkout's.
@@ -16,13 +18,42 @@ import pytest
 
 from laya_build.records import read_record
 from tests.pipeline.project import Project
-from tests.small_build.conftest import KILL_POINTS, digests
+from tests.small_build.conftest import KILL_POINTS, STOPS, digests
 
 pytestmark = pytest.mark.build(seconds=200)  # builds killed at five points beside another checkout's build
 
 
 def test_every_kill_point_was_reached(small_builds):
     assert small_builds.kills == list(KILL_POINTS)
+
+
+def test_every_stop_was_made_as_planned(small_builds):
+    assert [(s.point, s.signal, s.to) for s in small_builds.stops] == [
+        (point, sig.name, to) for point, (sig, to, _) in STOPS.items()]
+    assert any(s.signal == "SIGINT" and "cc1plus" in s.had_running for s in small_builds.stops), \
+        "a Ctrl-C reached the build while the C++ compiler ran"
+
+
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+def test_no_process_of_a_stopped_build_outlives_it(small_builds, point):
+    stop = next(s for s in small_builds.stops if s.point == point)
+    assert stop.had_running, "the build had processes when it was stopped"
+    assert stop.left == [], f"{stop.signal} to {stop.to}: still running after doit exited: {stop.left}"
+    assert stop.returncode != 0
+
+
+@pytest.mark.parametrize("point", [p for p, (sig, _, _) in STOPS.items() if sig.name != "SIGKILL"])
+def test_an_interrupted_build_says_so_and_exits_at_once(small_builds, point):
+    """SIGINT to the group and SIGTERM to doit alone: exit 128 + the signal within seconds (a
+    generous bound: the stop itself is a freeze and a kill), one line saying so."""
+    stop = next(s for s in small_builds.stops if s.point == point)
+    number = 2 if stop.signal == "SIGINT" else 15
+    assert stop.returncode == 128 + number, stop.output[-2000:]
+    assert stop.exit_s < 15, stop.exit_s
+    said = [line for line in stop.output.splitlines() if "interrupted" in line]
+    assert said == [f"laya-build: build interrupted by {stop.signal}: stopping every process of the build; what it "
+                    "left unfinished is not taken as built, and a re-run goes on from the tasks that finished"]
+    assert "Traceback" not in stop.output and "KeyboardInterrupt" not in stop.output
 
 
 def test_a_plain_rerun_completes_after_the_kills(small_builds):
