@@ -33,7 +33,14 @@ def atomic_path(target: str | os.PathLike, *, exclusive: bool = False) -> Iterat
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        from laya_build.diskspace import disk_full
+
+        if (full := disk_full(target, exc)) is not None:
+            raise full from exc
+        raise
     os.fchmod(fd, FILE_MODE)
     os.close(fd)
     tmp_path = Path(tmp)
@@ -46,9 +53,16 @@ def atomic_path(target: str | os.PathLike, *, exclusive: bool = False) -> Iterat
             tmp_path.unlink()
         else:
             os.replace(tmp_path, target)
-    except BaseException:
+    except BaseException as exc:
+        from laya_build.diskspace import disk_full
+        from laya_build.errors import DiskFullError
+
+        # asked before the unlink frees the space
+        full = disk_full(target, exc) if isinstance(exc, Exception) and not isinstance(exc, DiskFullError) else None
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
+        if full is not None:
+            raise full from exc
         raise
 
 

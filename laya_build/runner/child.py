@@ -3,6 +3,7 @@ one request in it (a fresh interpreter, ``python -m laya_build.runner``, or a fo
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import os
@@ -58,6 +59,8 @@ def execute(request: dict) -> int:
             _write_json(request["result"], value)
     except Exception as exc:  # reported to the parent (StageFailed, or the class itself)
         traceback.print_exc()
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            exc = errors.DiskFullError(f"{exc.filename or 'a file'}: {os.strerror(exc.errno)}")
         message = errors.message_of(exc)
         print(f"{ERROR_PREFIX}{type(exc).__name__}: {message}".replace("\n", " | "), file=sys.stderr)
         _write_json(request["error"], {"type": type(exc).__name__, "message": message,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib
 
-from laya_build.errors import OutputsTampered
+from laya_build import errors
+from laya_build.diskspace import full_near, is_no_space
+from laya_build.errors import DiskFullError, OutputsTampered
 from laya_build.runner.process import Child, run
 from laya_build.stage import Stage
 
@@ -29,14 +31,58 @@ def run_stage(stage: Stage):
             hint=f"`doit clean {stage.task}` removes them so that the next run rebuilds them")
     outputs.forget()
     outputs.clear()
-    if stage.process == "inline":
-        value = _call(stage)
-    else:
-        child = Child(fork=stage.process == "fork", env=stage.env or None, label=stage.label,
-                      sys_path=stage.sys_path, task=stage.task)
-        value = run(stage.entry, stage.spec, child, record=stage.record, result=True)
-    outputs.save()
+    try:
+        if stage.process == "inline":
+            value = _call(stage)
+        else:
+            child = Child(fork=stage.process == "fork", env=stage.env or None, label=stage.label,
+                          sys_path=stage.sys_path, task=stage.task)
+            value = run(stage.entry, stage.spec, child, record=stage.record, result=True)
+        outputs.save()
+    except DiskFullError:
+        remove_partial(stage)
+        raise
+    except Exception as exc:
+        full = _full_disk(stage, exc)  # asked before the partial files are removed
+        remove_partial(stage)
+        if full is not None:
+            raise full from exc
+        raise
     return value
+
+
+def remove_partial(stage: Stage) -> list[str]:
+    """Remove what a failed run of ``stage`` left half-written: the temporary files of atomic
+    writes and ``.partial`` files (e.g. a package being compiled) in its outputs."""
+    removed = []
+    for folder in {*stage.dirs, *(f.parent for f in stage.targets)}:
+        if not folder.is_dir():
+            continue
+        for path in folder.rglob(".*"):
+            if path.is_file() and (path.name.endswith(".tmp") or ".partial." in path.name):
+                path.unlink(missing_ok=True)
+                removed.append(str(path))
+    return removed
+
+
+def _full_disk(stage: Stage, exc: Exception) -> DiskFullError | None:
+    """The disk-full error a stage's failure stands for: the disk of its outputs (or of doit's
+    state) ran out of space."""
+    if isinstance(exc, DiskFullError):
+        return None
+    places = [*stage.dirs, *stage.targets, *([stage.outputs_record] if stage.outputs_record else [])]
+    found = full_near(places)
+    if found is None and not is_no_space(exc):
+        return None
+    if found:
+        path, free = found
+    else:
+        path, free = str(getattr(exc, "filename", None) or (places[0] if places else stage.task)), None
+    cause = errors.message_of(exc).splitlines()[0][:300] if isinstance(exc, errors.LayaBuildError) else \
+        f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    room = f"{free:,} bytes free" if free is not None else "no space"
+    return DiskFullError(f"{stage.task}: the filesystem of {path} is full ({room}); the stage failed with: {cause}; "
+                         "its partial files were removed")
 
 
 def _call(stage: Stage):

@@ -18,6 +18,11 @@ transaction, so two ``doit`` runs in one checkout still take turns at SQLite's l
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sqlite3
+import sys
+
 from doit.dependency import SqliteDB
 
 LAST_ENTRY = "deps:"  # the last entry Dependency.save_success sets for a task
@@ -29,15 +34,35 @@ _REMOVE = getattr(SqliteDB.remove, "__wrapped__", SqliteDB.remove)
 def _set(self, task_id, dependency, value):
     _SET(self, task_id, dependency, value)
     if dependency == LAST_ENTRY:
-        self._conn.execute("insert or replace into doit values (?,?)",
-                           (task_id, self.codec.encode(self._cache[task_id])))
-        self._conn.commit()
+        with _stopping_when_full(self):
+            self._conn.execute("insert or replace into doit values (?,?)",
+                               (task_id, self.codec.encode(self._cache[task_id])))
+            self._conn.commit()
         self._dirty.discard(task_id)
 
 
 def _remove(self, task_id):
     _REMOVE(self, task_id)
-    self._conn.commit()
+    with _stopping_when_full(self):
+        self._conn.commit()
+
+
+@contextlib.contextmanager
+def _stopping_when_full(db):
+    """A state that cannot be written for lack of space stops the build (as an interrupt does:
+    nothing unrecorded is taken as built) with one message, instead of doit's traceback."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if "full" not in str(exc):
+            raise
+        from laya_build.errors import DiskFullError
+        from laya_build.runner import lifetime
+
+        error = DiskFullError(f"{db.name}: doit's task state cannot be written ({exc})")
+        print(f"laya-build: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        lifetime.stop_tree()
+        os._exit(1)
 
 
 _set.__wrapped__, _remove.__wrapped__ = _SET, _REMOVE
