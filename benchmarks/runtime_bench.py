@@ -147,7 +147,7 @@ def bench_runner(args) -> int:
     import torch
 
     from laya_build import runtime
-    from laya_build.runtime import aoti as rt
+    from laya_build.runtime.timing import time_calls
 
     shapes = parse_shapes(args.shapes)
     timing = json.loads(args.timing)
@@ -188,7 +188,7 @@ def bench_runner(args) -> int:
             graph = runner.graphs[bucket]
             cases = {"graph_replay": (graph.replay, ()), **cases}
         for name, (fn, fn_args) in cases.items():
-            row["latency"][name] = rt.time_calls(fn, fn_args, timing, device)
+            row["latency"][name] = time_calls(fn, fn_args, timing, device)
         result["shapes"].append(row)
         print(f"{row['shape']}: replay == plain {row['replay_equals_plain']}; "
               + ", ".join(f"{k} {v['median_ms']:.3f} ms ({v['runs']} calls)" for k, v in row["latency"].items()),

@@ -14,6 +14,7 @@ by its class, never by parsing messages.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 
@@ -277,9 +278,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{DOCS} is out of date: run `.venv/bin/python -m laya_build.errors`", file=sys.stderr)
             return 1
         return 0
-    from laya_build.atomic import write_text
-
-    write_text(target, text)
+    tmp = target.with_name(f".{target.name}.tmp")  # a leaf: no laya_build.atomic here
+    tmp.write_text(text)
+    os.replace(tmp, target)
     return 0
 
 

@@ -38,7 +38,7 @@ from laya_build.atomic import write_json
 from laya_build.errors import CheckpointError, UnsupportedCheckpointError
 from laya_build.model.decision import QUESTION_TYPES, DecisionModel
 from laya_build.model.tokenizer import DEFAULT_VOCAB_SIZE, build_tokenizer, load_tokenizer, special_token_ids
-from laya_build.runtime.aoti import applied_calibration
+from laya_build.runtime.parity import applied_calibration
 
 UPSTREAM_LAYA = "0.4.15"
 AGENT_CONFIG = "rl_agent_config.json"

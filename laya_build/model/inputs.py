@@ -45,7 +45,7 @@ from laya_build.errors import ConfigError, InputsMismatchError, message_of
 from laya_build.model.batches import DECISIONS, Decision, DimsError, batch_layout, check_dims, planned_shapes
 from laya_build.model.decision import QUESTION_TYPES
 from laya_build.model.tokenizer import build_sequence, noul_labels, special_token_ids, to_internal
-from laya_build.runtime.aoti import INPUTS_FORMAT, load_weights_only
+from laya_build.runtime.formats import INPUTS_FORMAT, load_weights_only
 
 ARG_NAMES = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
 DIM_AXES = {"rows": ("input_ids", 0), "tokens": ("input_ids", 1), "slots": ("marker_pos", 1)}

@@ -42,7 +42,7 @@ def inductor_root() -> Path:
 
 
 def vec_isa_root() -> Path:
-    """Where :func:`laya_build.runtime.aoti.check_vec_isas` keeps Inductor's CPU-ISA checks, one folder
+    """Where :func:`laya_build.stages.children.vec_isa.check_vec_isas` keeps Inductor's CPU-ISA checks, one folder
     per torch, compiler and CPU: paid once per toolchain, not once per compile."""
     return inductor_root() / "vec-isa"
 

@@ -5,8 +5,9 @@
   (:func:`open_release`, :func:`open_build`, :class:`DecisionRunner`);
 * :mod:`.buckets`: the export ranges and runtime buckets (no torch: the configuration loader
   checks ``runtime.buckets`` with it);
-* :mod:`.aoti`: the saved-input and eager-output formats, calling a program on a saved batch,
-  comparing heads as upstream Laya publishes probabilities, timing calls.
+* :mod:`.formats`: the saved-input and eager-output formats, calling a program on saved batches;
+* :mod:`.parity`: comparing heads, decision probabilities calibrated as upstream Laya publishes them;
+* :mod:`.timing`: timing calls to a budget (``torch.utils.benchmark``).
 
 ``laya_build.runtime.<name>`` is :mod:`.serving`'s, imported when first asked for, so that
 importing :mod:`.buckets` imports no torch.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 
-SUBMODULES = ("serving", "buckets", "aoti")
+SUBMODULES = ("serving", "buckets", "formats", "parity", "timing")
 
 
 def __getattr__(name: str):

@@ -24,7 +24,7 @@ from laya_build.errors import ConfigError, InputsMismatchError
 from laya_build.layout import eager_name, exported_name
 from laya_build.log import get_logger
 from laya_build.records import file_entry, sha256_file
-from laya_build.runtime.aoti import EAGER_FORMAT, batch_args, run_batches
+from laya_build.runtime.formats import EAGER_FORMAT, batch_args, run_batches
 from laya_build.stages.common import skip
 from laya_build.targets import check_target, torch_dtype
 

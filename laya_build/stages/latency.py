@@ -17,7 +17,8 @@ figure rests on).  ``package_graphed`` is :class:`laya_build.runtime.DecisionRun
 ``runtime.buckets.<target>``: one CUDA graph per bucket on CUDA (capture time recorded),
 padded plain calls on the CPU.  Outputs are compared with eager AMP (decision
 probabilities calibrated with the checkpoint's temperatures, upstream Laya's rule:
-``aoti.decision_probabilities``).  Writes ``latency.json`` (the record) and ``latency.md`` (a Markdown table).
+``laya_build.runtime.parity.decision_probabilities``).  Writes ``latency.json`` (the record)
+and ``latency.md`` (a Markdown table).
 Latencies exclude tokenisation, export and compilation (the first calls, which compile for
 ``compiled_bf16``, are recorded apart).
 """

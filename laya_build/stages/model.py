@@ -24,7 +24,7 @@ INPUTS_NAME = "inputs.pt"
 def run_model(model_cfg: dict, out_dir) -> dict:
     from laya_build.model.checkpoint import DEFAULT_ATTN, UPSTREAM_LAYA, WEIGHTS, install_checkpoint
     from laya_build.model.inputs import batch_shape, build_inputs, save_inputs
-    from laya_build.runtime.aoti import PROBABILITY_RULE, PROBABILITY_RULE_SOURCE
+    from laya_build.runtime.parity import PROBABILITY_RULE, PROBABILITY_RULE_SOURCE
 
     start = time.perf_counter()
     cfg = model_cfg

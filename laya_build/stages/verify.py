@@ -43,8 +43,9 @@ from laya_build.layout import child_log_name
 from laya_build.records import read_json, sha256_file
 from laya_build.runner import Child, run
 from laya_build.runner.folders import inductor_cache
-from laya_build.runtime.aoti import HEADS, summarize
 from laya_build.runtime.buckets import parse_buckets
+from laya_build.runtime.formats import HEADS
+from laya_build.runtime.parity import summarize
 from laya_build.stages.common import skip_if_blocked, upstream, verify_spec
 
 CHILD_MODULE = "laya_build.stages.children.verify"

@@ -21,7 +21,12 @@ from laya_build.model.checkpoint import KEYS, UNKNOWN_KEY_NOTE, load_checkpoint,
 from laya_build.model.inputs import DECISIONS, load_inputs
 from laya_build.model.tokenizer import build_sequence, to_internal, upstream_tokenizer_config
 from laya_build.records import read_record, sha256_file
-from laya_build.runtime import aoti as rt
+from laya_build.runtime.parity import (
+    clamp_temperature,
+    decision_probabilities,
+    temperature_bucket,
+    temperature_rejected,
+)
 from tests.stage_calls import run_model
 from tests.upstream_checkpoint import UPSTREAM_CONFIG, upstream_agent, upstream_forward, write_upstream_checkpoint
 
@@ -143,7 +148,7 @@ def test_probabilities_equal_upstream_answers(build, request, tmp_path):
     for batch in inputs["batches"] + inputs["single_slot_batches"]:
         with torch.inference_mode():
             decision, act = model(*(batch[k] for k in inputs["arg_names"]))
-        probs = rt.decision_probabilities(decision, batch["qtype"], batch["marker_mask"], inputs["calibration"])
+        probs = decision_probabilities(decision, batch["qtype"], batch["marker_mask"], inputs["calibration"])
         for row, name in enumerate(batch["decisions"]):
             d = DECISIONS[name]
             answer = agent.system_one(d.state, {"q": d.question})["answers"]["q"]
@@ -300,15 +305,15 @@ VALUES = [True, False, None, "x", "2.5", 0.1, 0.5, 1.0, 4.99, 5.0, 7, -1, float(
 
 def test_temperature_clamping_is_upstreams():
     for value in VALUES:
-        applied = rt.clamp_temperature(value)
+        applied = clamp_temperature(value)
         assert applied == up.clamp_temperature(value), value
-        assert rt.temperature_rejected(value, applied) == up.temperature_rejected(value, applied), value
+        assert temperature_rejected(value, applied) == up.temperature_rejected(value, applied), value
 
 
 def test_temperature_buckets_are_upstreams():
     for qtype in range(3):
         for k in range(1, 16):
-            assert rt.temperature_bucket(qtype, k) == up.temp_bucket(qtype, k)
+            assert temperature_bucket(qtype, k) == up.temp_bucket(qtype, k)
 
 
 def test_the_build_does_not_depend_on_upstream():

@@ -262,7 +262,7 @@ def test_the_cheapest_holding_bucket_is_chosen():
 @pytest.mark.parametrize("timing", [{"warmup": 2, "min_run_time_s": 0.02},
                                     {"warmup": 0, "min_run_time_s": 0.02, "max_run_time_s": 2.0}])
 def test_timing_to_a_budget_says_what_each_figure_rests_on(timing):
-    from laya_build.runtime.aoti import time_calls
+    from laya_build.runtime.timing import time_calls
 
     calls = []
     x = torch.ones(64)

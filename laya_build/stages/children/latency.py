@@ -17,7 +17,7 @@ Variants:
 
 Per variant and batch: the first call (compilation for ``compiled_bf16``), outputs compared
 with ``eager_amp`` (decision probabilities calibrated as upstream Laya publishes them:
-``aoti.decision_probabilities``), then warm-ups and the budgeted timing of
+``laya_build.runtime.parity.decision_probabilities``), then warm-ups and the budgeted timing of
 :func:`aoti.time_calls`.
 """
 from __future__ import annotations
@@ -29,8 +29,12 @@ import torch
 
 from laya_build.model.checkpoint import load_checkpoint
 from laya_build.model.decision import eval_copy
-from laya_build.runtime import aoti as rt
 from laya_build.runtime import serving as runtime
+from laya_build.runtime.formats import INPUTS_FORMAT, batch_args, load_weights_only, run_batches
+from laya_build.runtime.parity import compare_heads, summarize
+from laya_build.runtime.serving import preload_modules
+from laya_build.runtime.timing import time_calls
+from laya_build.stages.children.vec_isa import check_vec_isas
 
 
 def make_variant(name: str, job: dict, model, package: dict | None = None):
@@ -47,13 +51,13 @@ def make_variant(name: str, job: dict, model, package: dict | None = None):
         return eval_copy(model, torch.bfloat16, device)
     if name == "compiled_bf16":
         if device == "cpu":
-            rt.check_vec_isas(job["vec_isa_root"])
+            check_vec_isas(job["vec_isa_root"])
         mode = job["compile"].get("mode", "default")
         return torch.compile(eval_copy(model, torch.bfloat16, device),
                              dynamic=job["compile"].get("dynamic", True),
                              mode=None if mode == "default" else mode)
     if name in ("package", "package_graphed"):
-        rt.preload_modules(job["preload"])
+        preload_modules(job["preload"])
         loaded = runtime.load_package(package["path"], package["sha256"], single_threaded=name == "package_graphed")
         if name == "package":
             return loaded
@@ -69,18 +73,18 @@ def measure(name: str, job: dict, model, inputs: dict, reference, package: dict 
     setup_s = time.perf_counter() - start
     batches = inputs["batches"]
     start = time.perf_counter()
-    outputs = rt.run_batches(fn, batches, inputs["arg_names"], job["device"])
+    outputs = run_batches(fn, batches, inputs["arg_names"], job["device"])
     first_call_s = time.perf_counter() - start
     timed = []
     for i, b in enumerate(batches):
-        args = rt.batch_args(b, inputs["arg_names"], job["device"])
-        row = {"batch": i, "latency": rt.time_calls(fn, args, job["timing"], job["device"])}
+        args = batch_args(b, inputs["arg_names"], job["device"])
+        row = {"batch": i, "latency": time_calls(fn, args, job["timing"], job["device"])}
         if isinstance(fn, runtime.DecisionRunner):
             bucket = fn.bucket_for(*fn.shape(args))
             row["bucket"] = bucket and bucket.as_dict()
         timed.append(row)
-    parity = None if reference is None else rt.summarize(
-        [rt.compare_heads(r, o, b, inputs["calibration"])
+    parity = None if reference is None else summarize(
+        [compare_heads(r, o, b, inputs["calibration"])
          for r, o, b in zip(reference, outputs, batches)])
     result = {"name": name, **({"dtype": package["dtype"]} if package else {}), "setup_s": setup_s,
               "first_calls_s": first_call_s, "batches": timed, "parity_vs_eager_amp": parity, "_outputs": outputs}
@@ -93,7 +97,7 @@ def measure(name: str, job: dict, model, inputs: dict, reference, package: dict 
 def measure_variants(job: dict) -> dict:
     faulthandler.enable()
     model = load_checkpoint(job["checkpoint"])[0]
-    inputs = rt.load_weights_only(job["inputs"], "inputs", rt.INPUTS_FORMAT)
+    inputs = load_weights_only(job["inputs"], "inputs", INPUTS_FORMAT)
     order = sorted(job["variants"], key=lambda v: v != "eager_amp")  # the reference first
     results, reference = [], None
     for name in order:

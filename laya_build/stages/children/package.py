@@ -3,7 +3,7 @@
 Run by :func:`laya_build.runner.run` (``compile_packages(job)``) in a fresh interpreter with
 a fresh, empty ``TORCHINDUCTOR_CACHE_DIR``.  For every program it loads ``exported.pt2``,
 calls ``torch._inductor.aoti_compile_and_package`` and loads the package back (after
-importing the ``preload`` modules, see :func:`laya_build.runtime.aoti.preload_modules`), reporting
+importing the ``preload`` modules, see :func:`laya_build.runtime.serving.preload_modules`), reporting
 compile and load times (parity is the fresh-process verify stage's job).
 """
 from __future__ import annotations
@@ -16,7 +16,9 @@ import torch
 import torch._inductor
 
 from laya_build.environment import env_info
-from laya_build.runtime import aoti as rt
+from laya_build.runtime.formats import list_tree
+from laya_build.runtime.serving import preload_modules
+from laya_build.stages.children.vec_isa import check_vec_isas
 
 
 def restore_symbol_hints(ep) -> list[str]:
@@ -69,9 +71,9 @@ def compile_program(program: dict, job: dict) -> dict:
 
 def compile_packages(job: dict) -> dict:
     faulthandler.enable()
-    preloaded = rt.preload_modules(job["preload"])
-    rt.check_vec_isas(job["vec_isa_root"])
+    preloaded = preload_modules(job["preload"])
+    check_vec_isas(job["vec_isa_root"])
     programs = [compile_program(p, job) for p in job["programs"]]
-    cache = rt.list_tree(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    cache = list_tree(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     return {"programs": programs, "env_info": env_info(), "preload": preloaded,
             "cache": {"files": len(cache), "bytes": sum(f["bytes"] for f in cache)}}

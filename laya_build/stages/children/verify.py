@@ -1,9 +1,9 @@
 """The verify stage's child process: load a ``.pt2`` package and check it against ``eager.pt``.
 
 Run by :func:`laya_build.runner.run` (``verify(job)``) in a fresh interpreter.  It imports
-only ``torch``, the standard library and laya-build's runtime layer (:mod:`laya_build.runtime`,
-:mod:`laya_build.runtime.buckets`, :mod:`laya_build.runtime.aoti`, :mod:`laya_build.errors`, all torch +
-stdlib, and the process runner itself): no transformers, no laya_build model code, no
+only ``torch``, the standard library and laya-build's runtime layer (:mod:`laya_build.runtime`:
+serving, buckets, formats, parity, timing; :mod:`laya_build.errors` and :mod:`laya_build.layout`; all
+torch + stdlib, and the process runner itself): no transformers, no laya_build model code, no
 checkpoint.  The result records which of those modules were present at the end, to prove it.
 
 Order of work:
@@ -27,7 +27,7 @@ Order of work:
    down: imports, sha256, ISA answer, load, graph capture, first call.
 7. Run every saved batch through the package and (decision program) the runner; per head
    and row record the max |logit delta|, max |probability delta| (the calibrated
-   probabilities upstream Laya publishes: ``rt.decision_probabilities`` with the checkpoint's
+   probabilities upstream Laya publishes: ``decision_probabilities`` with the checkpoint's
    temperatures saved in the inputs) and both argmaxes; on
    CUDA the largest difference between each graph replay and the plain package call on
    the same padded inputs; time the package's calls.
@@ -59,8 +59,19 @@ from laya_build.errors import (  # noqa: E402
     PackageIsaError,
     VerificationError,
 )
-from laya_build.runtime import aoti as rt  # noqa: E402
 from laya_build.runtime import serving as runtime  # noqa: E402
+from laya_build.runtime.formats import (  # noqa: E402
+    EAGER_FORMAT,
+    HEADS,
+    INPUTS_FORMAT,
+    batch_args,
+    list_tree,
+    load_weights_only,
+    outputs_dict,
+)
+from laya_build.runtime.parity import compare_heads, summarize  # noqa: E402
+from laya_build.runtime.serving import preload_modules, sha256_file  # noqa: E402
+from laya_build.runtime.timing import synchronize, time_calls  # noqa: E402
 
 IMPORTED = time.perf_counter()
 CRASH_ENV = "LAYA_VERIFY_CHILD_CRASH"
@@ -72,7 +83,7 @@ RUNTIME_MODULES = {"laya_build", "laya_build.errors", "laya_build.layout", "laya
 
 
 def check_inputs(job: dict, inputs: dict, eagers: list[dict]) -> None:
-    actual = rt.sha256_file(job["inputs"])
+    actual = sha256_file(job["inputs"])
     if actual != job["inputs_sha256"]:
         raise InputsMismatchError(f"{job['inputs']}: sha256 {actual} is not that of the "
                                      f"inputs the package was exported with ({job['inputs_sha256']})")
@@ -139,13 +150,13 @@ def load(p: dict):
 def call(fn, args, what: str):
     try:
         with torch.inference_mode():
-            return rt.outputs_dict(fn(*args))
+            return outputs_dict(fn(*args))
     except Exception as exc:
         raise VerificationError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
 
 
 def max_abs(a: dict, b: dict) -> dict:
-    return {h: float((a[h].float() - b[h].float()).abs().max()) for h in rt.HEADS}
+    return {h: float((a[h].float() - b[h].float()).abs().max()) for h in HEADS}
 
 
 def run_runner(p: dict, package, job: dict, batches: list, refs: list, calibration: dict) -> tuple[dict, dict]:
@@ -159,10 +170,10 @@ def run_runner(p: dict, package, job: dict, batches: list, refs: list, calibrati
         raise VerificationError(f"{p['package']}: the runner could not be set up "
                                       f"({len(job['buckets'])} buckets): {type(exc).__name__}: {exc}") from exc
     setup_s = time.perf_counter() - start
-    arg_lists = [rt.batch_args(b, job["arg_names"], job["device"]) for b in batches]
+    arg_lists = [batch_args(b, job["arg_names"], job["device"]) for b in batches]
     start = time.perf_counter()
     first = call(runner, arg_lists[0], f"{p['package']}: the runner's first call (batch 0)")
-    rt.synchronize(job["device"])
+    synchronize(job["device"])
     first_call_s = time.perf_counter() - start
     rows = []
     for b, (args, ref) in enumerate(zip(arg_lists, refs)):
@@ -176,35 +187,35 @@ def run_runner(p: dict, package, job: dict, batches: list, refs: list, calibrati
             plain = {"decision": plain["decision"][:rows_, :slots_], "act": plain["act"][:rows_]}
             replay = max_abs(got, plain)
         rows.append({"batch": b, "bucket": bucket and bucket.as_dict(),
-                     "compare": rt.compare_heads(ref, got, batches[b], calibration),
+                     "compare": compare_heads(ref, got, batches[b], calibration),
                      "replay_vs_plain": replay})
     described = runner.describe()
     return ({**described, "setup_s": setup_s, "batches": rows,
-             "summary": rt.summarize([r["compare"] for r in rows])},
+             "summary": summarize([r["compare"] for r in rows])},
             {"capture_s": described["capture_s"], "first_call_s": first_call_s})
 
 
 def verify(job: dict) -> dict:
     faulthandler.enable()
     programs = job["programs"]
-    inputs = rt.load_weights_only(job["inputs"], "inputs", rt.INPUTS_FORMAT)
-    eagers = [rt.load_weights_only(p["eager"], "eager outputs", rt.EAGER_FORMAT) for p in programs]
+    inputs = load_weights_only(job["inputs"], "inputs", INPUTS_FORMAT)
+    eagers = [load_weights_only(p["eager"], "eager outputs", EAGER_FORMAT) for p in programs]
     check_inputs(job, inputs, eagers)
     job = {**job, "arg_names": inputs["arg_names"]}
 
     start = time.perf_counter()
-    preloaded = rt.preload_modules(job["preload"])
+    preloaded = preload_modules(job["preload"])
     runtime.import_loader_modules()
     import_s = (IMPORTED - STARTED) + (time.perf_counter() - start)
     masked = mask_compilers()
     simulate_crash()
     cache_dir = os.environ["TORCHINDUCTOR_CACHE_DIR"]
-    cache_initial = rt.list_tree(cache_dir)
+    cache_initial = list_tree(cache_dir)
     results, fresh_load = [], None
     for p, eager in zip(programs, eagers):
-        cache_before = rt.list_tree(cache_dir)
+        cache_before = list_tree(cache_dir)
         package = load(p)
-        cache_after_load = rt.list_tree(cache_dir)
+        cache_after_load = list_tree(cache_dir)
         batches = inputs[p["batches_key"]]
         runner = None
         if p["name"] == "decision":
@@ -214,20 +225,20 @@ def verify(job: dict) -> dict:
             fresh_load.update(isa=package.isa, runner=runner["mode"])
         rows = []
         for b, (batch, ref) in enumerate(zip(batches, eager["outputs"])):
-            args = rt.batch_args(batch, inputs["arg_names"], job["device"])
+            args = batch_args(batch, inputs["arg_names"], job["device"])
             got = call(package, args, f"{p['package']}: batch {b}")
             rows_, tokens = batch["input_ids"].shape
             rows.append({
                 "batch": b, "shape": {"rows": rows_, "tokens": tokens, "slots": batch["marker_pos"].shape[1]},
-                "compare": rt.compare_heads(ref, got, batch, inputs["calibration"]),
-                "latency": rt.time_calls(package, args, job["timing"], job["device"]),
+                "compare": compare_heads(ref, got, batch, inputs["calibration"]),
+                "latency": time_calls(package, args, job["timing"], job["device"]),
             })
         results.append({"name": p["name"], "load_s": package.timings["load_s"],
                         "cache_during_load": [f for f in cache_after_load if f not in cache_before],
                         "batches": rows, **({"runner": runner} if runner else {})})
     return {
         "programs": results, "fresh_load": fresh_load,
-        "cache_initial": cache_initial, "cache_after_run": rt.list_tree(cache_dir),
+        "cache_initial": cache_initial, "cache_after_run": list_tree(cache_dir),
         "child": {
             "pid": os.getpid(), "python": sys.version.split()[0], "torch": torch.__version__,
             "preload": preloaded, "masked": masked,

@@ -1,0 +1,48 @@
+"""Timing calls to a budget with ``torch.utils.benchmark``, the device synchronised."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+IQR_THRESHOLD = 0.1  # adaptive timing stops once the blocks' IQR is under 10 % of their median
+
+
+def time_calls(fn, args: tuple, timing: dict, device: str) -> dict:
+    """Per-call milliseconds of ``fn(*args)`` timed to a budget with ``torch.utils.benchmark``:
+    ``timing.warmup`` calls, then ``blocked_autorange(min_run_time=timing.min_run_time_s)``,
+    or with ``timing.max_run_time_s`` ``adaptive_autorange`` (at least four blocks, until
+    their IQR is under ``IQR_THRESHOLD`` of the median or ``max_run_time_s`` has passed).
+
+    The clock synchronises ``device`` before each reading, so a block's time covers every
+    CUDA kernel its calls launched; the torch thread count is left as the process has it
+    (the Timer's default would time single-threaded).  Returns the median and IQR of the
+    per-call times of the blocks, how many calls they rest on (``runs`` = blocks x
+    ``block_size``) and each block's mean.
+    """
+    from torch.utils.benchmark import Timer
+
+    def clock() -> float:
+        synchronize(device)
+        return time.perf_counter()
+
+    with torch.inference_mode():
+        for _ in range(timing["warmup"]):
+            fn(*args)
+        synchronize(device)
+        timer = Timer("fn(*args)", globals={"fn": fn, "args": args}, timer=clock,
+                      num_threads=torch.get_num_threads())
+        if timing.get("max_run_time_s"):
+            m = timer.adaptive_autorange(threshold=IQR_THRESHOLD, min_run_time=timing["min_run_time_s"],
+                                         max_run_time=timing["max_run_time_s"])
+        else:
+            m = timer.blocked_autorange(min_run_time=timing["min_run_time_s"])
+    return {"median_ms": m.median * 1e3, "iqr_ms": m.iqr * 1e3, "runs": m.number_per_run * len(m.raw_times),
+            "block_size": m.number_per_run, "blocks_ms": [t * 1e3 / m.number_per_run for t in m.raw_times]}
