@@ -36,3 +36,16 @@ def crash(**spec) -> None:
 
 def refuse(**spec) -> None:
     raise ConfigError(f"export.dims.rows.max: {spec['value']} is below min 1")
+
+
+def spawn_and_sleep(**spec) -> None:
+    """Start a long ``sleep`` (standing for a compiler), write ``<this pid> <its pid>`` to
+    ``spec["pidfile"]``, then wait."""
+    import subprocess
+    import time
+
+    sleeper = subprocess.Popen(["sleep", "600"])
+    with open(spec["pidfile"] + ".tmp", "w") as fh:
+        fh.write(f"{os.getpid()} {sleeper.pid}")
+    os.replace(spec["pidfile"] + ".tmp", spec["pidfile"])
+    time.sleep(600)
