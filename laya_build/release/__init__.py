@@ -7,6 +7,8 @@ name, which files are missing, extra or altered, on any machine that has only th
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
@@ -191,14 +193,53 @@ def clear_interrupted(version_dir: Path) -> None:
         (vdir / PENDING).unlink(missing_ok=True)
 
 
+def unsafe_entries(version_dir: Path) -> list[str]:
+    """What a release folder may not hold, found without following anything: a symbolic link
+    (to a file or a folder, the manifest included: the bytes verified would not be the bytes
+    served), or a special file (a FIFO, a socket, a device).  The folder itself may be reached
+    through a link."""
+    vdir = Path(version_dir)
+    problems = []
+    for dirpath, dirnames, filenames in os.walk(vdir, followlinks=False):
+        for name in sorted(dirnames + filenames):
+            path = Path(dirpath) / name
+            rel = path.relative_to(vdir).as_posix()
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                problems.append(f"link: {rel} (a symbolic link to {os.readlink(path)}; a release holds only "
+                                f"regular files and folders)")
+            elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                problems.append(f"special file: {rel} (not a regular file)")
+        dirnames[:] = [d for d in dirnames if not (Path(dirpath) / d).is_symlink()]
+    return problems
+
+
+def outside_paths(manifest: dict) -> list[str]:
+    """Manifest paths that do not name a file inside the release folder (absolute, ``..``,
+    empty or ``.`` parts, backslashes)."""
+    bad = []
+    for entry in manifest["files"]:
+        rel = entry["path"]
+        parts = rel.split("/")
+        if rel.startswith("/") or "\\" in rel or any(part in ("", ".", "..") for part in parts):
+            bad.append(f"outside: {rel!r} (a manifest path must name a file inside the release folder)")
+    return bad
+
+
 def check_files(version_dir: Path) -> dict:
     """Compare the version folder with its manifest; raise :class:`ManifestMismatch` naming
-    every missing, extra or altered file.  Returns the (validated) manifest."""
-    vdir = Path(version_dir)
+    every link, special file, path outside the folder, missing, extra or altered file, before
+    anything of the folder is used.  Returns the (validated) manifest."""
+    vdir = Path(version_dir).resolve()
     if state(vdir) != "released":
         raise ManifestMismatch(vdir, [f"missing: {MANIFEST} "
                                       f"({damaged_message(vdir) if state(vdir) == 'damaged' else 'not a release'})"])
+    if problems := unsafe_entries(vdir):  # before the manifest is even read: it may be a link itself
+        raise ManifestMismatch(vdir, problems, hint="a release holds regular files only: copy it with the bytes "
+                                                    "(`cp -r`, not links), or restore it from the original")
     manifest = read_record(manifest_path(vdir))
+    if problems := outside_paths(manifest):
+        raise ManifestMismatch(vdir, problems)
     problems = []
     listed = {f["path"]: f for f in manifest["files"]}
     for rel, entry in listed.items():

@@ -478,6 +478,21 @@ def open_build(package_record_path, *, buckets=(), program: str = "decision", pr
                           capture_warmup=capture_warmup)
 
 
+def _no_link(vdir: Path, rel: str) -> None:
+    """``rel`` names a regular file inside ``vdir`` reached through no symbolic link (the bytes
+    checked are then the bytes loaded)."""
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise PackageIntegrityError(f"{rel!r}: a release path must name a file inside {vdir}")
+    here = vdir
+    for part in parts:
+        here = here / part
+        if here.is_symlink():
+            raise PackageIntegrityError(f"{here}: a symbolic link in a release; refusing to load through it")
+    if here.exists() and not here.is_file():
+        raise PackageIntegrityError(f"{here}: not a regular file")
+
+
 def open_release(release_dir, build: str, *, buckets=None, program: str = "decision",
                  capture: bool | None = None, capture_warmup: int = CAPTURE_WARMUP) -> DecisionRunner:
     """The runner of a released build (``<target>-<dtype>``, e.g. ``cuda-bfloat16``).
@@ -486,13 +501,15 @@ def open_release(release_dir, build: str, *, buckets=None, program: str = "decis
     release's ``manifest.json``; buckets default to the release's ``runtime.buckets.<target>``
     and the modules imported before loading to its ``verify.preload.<target>``.
     """
-    vdir = Path(release_dir)
+    vdir = Path(release_dir).resolve()
+    _no_link(vdir, MANIFEST)
     manifest = _read_json(vdir / MANIFEST, "release manifest")
     listed = {f["path"]: f["sha256"] for f in manifest.get("files", [])}
 
     def checked(rel: str) -> Path:
         if rel not in listed:
             raise PackageIntegrityError(f"{vdir / rel}: not listed in {vdir / MANIFEST}")
+        _no_link(vdir, rel)
         path = vdir / rel
         if not path.is_file():
             raise PackageIntegrityError(f"{path}: listed in {vdir / MANIFEST} but missing")

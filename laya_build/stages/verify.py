@@ -40,6 +40,7 @@ from laya_build.errors import (
     VerifyChildCrashError,
 )
 from laya_build.layout import child_log_name
+from laya_build.log import get_logger
 from laya_build.records import read_json, sha256_file
 from laya_build.runner import Child, run
 from laya_build.runner.folders import inductor_cache
@@ -189,4 +190,7 @@ def verify_released(release_dir, build: str, out_dir) -> dict:
     release = VersionLayout(Path(release_dir))
     config = read_json(release.effective_config, "effective configuration")
     target, dtype = build.split("-", 1)
-    return run_verify(**verify_spec(release, config["verify"], config["runtime"], target, dtype), out_dir=out_dir)
+    record = run_verify(**verify_spec(release, config["verify"], config["runtime"], target, dtype), out_dir=out_dir)
+    said = f" ({record['reason']})" if record["status"] == "skipped" else ""
+    get_logger(__name__).info(f"verify {config['version']} {build}: {record['status']}{said}")
+    return record

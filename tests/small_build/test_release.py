@@ -4,8 +4,10 @@ tampered release, release_diff against a second release.  The release is the sma
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
 
 import pytest
 import torch
@@ -190,6 +192,69 @@ def test_tampering_fails_verify_naming_the_file(released, tmp_path_factory, tamp
     assert run.returncode != 0
     assert f"{tamper}: {name}" in run.stdout + run.stderr
     assert not (other.artifacts / "verifications").exists(), "no package is loaded from a tampered release"
+
+
+@pytest.mark.parametrize("kind", ["package link", "folder link", "manifest link", "outside path", "special file"])
+def test_what_a_release_folder_may_not_hold_is_refused_before_anything_is_loaded(released, tmp_path_factory, kind):
+    """A link to identical bytes elsewhere, a manifest path outside the folder, a FIFO: refused
+    naming the path, before any file is hashed against the manifest or any package loaded."""
+    project, _ = released
+    other = Project(tmp_path_factory.mktemp("unsafe"))
+    vdir = other.version_dir("0.1.0")
+    shutil.copytree(project.version_dir(), vdir)
+    elsewhere = tmp_path_factory.mktemp("bytes-elsewhere")
+    if kind == "package link":
+        target = vdir / "aoti_package" / "cpu-float32" / "decision.pt2"
+        shutil.copy2(target, elsewhere / "decision.pt2")
+        target.unlink()
+        target.symlink_to(elsewhere / "decision.pt2")  # the same bytes: every hash would match
+        said = "link: aoti_package/cpu-float32/decision.pt2 (a symbolic link to"
+    elif kind == "folder link":
+        shutil.move(vdir / "lower_c", elsewhere / "lower_c")
+        (vdir / "lower_c").symlink_to(elsewhere / "lower_c")
+        said = "link: lower_c (a symbolic link to"
+    elif kind == "manifest link":
+        shutil.move(vdir / "manifest.json", elsewhere / "manifest.json")
+        (vdir / "manifest.json").symlink_to(elsewhere / "manifest.json")
+        said = "link: manifest.json (a symbolic link to"
+    elif kind == "outside path":
+        manifest = json.loads((vdir / "manifest.json").read_text())
+        manifest["files"][0]["path"] = "../outside.txt"
+        (vdir / "manifest.json").write_text(json.dumps(manifest))
+        said = "outside: '../outside.txt'"
+    else:
+        os.mkfifo(vdir / "lower_c" / "pipe")
+        said = "special file: lower_c/pipe"
+    run = other.doit("verify", "version=0.1.0", timeout=300)
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out
+    assert said in out and "ManifestMismatch" in out, out
+    assert "files match manifest.json" not in out
+    assert not (other.artifacts / "verifications").exists(), "no package is loaded from such a release"
+
+
+def test_a_release_on_a_read_only_mount_verifies_where_it_lies(released, tmp_path_factory):
+    project, _ = released
+    source = tmp_path_factory.mktemp("archive") / "0.1.0"
+    shutil.copytree(project.version_dir(), source)
+    mount = tmp_path_factory.mktemp("ro") / "0.1.0"
+    mount.mkdir()
+    bind = subprocess.run(["mount", "--bind", str(source), str(mount)], capture_output=True, text=True)
+    if bind.returncode != 0:
+        pytest.skip(f"cannot bind-mount a folder read-only here (needs root): {bind.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(mount)], check=True)
+        with pytest.raises(OSError):
+            (mount / "probe").write_text("x")  # read-only indeed
+        other = Project(tmp_path_factory.mktemp("reader"))
+        run = other.doit("verify", f"release={mount}", timeout=600)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "verify 0.1.0 cpu-float32: ok" in run.stdout
+        result = other.artifacts / "verifications" / "0.1.0" / "cpu-float32" / "verify.json"
+        assert read_record(result)["status"] == "ok"
+        assert not (other.artifacts / "0.1.0").exists(), "the release was verified where it lies"
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_release_diff_lists_exactly_the_changed_kernel(released, small_builds):
