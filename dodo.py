@@ -4,6 +4,7 @@ Thin on purpose: load and validate pipeline.yaml, then hand doit the tasks that
 laya_build.tasks builds from it.  Nothing here imports torch, tilelang or transformers.
 A configuration or command-line error exits 3 (doit's status for a user error), with a hint.
 """
+
 import sys
 
 from laya_build import tasks

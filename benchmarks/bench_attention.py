@@ -21,6 +21,7 @@ of its registered benchmarks (M tokens as ``M // 512`` sequences of 512) and ret
 objects with the fields of its ``Case``; register it there with
 ``register(attention_cases)``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,9 @@ def visible_pairs(L: int, window: int) -> int:
     return int(((i[:, None] - i[None, :]).abs() <= window).sum())
 
 
-def make_cases(B: int, L: int, H: int, Dh: int, windows=WINDOWS, dtype: str = "bfloat16",
-               tiles=(TILE_DEFAULTS,), seed: int = 1234) -> list[AttnCase]:
+def make_cases(
+    B: int, L: int, H: int, Dh: int, windows=WINDOWS, dtype: str = "bfloat16", tiles=(TILE_DEFAULTS,), seed: int = 1234
+) -> list[AttnCase]:
     """One case per (window, tile configuration), checked once against SDPA."""
     tdtype = getattr(torch, dtype)
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -88,12 +90,18 @@ def make_cases(B: int, L: int, H: int, Dh: int, windows=WINDOWS, dtype: str = "b
 
             out.fill_(float("nan"))
             tilelang_call()
-            cases.append(AttnCase(
-                kernel=f"attention/{f'window{window}' if window else 'full'}", shape=f"{B}x{L}x{H}x{Dh}",
-                flops=4.0 * B * H * Dh * visible_pairs(L, window), tilelang=tilelang_call, torch=sdpa,
-                window=window, tiles=dict(tile),
-                max_abs_diff_vs_sdpa=float((out.float() - ref).abs().max()),  # NaN: a row was not written
-            ))
+            cases.append(
+                AttnCase(
+                    kernel=f"attention/{f'window{window}' if window else 'full'}",
+                    shape=f"{B}x{L}x{H}x{Dh}",
+                    flops=4.0 * B * H * Dh * visible_pairs(L, window),
+                    tilelang=tilelang_call,
+                    torch=sdpa,
+                    window=window,
+                    tiles=dict(tile),
+                    max_abs_diff_vs_sdpa=float((out.float() - ref).abs().max()),  # NaN: a row was not written
+                )
+            )
     return cases
 
 
@@ -125,8 +133,16 @@ def burst_ms(fn, graph: bool = False, warmup: int = 25, burst: int = 50, repeats
     return time_ms(run, warmup=1, rep=repeats) / burst
 
 
-def bench_attention(B: int, L: int, H: int, Dh: int, windows=WINDOWS, dtype: str = "bfloat16",
-                    tiles=(TILE_DEFAULTS,), graph: bool = False) -> list[dict]:
+def bench_attention(
+    B: int,
+    L: int,
+    H: int,
+    Dh: int,
+    windows=WINDOWS,
+    dtype: str = "bfloat16",
+    tiles=(TILE_DEFAULTS,),
+    graph: bool = False,
+) -> list[dict]:
     """Rows of ms and useful TFLOP/s: SDPA once per window, then each TileLang tile config."""
     rows, sdpa_timed = [], set()
     timing = "cuda-graph" if graph else "launch"
@@ -138,8 +154,16 @@ def bench_attention(B: int, L: int, H: int, Dh: int, windows=WINDOWS, dtype: str
             runs.insert(0, ("sdpa", None, case.torch, 0.0))
         for impl, tiles_, fn, diff in runs:
             ms = burst_ms(fn, graph)
-            rows.append(dict(common, impl=impl, tiles=tiles_, ms=ms, tflops=case.flops / (ms * 1e-3) / 1e12,
-                             max_abs_diff_vs_sdpa=diff))
+            rows.append(
+                dict(
+                    common,
+                    impl=impl,
+                    tiles=tiles_,
+                    ms=ms,
+                    tflops=case.flops / (ms * 1e-3) / 1e12,
+                    max_abs_diff_vs_sdpa=diff,
+                )
+            )
     return rows
 
 
@@ -152,8 +176,10 @@ def parse_tiles(text: str) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| window | impl | tiles (M,N,stages,threads) | B×L×H×Dh | timing | ms | TFLOP/s | max abs diff vs SDPA |\n"
-            "|---|---|---|---|---|---:|---:|---:|")
+    head = (
+        "| window | impl | tiles (M,N,stages,threads) | B×L×H×Dh | timing | ms | TFLOP/s | max abs diff vs SDPA |\n"
+        "|---|---|---|---|---|---:|---:|---:|"
+    )
     body = [
         f"| {r['window'] or 'full'} | {r['impl']} | "
         f"{','.join(str(r['tiles'][k]) for k in TILE_KEYS) if r['tiles'] else ''} | "
@@ -167,8 +193,13 @@ def markdown(rows: list[dict]) -> str:
 def environment() -> dict:
     import tilelang
 
-    return dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, tilelang=tilelang.__version__,
-                cuda=torch.version.cuda, python=platform.python_version())
+    return dict(
+        gpu=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        tilelang=tilelang.__version__,
+        cuda=torch.version.cuda,
+        python=platform.python_version(),
+    )
 
 
 def main(argv=None) -> int:
@@ -177,8 +208,13 @@ def main(argv=None) -> int:
         ap.add_argument(f"--{key}", type=int, default=value)
     ap.add_argument("--windows", type=int, nargs="+", default=list(WINDOWS), help="0 = full attention")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    ap.add_argument("--tiles", nargs="+", type=parse_tiles, default=[dict(TILE_DEFAULTS)],
-                    help="TileLang tile configurations block_M,block_N,num_stages,threads (default: the kernel's)")
+    ap.add_argument(
+        "--tiles",
+        nargs="+",
+        type=parse_tiles,
+        default=[dict(TILE_DEFAULTS)],
+        help="TileLang tile configurations block_M,block_N,num_stages,threads (default: the kernel's)",
+    )
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no host launch cost)")
     ap.add_argument("--out", type=Path, help="write the rows and the environment as JSON")
     args = ap.parse_args(argv)

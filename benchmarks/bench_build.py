@@ -13,6 +13,7 @@ that has built before: the artifacts are cold, those compiler caches are not).
 
     .venv/bin/python benchmarks/bench_build.py [--keep DIR] [--repeat N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,14 +32,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def copy_checkout(dest: Path) -> None:
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     for rel in files:
         if (ROOT / rel).is_file() and not rel.startswith("tests/"):
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / rel, dest / rel)
-    env = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b", "GIT_COMMITTER_NAME": "b",
-           "GIT_COMMITTER_EMAIL": "b@b"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "b",
+        "GIT_AUTHOR_EMAIL": "b@b",
+        "GIT_COMMITTER_NAME": "b",
+        "GIT_COMMITTER_EMAIL": "b@b",
+    }
     for cmd in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "benchmark copy"]):
         subprocess.run(["git", *cmd], cwd=dest, env=env, check=True, capture_output=True)
 
@@ -65,8 +72,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", type=Path, help="build in this (empty) folder and keep it")
     parser.add_argument("--repeat", type=int, default=5, help="runs of the quick commands (median)")
-    parser.add_argument("--warm-caches", action="store_true",
-                        help="keep the user's TMPDIR (warm per-user compiler caches)")
+    parser.add_argument(
+        "--warm-caches", action="store_true", help="keep the user's TMPDIR (warm per-user compiler caches)"
+    )
     args = parser.parse_args()
     dest = args.keep or Path(tempfile.mkdtemp(prefix="laya-bench-"))
     dest.mkdir(parents=True, exist_ok=True)
@@ -91,9 +99,11 @@ def main() -> int:
     rows.append(("one-kernel edit (kernels/rope.py), then `doit`", edit, executed(out)))
     rope.write_text(original)
     print(f"# laya-build build benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}, load average before: {load_before:.2f}; compiler caches: "
-          f"{'warm (the user TMPDIR)' if args.warm_caches else 'empty (own TMPDIR)'}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, load average before: {load_before:.2f}; compiler caches: "
+        f"{'warm (the user TMPDIR)' if args.warm_caches else 'empty (own TMPDIR)'}"
+    )
     print()
     print("| what | wall s | tasks run |")
     print("|---|---:|---:|")

@@ -10,6 +10,7 @@ the rows as JSON to ``--out``.
 Adding a kernel: write ``def bench_x(M, dtype) -> list[Case]`` and decorate it with
 ``@register``; every registered function runs for every ``M``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,15 @@ def bench_gemm(M: int, dtype: str) -> list[Case]:
         W = torch.randn(N, K, device="cuda", dtype=t) / K**0.5
         b, C = torch.zeros(N, device="cuda"), torch.empty(M, N, device="cuda", dtype=t)
         kernel = gemm_kernel(N, K, dtype=dtype)
-        cases.append(Case(f"gemm/{name}", f"{M}x{N}x{K}", 2.0 * M * N * K, lambda k=kernel, a=(A, W, b, C): k(*a),
-                          lambda A=A, W=W: torch.matmul(A, W.t())))
+        cases.append(
+            Case(
+                f"gemm/{name}",
+                f"{M}x{N}x{K}",
+                2.0 * M * N * K,
+                lambda k=kernel, a=(A, W, b, C): k(*a),
+                lambda A=A, W=W: torch.matmul(A, W.t()),
+            )
+        )
     return cases
 
 
@@ -85,8 +93,13 @@ def bench_geglu(M: int, dtype: str) -> list[Case]:
     flops = 2.0 * M * 2 * INTERMEDIATE * HIDDEN
     return [
         Case("geglu/fused", f"{M}x{2 * INTERMEDIATE}x{HIDDEN}", flops, lambda: kernel(A, W, C), torch_geglu),
-        Case("geglu/matmul-only", f"{M}x{2 * INTERMEDIATE}x{HIDDEN}", flops, lambda: kernel(A, W, C),
-             lambda: torch.matmul(A, W.t())),
+        Case(
+            "geglu/matmul-only",
+            f"{M}x{2 * INTERMEDIATE}x{HIDDEN}",
+            flops,
+            lambda: kernel(A, W, C),
+            lambda: torch.matmul(A, W.t()),
+        ),
     ]
 
 
@@ -115,9 +128,15 @@ def run(Ms, dtype: str, warmup: int, rep: int) -> list[dict]:
                 tl_ms, torch_ms = time_ms(case.tilelang, warmup, rep), time_ms(case.torch, warmup, rep)
                 rows.append(
                     dict(
-                        kernel=case.kernel, M=M, shape=case.shape, dtype=dtype, flops=case.flops,
-                        tilelang_ms=tl_ms, torch_ms=torch_ms,
-                        tilelang_tflops=case.flops / tl_ms / 1e9, torch_tflops=case.flops / torch_ms / 1e9,
+                        kernel=case.kernel,
+                        M=M,
+                        shape=case.shape,
+                        dtype=dtype,
+                        flops=case.flops,
+                        tilelang_ms=tl_ms,
+                        torch_ms=torch_ms,
+                        tilelang_tflops=case.flops / tl_ms / 1e9,
+                        torch_tflops=case.flops / torch_ms / 1e9,
                     )
                 )
     return rows
@@ -155,8 +174,13 @@ def main(argv=None) -> int:
     rows = run(args.m, args.dtype, args.warmup, args.rep)
     print(markdown(rows))
     record = dict(
-        device=torch.cuda.get_device_name(), torch=torch.__version__, tilelang=tilelang.__version__,
-        python=platform.python_version(), warmup=args.warmup, rep=args.rep, rows=rows,
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        tilelang=tilelang.__version__,
+        python=platform.python_version(),
+        warmup=args.warmup,
+        rep=args.rep,
+        rows=rows,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

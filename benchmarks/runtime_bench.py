@@ -24,6 +24,7 @@ are no graphs: the replay rows are left out.
 pipeline's own ``run_package`` (fresh process, private cache; the record has the compile
 time), for the autotuning comparison.  Every subcommand writes one JSON file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,6 +64,7 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
 
 # ------------------------------------------------------------------------ first answer
 
+
 def first_answer(args) -> int:
     """One fresh process's way to its first answer (runs as a child of ``fresh-load``)."""
     phases = {}
@@ -75,16 +77,19 @@ def first_answer(args) -> int:
         mark = now
 
     import torch
+
     lap("import_torch_s")
     from laya_build import runtime
+
     preloaded = runtime.preload_modules([m for m in args.preload.split(",") if m])
     lap("preload_s")
     runtime.import_loader_modules(args.loader)
     lap("import_loader_s")
     record = json.loads(Path(args.record).read_text())
     entry = next(p for p in record["programs"] if p["name"] == "decision")
-    package = runtime.load_package(Path(args.record).parent / entry["package"]["path"], entry["package"]["sha256"],
-                                   loader=args.loader)
+    package = runtime.load_package(
+        Path(args.record).parent / entry["package"]["path"], entry["package"]["sha256"], loader=args.loader
+    )
     phases.update(package.timings)
     mark = time.perf_counter()
     runner = runtime.DecisionRunner(package, dims=record["dims"], buckets=json.loads(args.buckets))
@@ -97,9 +102,19 @@ def first_answer(args) -> int:
     answer = int(decision[0].argmax())  # the first answer, on the host
     lap("first_call_s")
     phases["total_s"] = time.perf_counter() - STARTED
-    write_json(args.out, {"phases": phases, "answer": answer, "preload": preloaded, "isa": package.isa,
-                          "loader": args.loader, "runner": runner.describe(), "torch": torch.__version__,
-                          "inductor_imported": "torch._inductor" in sys.modules})
+    write_json(
+        args.out,
+        {
+            "phases": phases,
+            "answer": answer,
+            "preload": preloaded,
+            "isa": package.isa,
+            "loader": args.loader,
+            "runner": runner.describe(),
+            "torch": torch.__version__,
+            "inductor_imported": "torch._inductor" in sys.modules,
+        },
+    )
     return 0
 
 
@@ -109,38 +124,74 @@ def fresh_load(args) -> int:
         with tempfile.TemporaryDirectory(prefix="laya-fresh-") as tmp:
             child_out = Path(tmp) / "first_answer.json"
             env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(Path(tmp) / "inductor"), PYTHONHASHSEED="0")
-            cmd = [sys.executable, __file__, "first-answer", args.record, "--inputs", args.inputs,
-                   "--buckets", args.buckets, "--preload", args.preload, "--loader", args.loader,
-                   "--out", str(child_out)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "first-answer",
+                args.record,
+                "--inputs",
+                args.inputs,
+                "--buckets",
+                args.buckets,
+                "--preload",
+                args.preload,
+                "--loader",
+                args.loader,
+                "--out",
+                str(child_out),
+            ]
             start = time.perf_counter()
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
             wall = time.perf_counter() - start
-            ended = (f"signal {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
-                     else f"exit {proc.returncode}")
-            run = {"run": i, "preload": args.preload, "loader": args.loader, "wall_s": wall, "ended": ended,
-                   "output_tail": (proc.stdout + proc.stderr)[-1500:]}
+            ended = (
+                f"signal {signal.Signals(-proc.returncode).name}" if proc.returncode < 0 else f"exit {proc.returncode}"
+            )
+            run = {
+                "run": i,
+                "preload": args.preload,
+                "loader": args.loader,
+                "wall_s": wall,
+                "ended": ended,
+                "output_tail": (proc.stdout + proc.stderr)[-1500:],
+            }
             if child_out.is_file():
                 run.update(json.loads(child_out.read_text()))
             runs.append(run)
-            print(f"fresh load {i} ({args.loader}, preload {args.preload or 'none'}): {ended}, {wall:.2f} s wall, "
-                  f"phases {run.get('phases')}", flush=True)
+            print(
+                f"fresh load {i} ({args.loader}, preload {args.preload or 'none'}): {ended}, {wall:.2f} s wall, "
+                f"phases {run.get('phases')}",
+                flush=True,
+            )
         write_json(args.out, {"runs": runs})
     return 0
 
 
 # ------------------------------------------------------------------------------ runner
 
+
 def synthetic_call(inputs: dict, rows: int, tokens: int, slots: int):
     """A full call of this shape from the saved decisions' tokens (repeated to fill each row)."""
     import torch
 
-    saved = [(b["input_ids"][r, :n], q) for b in inputs["batches"]
-             for r, (n, q) in enumerate(zip(b["valid_tokens"], b["qtype"].tolist()))]
-    ids = torch.stack([torch.tensor(list(itertools.islice(itertools.cycle(saved[r % len(saved)][0].tolist()), tokens)))
-                       for r in range(rows)])
+    saved = [
+        (b["input_ids"][r, :n], q)
+        for b in inputs["batches"]
+        for r, (n, q) in enumerate(zip(b["valid_tokens"], b["qtype"].tolist()))
+    ]
+    ids = torch.stack(
+        [
+            torch.tensor(list(itertools.islice(itertools.cycle(saved[r % len(saved)][0].tolist()), tokens)))
+            for r in range(rows)
+        ]
+    )
     pos = (torch.arange(slots) * 3 + 4).clamp(max=tokens - 1).repeat(rows, 1)
-    return (ids, torch.ones(rows, tokens, dtype=torch.long), pos, torch.ones(rows, slots, dtype=torch.long),
-            torch.tensor([saved[r % len(saved)][1] for r in range(rows)]))
+    return (
+        ids,
+        torch.ones(rows, tokens, dtype=torch.long),
+        pos,
+        torch.ones(rows, slots, dtype=torch.long),
+        torch.tensor([saved[r % len(saved)][1] for r in range(rows)]),
+    )
 
 
 def bench_runner(args) -> int:
@@ -164,10 +215,19 @@ def bench_runner(args) -> int:
     direct = runtime.load_package(path, sha, loader="direct")
     inputs = torch.load(args.inputs, weights_only=True)
     device = str(runner.device)
-    result = {"record": str(record_path), "package_sha256": sha, "inductor_configs": record.get("inductor_configs"),
-              "package_s": entry.get("package_s"), "torch": torch.__version__, "device": device,
-              "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else None,
-              "runner": runner.describe(), "setup_s": setup_s, "timing": timing, "shapes": []}
+    result = {
+        "record": str(record_path),
+        "package_sha256": sha,
+        "inductor_configs": record.get("inductor_configs"),
+        "package_s": entry.get("package_s"),
+        "torch": torch.__version__,
+        "device": device,
+        "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else None,
+        "runner": runner.describe(),
+        "setup_s": setup_s,
+        "timing": timing,
+        "shapes": [],
+    }
     for rows, tokens, slots in shapes:
         call = tuple(t.to(runner.device) for t in synthetic_call(inputs, rows, tokens, slots))
         bucket = runner.bucket_for(rows, tokens, slots)
@@ -176,28 +236,39 @@ def bench_runner(args) -> int:
             got = runner(*call)
             plain = runner.plain(*padded)
             other = default(*padded)
-        row = {"shape": f"{rows}x{tokens}x{slots}", "bucket": bucket and bucket.as_dict(),
-               "replay_equals_plain": [bool(torch.equal(a, b)) for a, b in zip(got, plain)],
-               "replay_vs_plain_max_abs": [float((a.float() - b.float()).abs().max()) for a, b in zip(got, plain)],
-               "default_vs_single_threaded_max_abs": [float((a.float() - b.float()).abs().max())
-                                                     for a, b in zip(other, plain)],
-               "latency": {}}
-        cases = {"runner": (runner, call), "plain_single_threaded": (runner.package, padded),
-                 "plain_default_load": (default, padded), "plain_direct_loader": (direct, padded)}
+        row = {
+            "shape": f"{rows}x{tokens}x{slots}",
+            "bucket": bucket and bucket.as_dict(),
+            "replay_equals_plain": [bool(torch.equal(a, b)) for a, b in zip(got, plain)],
+            "replay_vs_plain_max_abs": [float((a.float() - b.float()).abs().max()) for a, b in zip(got, plain)],
+            "default_vs_single_threaded_max_abs": [
+                float((a.float() - b.float()).abs().max()) for a, b in zip(other, plain)
+            ],
+            "latency": {},
+        }
+        cases = {
+            "runner": (runner, call),
+            "plain_single_threaded": (runner.package, padded),
+            "plain_default_load": (default, padded),
+            "plain_direct_loader": (direct, padded),
+        }
         if runner.graphed:
             graph = runner.graphs[bucket]
             cases = {"graph_replay": (graph.replay, ()), **cases}
         for name, (fn, fn_args) in cases.items():
             row["latency"][name] = time_calls(fn, fn_args, timing, device)
         result["shapes"].append(row)
-        print(f"{row['shape']}: replay == plain {row['replay_equals_plain']}; "
-              + ", ".join(f"{k} {v['median_ms']:.3f} ms ({v['runs']} calls)" for k, v in row["latency"].items()),
-              flush=True)
+        print(
+            f"{row['shape']}: replay == plain {row['replay_equals_plain']}; "
+            + ", ".join(f"{k} {v['median_ms']:.3f} ms ({v['runs']} calls)" for k, v in row["latency"].items()),
+            flush=True,
+        )
         write_json(args.out, result)
     return 0
 
 
 # ------------------------------------------------------------------------------- other
+
 
 def derive_config(args) -> int:
     import yaml
@@ -256,8 +327,13 @@ def main(argv=None) -> int:
     p.add_argument("--inductor-configs", required=True, help="JSON object")
     p.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args(argv)
-    return {"first-answer": first_answer, "fresh-load": fresh_load, "runner": bench_runner,
-            "derive-config": derive_config, "package": build_package}[args.command](args)
+    return {
+        "first-answer": first_answer,
+        "fresh-load": fresh_load,
+        "runner": bench_runner,
+        "derive-config": derive_config,
+        "package": build_package,
+    }[args.command](args)
 
 
 if __name__ == "__main__":

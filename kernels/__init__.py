@@ -11,6 +11,7 @@ Factories (``@tilelang.jit``, lazy: ``factory.get_tir(...)`` returns the PrimFun
 
 ``compile_cpu(factory, *args, **kwargs)`` builds the checked scalar fp32 CPU kernel.
 """
+
 import importlib
 
 from .registry import KERNELS  # plain Python: no tilelang

@@ -4,6 +4,7 @@ Every kernel is written once. ``cpu=True`` changes only *where* buffers live and
 loops are scheduled (see :func:`alloc` and :func:`loop`); tiling, padding predicates,
 masks and the online softmax are the same statements for both specialisations.
 """
+
 from __future__ import annotations
 
 import tilelang

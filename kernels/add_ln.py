@@ -11,6 +11,7 @@ Each block normalises ``block_M`` whole rows (``D`` is a compile-time constant);
 runtime symbol and the ``r < M`` predicate guards the partial last row tile.  The updated
 residual ``X + R`` is a single fp32 addition, bitwise equal to ``torch``'s ``X + R``.
 """
+
 from __future__ import annotations
 
 import tilelang
@@ -33,8 +34,17 @@ def add_ln_kernel(
     cpu: bool = False,
 ):
     """Build the PrimFunc ``add_ln(X, R, w, b, Y)`` (see the module docstring)."""
-    check_args("add_ln_kernel", D=D, residual=residual, bias=bias, eps=eps, block_M=block_M, threads=threads,
-               dtype=dtype, cpu=cpu)
+    check_args(
+        "add_ln_kernel",
+        D=D,
+        residual=residual,
+        bias=bias,
+        eps=eps,
+        block_M=block_M,
+        threads=threads,
+        dtype=dtype,
+        cpu=cpu,
+    )
     f32 = ACCUM_DTYPE
     M = T.dynamic("M")
 

@@ -36,6 +36,7 @@ block rasterisation    ``T.use_swizzle``                     (omitted)
 PV probabilities       cast to the storage dtype             fp32 (the scores buffer itself)
 =====================  ====================================  ===============================
 """
+
 from __future__ import annotations
 
 import math
@@ -149,8 +150,20 @@ def attn_kernel(
     kernel as ``k(QKV, Lens, O)``.  ``cpu=True`` builds the scalar CPU specialisation;
     compile it with :func:`kernels.compile_cpu`, which also forces fp32.
     """
-    _common.check_args("attn_kernel", B=B, L=L, H=H, Dh=Dh, window=window, block_M=block_M, block_N=block_N,
-                       num_stages=num_stages, threads=threads, dtype=dtype, cpu=cpu)
+    _common.check_args(
+        "attn_kernel",
+        B=B,
+        L=L,
+        H=H,
+        Dh=Dh,
+        window=window,
+        block_M=block_M,
+        block_N=block_N,
+        num_stages=num_stages,
+        threads=threads,
+        dtype=dtype,
+        cpu=cpu,
+    )
     batch = T.dynamic("B") if B is None else B
     seq = T.dynamic("L") if L is None else L
     accum = ACCUM_DTYPE

@@ -11,6 +11,7 @@ included) before the call, so it works unchanged for any kernel of this package:
   that disagrees with the value bound by an earlier argument -> ``ValueError`` naming the
   argument with the expected and the actual shape.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,8 +67,11 @@ class CpuKernel:
     def __init__(self, kernel, prim_func):
         self.kernel = kernel
         self.prim_func = prim_func
-        self.name = (str(prim_func.attrs["global_symbol"])
-                     if prim_func.attrs and "global_symbol" in prim_func.attrs else "kernel")
+        self.name = (
+            str(prim_func.attrs["global_symbol"])
+            if prim_func.attrs and "global_symbol" in prim_func.attrs
+            else "kernel"
+        )
         self.params = signature(prim_func)
 
     @property
@@ -93,16 +97,20 @@ class CpuKernel:
             bound[key] = value
         missing = [n for n in names if n not in bound]
         if missing:
-            raise TypeError(f"{self.name} is missing argument(s) {', '.join(map(repr, missing))}; "
-                            f"its arguments are {', '.join(names)}")
+            raise TypeError(
+                f"{self.name} is missing argument(s) {', '.join(map(repr, missing))}; "
+                f"its arguments are {', '.join(names)}"
+            )
         return [bound[n] for n in names]
 
     def _check_scalar(self, spec: ParamSpec, value):
         want_int = spec.dtype.startswith(("int", "uint"))
         ok = isinstance(value, int) if want_int else isinstance(value, (int, float))
         if isinstance(value, bool) or not ok:
-            raise TypeError(f"argument {spec.name!r} of {self.name} must be a Python {'int' if want_int else 'float'} "
-                            f"({spec.dtype}), got {type(value).__name__}")
+            raise TypeError(
+                f"argument {spec.name!r} of {self.name} must be a Python {'int' if want_int else 'float'} "
+                f"({spec.dtype}), got {type(value).__name__}"
+            )
 
     def _check_tensor(self, spec: ParamSpec, value) -> None:
         if not isinstance(value, torch.Tensor):
@@ -121,8 +129,7 @@ class CpuKernel:
 
         def mismatch(spec, actual, detail=""):
             return ValueError(
-                f"argument {spec.name!r} of {self.name} must have shape {spec.shape_str()}{detail}, "
-                f"got {tuple(actual)}"
+                f"argument {spec.name!r} of {self.name} must have shape {spec.shape_str()}{detail}, got {tuple(actual)}"
             )
 
         # Pass 1: ranks, constant extents, and bare symbolic dims (bound by first use).
@@ -187,8 +194,10 @@ def compile_cpu(factory, *args, **kwargs) -> CpuKernel:
     """
     for key, forced in (("cpu", True), ("dtype", CPU_DTYPE)):
         if key in kwargs and kwargs[key] != forced:
-            raise ValueError(f"compile_cpu builds the scalar fp32 specialisation; it cannot take {key}={kwargs[key]!r} "
-                             f"(it forces {key}={forced!r})")
+            raise ValueError(
+                f"compile_cpu builds the scalar fp32 specialisation; it cannot take {key}={kwargs[key]!r} "
+                f"(it forces {key}={forced!r})"
+            )
     kwargs = {**kwargs, "cpu": True, "dtype": CPU_DTYPE}
     prim_func = factory.get_tir(*args, **kwargs)
     kernel = tilelang.compile(prim_func, target="c", pass_configs=CPU_PASS_CONFIGS)

@@ -10,6 +10,7 @@ the epilogue, so the ``[M, 2F]`` intermediate never reaches memory.
 of the up half, whose products land only in columns ``>= F`` that the ``c < F`` store
 predicate discards.
 """
+
 from __future__ import annotations
 
 import tilelang
@@ -37,8 +38,18 @@ def gemm_geglu_kernel(
     Default tiles: the best of a small sweep on an H200 at M=8192, F=2624, K=1024
     (two 128x128 fp32 accumulators per block).
     """
-    check_args("gemm_geglu_kernel", F=F, K=K, block_M=block_M, block_N=block_N, block_K=block_K,
-               num_stages=num_stages, threads=threads, dtype=dtype, cpu=cpu)
+    check_args(
+        "gemm_geglu_kernel",
+        F=F,
+        K=K,
+        block_M=block_M,
+        block_N=block_N,
+        block_K=block_K,
+        num_stages=num_stages,
+        threads=threads,
+        dtype=dtype,
+        cpu=cpu,
+    )
     M = T.dynamic("M")
 
     @T.prim_func

@@ -9,6 +9,7 @@ Accumulation and the epilogue are fp32; ``C`` is stored in ``dtype``.
 handled by the zero-padding predicates of ``T.copy`` on the loads and an explicit
 ``r < M and c < N`` predicate on the store, identical on the GPU and the CPU.
 """
+
 from __future__ import annotations
 
 import tilelang
@@ -38,8 +39,20 @@ def gemm_kernel(
     Default tiles: the best of a small sweep on an H200 at ModernBERT-large shapes
     (M=8192, N x K = 3072x1024 and 1024x2624), see ``benchmarks/bench_kernels.py``.
     """
-    check_args("gemm_kernel", N=N, K=K, bias=bias, act=act, block_M=block_M, block_N=block_N, block_K=block_K,
-               num_stages=num_stages, threads=threads, dtype=dtype, cpu=cpu)
+    check_args(
+        "gemm_kernel",
+        N=N,
+        K=K,
+        bias=bias,
+        act=act,
+        block_M=block_M,
+        block_N=block_N,
+        block_K=block_K,
+        num_stages=num_stages,
+        threads=threads,
+        dtype=dtype,
+        cpu=cpu,
+    )
     M = T.dynamic("M")
 
     @T.prim_func

@@ -3,6 +3,7 @@
 Its own module so that generating one kernel's source depends on this file, ``_common`` and
 that kernel alone (not on the probe, its pins or the other kernels).
 """
+
 from __future__ import annotations
 
 import tilelang

@@ -9,6 +9,7 @@ the pipeline's ``probe_c`` stage (one fresh process per probe: TileLang keeps gl
 Run ``python -m kernels.probe`` to print every case's outcome as JSON; ``--write`` pins them
 for the installed TileLang version (check the new messages first).
 """
+
 from __future__ import annotations
 
 import json

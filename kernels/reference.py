@@ -5,6 +5,7 @@ tensors; callers cast to the dtype they compare against.  The references never m
 their inputs: in-place kernels (``add_ln``'s residual update, RoPE) are described by
 returning the updated tensor instead.
 """
+
 from __future__ import annotations
 
 import math

@@ -14,6 +14,7 @@ A factory's parameters and defaults are written once, in its own ``def``:
 A rule violation is a plain ``ValueError`` (the probe records the exception type) whose
 ``param`` attribute names the offending parameter, or ``None``.
 """
+
 from __future__ import annotations
 
 import ast
@@ -22,8 +23,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ACTIVATIONS", "CPU_DTYPE", "GPU_DTYPES", "KERNELS", "STAGE_PARAMS", "Kernel", "Param",
-           "check_args", "check_dtype", "check_choice", "check_positive", "jit_factories"]
+__all__ = [
+    "ACTIVATIONS",
+    "CPU_DTYPE",
+    "GPU_DTYPES",
+    "KERNELS",
+    "STAGE_PARAMS",
+    "Kernel",
+    "Param",
+    "check_args",
+    "check_dtype",
+    "check_choice",
+    "check_positive",
+    "jit_factories",
+]
 
 KERNELS_DIR = Path(__file__).resolve().parent
 
@@ -42,6 +55,7 @@ def _error(param: str | None, message: str) -> ValueError:
 
 # ------------------------------------------------------------------------------------- rules
 
+
 def check_dtype(dtype: str, cpu: bool) -> str:
     """Validate a kernel's storage dtype.
 
@@ -50,13 +64,17 @@ def check_dtype(dtype: str, cpu: bool) -> str:
     """
     if cpu:
         if dtype not in (CPU_DTYPE, *GPU_DTYPES):
-            raise _error("dtype", f"dtype={dtype!r} is not supported with cpu=True; allowed: float32 (compile_cpu), "
-                                  "bfloat16, float16")
+            raise _error(
+                "dtype",
+                f"dtype={dtype!r} is not supported with cpu=True; allowed: float32 (compile_cpu), bfloat16, float16",
+            )
         return dtype
     if dtype not in GPU_DTYPES:
-        raise _error("dtype",
-                     f"dtype={dtype!r} is not supported on the GPU path; allowed dtypes: {', '.join(GPU_DTYPES)} "
-                     f"(fp32 runs only on the CPU specialisation: compile_cpu(...) or cpu=True)")
+        raise _error(
+            "dtype",
+            f"dtype={dtype!r} is not supported on the GPU path; allowed dtypes: {', '.join(GPU_DTYPES)} "
+            f"(fp32 runs only on the CPU specialisation: compile_cpu(...) or cpu=True)",
+        )
     return dtype
 
 
@@ -95,15 +113,17 @@ def check_flag(**values) -> None:
 
 def _gemm_rules(a: dict) -> None:
     check_choice("act", a["act"], ACTIVATIONS)
-    check_positive(N=a["N"], K=a["K"], block_M=a["block_M"], block_N=a["block_N"], block_K=a["block_K"],
-                   threads=a["threads"])
+    check_positive(
+        N=a["N"], K=a["K"], block_M=a["block_M"], block_N=a["block_N"], block_K=a["block_K"], threads=a["threads"]
+    )
     check_non_negative(num_stages=a["num_stages"])
     check_flag(bias=a["bias"])
 
 
 def _geglu_rules(a: dict) -> None:
-    check_positive(F=a["F"], K=a["K"], block_M=a["block_M"], block_N=a["block_N"], block_K=a["block_K"],
-                   threads=a["threads"])
+    check_positive(
+        F=a["F"], K=a["K"], block_M=a["block_M"], block_N=a["block_N"], block_K=a["block_K"], threads=a["threads"]
+    )
     check_non_negative(num_stages=a["num_stages"])
 
 
@@ -195,8 +215,11 @@ class Kernel:
         kwargs = dict(kwargs or {})
         names = [p.name for p in self.params]
         if len(args) > len(self.positional):
-            raise _error(None, f"{self.factory} takes at most {len(self.positional)} positional arguments "
-                               f"({', '.join(self.positional)}), got {len(args)}")
+            raise _error(
+                None,
+                f"{self.factory} takes at most {len(self.positional)} positional arguments "
+                f"({', '.join(self.positional)}), got {len(args)}",
+            )
         bound = dict(zip(self.positional, args))
         for key, value in {**kwargs, **stage}.items():
             if key not in names:
@@ -206,8 +229,11 @@ class Kernel:
             bound[key] = value
         missing = [p.name for p in self.params if p.required and p.name not in bound]
         if missing:
-            raise _error(missing[0], f"{self.factory} needs {', '.join(missing)} (required: "
-                                     f"{', '.join(p.name for p in self.params if p.required)})")
+            raise _error(
+                missing[0],
+                f"{self.factory} needs {', '.join(missing)} (required: "
+                f"{', '.join(p.name for p in self.params if p.required)})",
+            )
         return {p.name: bound.get(p.name, p.default) for p in self.params}
 
     def check(self, bound: dict) -> None:
@@ -233,18 +259,24 @@ class Kernel:
                 if value != fixed:
                     raise _error(key, f"{key} is fixed at {fixed} by the variant's arguments, got {value}")
                 continue
-            raise _error(key, f"{self.factory} checks take {', '.join([*runtime, *self.check_extra]) or 'no sizes'}; "
-                              f"{key!r} is not one of them")
+            raise _error(
+                key,
+                f"{self.factory} checks take {', '.join([*runtime, *self.check_extra]) or 'no sizes'}; "
+                f"{key!r} is not one of them",
+            )
         self.shape_rules(bound, shape)
 
 
-KERNELS: dict[str, Kernel] = {k.factory: k for k in (
-    Kernel("gemm_kernel", "gemm", _gemm_rules, {"M": None}),
-    Kernel("gemm_geglu_kernel", "geglu", _geglu_rules, {"M": None}),
-    Kernel("add_ln_kernel", "add_ln", _add_ln_rules, {"M": None}),
-    Kernel("rope_kernel", "rope", _rope_rules, {"M": None, "L": None}),
-    Kernel("attn_kernel", "attention", _attn_rules, {"B": "B", "L": "L"}, ("lens",), _attn_shape_rules),
-)}
+KERNELS: dict[str, Kernel] = {
+    k.factory: k
+    for k in (
+        Kernel("gemm_kernel", "gemm", _gemm_rules, {"M": None}),
+        Kernel("gemm_geglu_kernel", "geglu", _geglu_rules, {"M": None}),
+        Kernel("add_ln_kernel", "add_ln", _add_ln_rules, {"M": None}),
+        Kernel("rope_kernel", "rope", _rope_rules, {"M": None, "L": None}),
+        Kernel("attn_kernel", "attention", _attn_rules, {"B": "B", "L": "L"}, ("lens",), _attn_shape_rules),
+    )
+}
 
 
 def check_args(factory: str, **arguments) -> None:
@@ -252,12 +284,14 @@ def check_args(factory: str, **arguments) -> None:
     kernel = KERNELS[factory]
     names = [p.name for p in kernel.params]
     if sorted(arguments) != sorted(names):
-        raise TypeError(f"{factory} must pass all of its parameters ({', '.join(names)}) to check_args, "
-                        f"got {', '.join(arguments)}")
+        raise TypeError(
+            f"{factory} must pass all of its parameters ({', '.join(names)}) to check_args, got {', '.join(arguments)}"
+        )
     kernel.check(arguments)
 
 
 # ------------------------------------------------------------------------- reading the sources
+
 
 class RegistryError(RuntimeError):
     """The registry and the kernel sources disagree (a programming error, not a config one)."""
@@ -317,6 +351,8 @@ def _signature(path: Path, factory: str) -> tuple[Param, ...]:
     positional = a.args
     defaults = [REQUIRED] * (len(positional) - len(a.defaults)) + [_static_value(d, module, where) for d in a.defaults]
     params = [Param(arg.arg, default) for arg, default in zip(positional, defaults)]
-    params += [Param(arg.arg, REQUIRED if d is None else _static_value(d, module, where), keyword_only=True)
-               for arg, d in zip(a.kwonlyargs, a.kw_defaults)]
+    params += [
+        Param(arg.arg, REQUIRED if d is None else _static_value(d, module, where), keyword_only=True)
+        for arg, d in zip(a.kwonlyargs, a.kw_defaults)
+    ]
     return tuple(params)

@@ -14,6 +14,7 @@ flattened).  ``L`` is a runtime symbol bound from ``cos``'s shape ``[L, Dh/2]`` 
 have the same shape), and ``M`` is another one, so one compiled kernel serves every batch
 size and sequence length; ``M`` need not be a multiple of ``L``.
 """
+
 from __future__ import annotations
 
 import tilelang

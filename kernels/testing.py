@@ -3,6 +3,7 @@
 Tolerances are absolute, for the bounded fixtures made here (unit-variance activations,
 Linear-style weights); they are not a guarantee for arbitrary magnitudes.
 """
+
 from __future__ import annotations
 
 import torch

@@ -2,6 +2,7 @@
 
 An interrupted build therefore never leaves a truncated file under its final name.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -19,6 +19,7 @@ Snapshots for records (:func:`versions`, :func:`device_snapshot`,
 (:func:`unsupported_reason`: missing CUDA, AOTInductor APIs or C++ compiler become explicit
 skip records, never silent passes).
 """
+
 from __future__ import annotations
 
 import functools
@@ -223,11 +224,16 @@ def nvidia_smi_q() -> str | None:
 
 def device_snapshot(target: str) -> dict:
     """The machine the artifact was built on: CPU, and ``nvidia-smi -q`` where there is one."""
-    return {"target": target, "cpu": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count() or 1, "nvidia_smi_q": nvidia_smi_q()}
+    return {
+        "target": target,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count() or 1,
+        "nvidia_smi_q": nvidia_smi_q(),
+    }
 
 
 # ------------------------------------------------------------------------- support checks
+
 
 def cuda_unavailable_reason() -> str | None:
     """Why CUDA cannot be used here, or None.  Asks NVML, so the calling process (possibly
@@ -259,8 +265,7 @@ def unsupported_reason(target: str, *, aoti: bool = False) -> str | None:
     if aoti:
         import torch._inductor as inductor
 
-        missing = [api for api in ("aoti_compile_and_package", "aoti_load_package")
-                   if not hasattr(inductor, api)]
+        missing = [api for api in ("aoti_compile_and_package", "aoti_load_package") if not hasattr(inductor, api)]
         if missing:
             return f"torch {__import__('torch').__version__} lacks torch._inductor.{', '.join(missing)}"
         if tool_path("cxx") is None:

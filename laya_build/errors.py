@@ -57,16 +57,20 @@ class ConfigError(UserError, ValueError):
     """A configuration file (``pipeline.yaml`` or ``config=``) or a section of it is invalid or
     inconsistent; the message names the file and the key path."""
 
-    hint = ("fix the key named above (docs/reference/configuration.md lists every key, its type and "
-            "default), then run the command again")
+    hint = (
+        "fix the key named above (docs/reference/configuration.md lists every key, its type and "
+        "default), then run the command again"
+    )
 
 
 class UsageError(UserError, ValueError):
     """A ``doit`` argument is wrong: an unknown or repeated variable, a missing or malformed task
     parameter, a version that does not exist."""
 
-    hint = ("`doit list` shows the tasks, `doit help <task>` a task's parameters; the variables are "
-            "version=<v>, config=<file> and release=<folder>, each given once")
+    hint = (
+        "`doit list` shows the tasks, `doit help <task>` a task's parameters; the variables are "
+        "version=<v>, config=<file> and release=<folder>, each given once"
+    )
 
 
 class GitRefError(ConfigError):
@@ -98,8 +102,10 @@ class DiskFullError(LayaBuildError):
 class CheckpointError(LayaBuildError):
     """A checkpoint folder is incomplete or does not match the model (names the path and the keys)."""
 
-    hint = ("model.path must name a checkpoint folder in upstream Laya 0.4.15's format "
-            "(docs/guides/upstream-checkpoints.md)")
+    hint = (
+        "model.path must name a checkpoint folder in upstream Laya 0.4.15's format "
+        "(docs/guides/upstream-checkpoints.md)"
+    )
 
 
 class UnsupportedCheckpointError(CheckpointError):
@@ -113,20 +119,25 @@ class UnsupportedCheckpointError(CheckpointError):
 class RecordError(LayaBuildError, ValueError):
     """A record does not match its schema, is missing or is not JSON."""
 
-    hint = ("a record is only ever written by its task: rebuild it with `doit clean <task>` and `doit <task>` "
-            "(the message names the file)")
+    hint = (
+        "a record is only ever written by its task: rebuild it with `doit clean <task>` and `doit <task>` "
+        "(the message names the file)"
+    )
 
 
 class ManifestMismatch(LayaBuildError):
     """A release's files do not match its ``manifest.json``; the message names every offending file."""
 
-    hint = ("the release was changed after it was made: restore the folder from the original release "
-            "(a release is never rebuilt in place), or build a new version")
+    hint = (
+        "the release was changed after it was made: restore the folder from the original release "
+        "(a release is never rebuilt in place), or build a new version"
+    )
 
     def __init__(self, version_dir, problems: list[str], *, hint: str | None = None):
         self.problems = problems
-        super().__init__(f"{version_dir}: {len(problems)} file(s) do not match manifest.json: " + "; ".join(problems),
-                         hint=hint)
+        super().__init__(
+            f"{version_dir}: {len(problems)} file(s) do not match manifest.json: " + "; ".join(problems), hint=hint
+        )
 
 
 class OutputsTampered(LayaBuildError):
@@ -138,15 +149,19 @@ class OutputsTampered(LayaBuildError):
 class NumericalCheckFailed(LayaBuildError, AssertionError):
     """A kernel's fp32 C lowering disagrees with its torch reference beyond ``cpu_checks.atol``."""
 
-    hint = ("fix the kernel; if the tolerance is what is wrong, set cpu_checks.atol_overrides.<variant> "
-            "(lower_c/<variant>.json has every shape's error)")
+    hint = (
+        "fix the kernel; if the tolerance is what is wrong, set cpu_checks.atol_overrides.<variant> "
+        "(lower_c/<variant>.json has every shape's error)"
+    )
 
 
 class CudaSourceMismatch(LayaBuildError):
     """Generated CUDA source differs from the baseline while ``cuda.expect: identical``."""
 
-    hint = ("review the diffs under artifacts/<version>/cuda_diff/diffs/; if the change is intended, "
-            "set cuda.expect: report or move cuda.baseline to the new sources")
+    hint = (
+        "review the diffs under artifacts/<version>/cuda_diff/diffs/; if the change is intended, "
+        "set cuda.expect: report or move cuda.baseline to the new sources"
+    )
 
 
 class StageError(LayaBuildError):
@@ -166,8 +181,10 @@ class ChildCrashError(StageError):
     A crash is always a failure, never a pass or a skip.  ``signal`` holds the signal name.
     """
 
-    hint = ("a native crash: the log named above ends with its stack; on a GPU image see the preload "
-            "settings (docs/guides/gpu-builds.md)")
+    hint = (
+        "a native crash: the log named above ends with its stack; on a GPU image see the preload "
+        "settings (docs/guides/gpu-builds.md)"
+    )
 
     def __init__(self, message: str, signal: str | None = None, *, hint: str | None = None):
         super().__init__(message, hint=hint)
@@ -183,8 +200,10 @@ class VerificationError(LayaBuildError):
 class PackageIntegrityError(VerificationError):
     """A file is not the bytes its record or manifest names (checked before anything loads it)."""
 
-    hint = ("in a build, rebuild the package (`doit clean aoti_package` then `doit aoti_package`); "
-            "a release: restore it from the original")
+    hint = (
+        "in a build, rebuild the package (`doit clean aoti_package` then `doit aoti_package`); "
+        "a release: restore it from the original"
+    )
 
 
 class InputsMismatchError(VerificationError):
@@ -196,8 +215,10 @@ class InputsMismatchError(VerificationError):
 class ParityError(VerificationError):
     """The package's outputs differ from the eager reference beyond a threshold."""
 
-    hint = ("the package computes something else than eager: check package.inductor_configs and the dtype; "
-            "if the tolerance is what is wrong, raise verify.thresholds.<target>.<dtype>")
+    hint = (
+        "the package computes something else than eager: check package.inductor_configs and the dtype; "
+        "if the tolerance is what is wrong, raise verify.thresholds.<target>.<dtype>"
+    )
 
 
 class LogitParityError(ParityError):
@@ -248,12 +269,18 @@ def all_errors() -> list[type[LayaBuildError]]:
 
 def render_reference() -> str:
     """``docs/reference/errors.md``: each error, what it means, what to do, how doit exits."""
-    lines = ["# Errors", "",
-             "Generated from `laya_build/errors.py` by `.venv/bin/python -m laya_build.errors`; do not edit.", "",
-             "laya-build prints an expected failure as its message, a `hint:` line with what usually fixes it "
-             "and a link to its section here.  `doit` exits with 3 for a configuration or command-line error "
-             "(nothing was built; change the command or the configuration) and with 1 for a failed task.", "",
-             "| error | exit status | is a kind of |", "|---|---|---|"]
+    lines = [
+        "# Errors",
+        "",
+        "Generated from `laya_build/errors.py` by `.venv/bin/python -m laya_build.errors`; do not edit.",
+        "",
+        "laya-build prints an expected failure as its message, a `hint:` line with what usually fixes it "
+        "and a link to its section here.  `doit` exits with 3 for a configuration or command-line error "
+        "(nothing was built; change the command or the configuration) and with 1 for a failed task.",
+        "",
+        "| error | exit status | is a kind of |",
+        "|---|---|---|",
+    ]
     for cls in all_errors():
         parent = next((b.__name__ for b in cls.__bases__ if issubclass(b, LayaBuildError)), "")
         lines.append(f"| [`{cls.__name__}`](#{cls.reference()}) | {cls.exit_code} | {parent} |")

@@ -3,6 +3,7 @@
 Naming convention (as in PyTorch's ``pt2_archive/constants.py``): ``*_DIR`` a folder name,
 ``*_NAME`` a file name; :class:`VersionLayout` turns them into the paths of one version.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

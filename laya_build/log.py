@@ -4,6 +4,7 @@ Lines go to whatever ``sys.stdout`` is when they are emitted: doit captures a py
 stdout and shows it with the task, and a stage process's stdout streams to the doit process
 (:mod:`laya_build.runner`).  ``LAYA_LOG_LEVEL`` (default ``INFO``) filters them.
 """
+
 from __future__ import annotations
 
 import logging

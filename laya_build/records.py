@@ -3,6 +3,7 @@
 Every record has a top-level ``"stage"`` naming its schema.  :func:`write_record` validates
 before writing (atomically), so an invalid record fails its task and leaves nothing behind.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -3,6 +3,7 @@
 Errors name the key path (``verify.thresholds.cpu.float32.logit_atol``) of jsonschema's
 best-matching error (:func:`jsonschema.exceptions.best_match`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -53,7 +54,7 @@ def ecma_regex(pattern: str) -> str:
     while i < len(pattern):
         c = pattern[i]
         if c == "\\":
-            out.append(pattern[i:i + 2])
+            out.append(pattern[i : i + 2])
             i += 2
             continue
         if in_class:

@@ -122,8 +122,11 @@ class Outputs:
         if saved is None:
             return ["no complete run recorded"]
         now = self.digest()
-        return [f"{path}: {_what(saved.get(path), now.get(path))}"
-                for path in sorted(set(saved) | set(now)) if saved.get(path) != now.get(path)]
+        return [
+            f"{path}: {_what(saved.get(path), now.get(path))}"
+            for path in sorted(set(saved) | set(now))
+            if saved.get(path) != now.get(path)
+        ]
 
     def altered(self) -> list[tuple[str, str, str]]:
         """(path, sha256 now, sha256 written) of every output changed since its task wrote it

@@ -1,4 +1,5 @@
 """The targets and dtypes the model sections name (``export.targets.<target>: [<dtype>]``)."""
+
 from __future__ import annotations
 
 from laya_build.errors import ConfigError

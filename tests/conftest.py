@@ -11,6 +11,7 @@ time is real builds, and a build has long one-core stretches (an AOTInductor com
   by their marker's ``seconds`` estimate, so no long unit starts last while the other worker
   idles.  ``pytest -m "not build"`` leaves them out (the quick loop).
 """
+
 import ast
 import functools
 import os
@@ -30,8 +31,11 @@ if str(ROOT) not in sys.path:
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "build(seconds): the module runs real builds (about `seconds` on the "
-                                       "2-core CI machine); `-m 'not build'` leaves them out")
+    config.addinivalue_line(
+        "markers",
+        "build(seconds): the module runs real builds (about `seconds` on the "
+        "2-core CI machine); `-m 'not build'` leaves them out",
+    )
 
 
 @functools.cache
@@ -41,8 +45,9 @@ def _session_fixtures_in(directory: str) -> bool:
     if not conftest.is_file():
         return False
     for node in ast.walk(ast.parse(conftest.read_text())):
-        if isinstance(node, ast.Call) and any(k.arg == "scope" and getattr(k.value, "value", None) == "session"
-                                              for k in node.keywords):
+        if isinstance(node, ast.Call) and any(
+            k.arg == "scope" and getattr(k.value, "value", None) == "session" for k in node.keywords
+        ):
             return True
     return False
 

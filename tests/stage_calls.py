@@ -5,6 +5,7 @@ and its runner writes the record a stage returns (``<out_dir>/<stage>.json``).  
 partial section as a test writes it, merge it the same way, run the stage in this process
 and write its record as the runner does.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,15 +34,36 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
     return _recorded(package.run_package(section("package", package_cfg), export_dir, out_dir, target), out_dir)
 
 
-def run_verify(verify_cfg: dict, package_record_path, inputs_path, eager_path, out_dir,
-               runtime_cfg: dict | None = None) -> dict:
-    record = verify.run_verify(section("verify", verify_cfg), section("runtime", runtime_cfg), package_record_path,
-                               inputs_path, eager_path, out_dir)
+def run_verify(
+    verify_cfg: dict, package_record_path, inputs_path, eager_path, out_dir, runtime_cfg: dict | None = None
+) -> dict:
+    record = verify.run_verify(
+        section("verify", verify_cfg),
+        section("runtime", runtime_cfg),
+        package_record_path,
+        inputs_path,
+        eager_path,
+        out_dir,
+    )
     return _recorded(record, out_dir)
 
 
-def run_latency(latency_cfg: dict, checkpoint_dir, inputs_path, package_record_paths, out_dir, target: str,
-                runtime_cfg: dict | None = None) -> dict:
-    record = latency.run_latency(section("latency", latency_cfg), section("runtime", runtime_cfg), checkpoint_dir,
-                                 inputs_path, package_record_paths, out_dir, target)
+def run_latency(
+    latency_cfg: dict,
+    checkpoint_dir,
+    inputs_path,
+    package_record_paths,
+    out_dir,
+    target: str,
+    runtime_cfg: dict | None = None,
+) -> dict:
+    record = latency.run_latency(
+        section("latency", latency_cfg),
+        section("runtime", runtime_cfg),
+        checkpoint_dir,
+        inputs_path,
+        package_record_paths,
+        out_dir,
+        target,
+    )
     return _recorded(record, out_dir)

@@ -7,6 +7,7 @@ temperatures, keys the build only records, and a tokenizer whose special-token i
 from the generated model's.  :func:`upstream_agent` is ``laya.load`` on a private copy
 (upstream rewrites ``tokenizer/tokenizer_config.json`` of the directory it loads).
 """
+
 from __future__ import annotations
 
 import shutil
@@ -50,10 +51,21 @@ def write_upstream_checkpoint(path: Path, *, head_layers: int = 0, seed: int = 7
 
     tok = upstream_tokenizer()
     ecfg = ModernBertConfig(
-        vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=80, max_position_embeddings=512, local_attention=32, initializer_range=0.4,
-        pad_token_id=tok.pad_token_id, cls_token_id=tok.cls_token_id, sep_token_id=tok.sep_token_id,
-        mask_token_id=tok.mask_token_id, bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id)
+        vocab_size=len(tok),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=80,
+        max_position_embeddings=512,
+        local_attention=32,
+        initializer_range=0.4,
+        pad_token_id=tok.pad_token_id,
+        cls_token_id=tok.cls_token_id,
+        sep_token_id=tok.sep_token_id,
+        mask_token_id=tok.mask_token_id,
+        bos_token_id=tok.cls_token_id,
+        eos_token_id=tok.sep_token_id,
+    )
     cfg = {**(UPSTREAM_CONFIG if config is None else config), "head_layers": head_layers}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -78,5 +90,10 @@ def upstream_agent(checkpoint: Path, scratch: Path, *, quiet: bool = True):
 def upstream_forward(model, batch: dict):
     """Upstream's ``DecisionModel.forward`` on a saved batch (its marker mask is boolean)."""
     with torch.inference_mode():
-        return model(batch["input_ids"], batch["attention_mask"], batch["marker_pos"],
-                     batch["marker_mask"].bool(), batch["qtype"])
+        return model(
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["marker_pos"],
+            batch["marker_mask"].bool(),
+            batch["qtype"],
+        )

@@ -18,6 +18,7 @@ refused with :class:`ConfigError` naming the file (or the ``doit`` argument) and
 Command-line values (``doit config=... version=...``) are reported as such.  Nothing here
 imports torch, tilelang or transformers, and nothing is written.
 """
+
 from __future__ import annotations
 
 import math
@@ -92,8 +93,10 @@ def _construct_mapping(loader, node, deep=False):
             continue
         key = loader.construct_object(key_node, deep=deep)
         if not isinstance(key, str):
-            raise ConfigError(f"key {key!r} at line {line}: keys must be strings "
-                              "(YAML reads an unquoted yes/no/on/off as a boolean and 1 as a number: quote it)")
+            raise ConfigError(
+                f"key {key!r} at line {line}: keys must be strings "
+                "(YAML reads an unquoted yes/no/on/off as a boolean and 1 as a number: quote it)"
+            )
         if key in seen:
             raise ConfigError(f"duplicate key {key!r} at line {line}")
         seen.add(key)
@@ -104,6 +107,7 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 
 # ----------------------------------------------------------------------------------- loading
+
 
 def _shown(value: str) -> str:
     """A command-line value as typed, or its repr when it holds whitespace or control characters."""
@@ -128,14 +132,17 @@ def _read(path: Path, argument: str = "") -> str:
     except OSError as exc:
         raise ConfigError(f"{label}: cannot be read ({exc.strerror or exc})") from None
     if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{label}: larger than {MAX_CONFIG_BYTES:,} bytes, more than any configuration holds",
-                          hint="name the pipeline's configuration file (config=...); a real one is a few kB")
+        raise ConfigError(
+            f"{label}: larger than {MAX_CONFIG_BYTES:,} bytes, more than any configuration holds",
+            hint="name the pipeline's configuration file (config=...); a real one is a few kB",
+        )
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}, "
-                          f"line {line})") from None
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}, line {line})"
+        ) from None
 
 
 # Bounds of a configuration document: far above any real one (pipeline.yaml: ~2 kB, ~300 values),
@@ -216,10 +223,12 @@ def _check_expansion(root) -> None:
             break
         key, node = max(over, key=lambda kc: sizes[id(kc[1])])
         path = f"{path}.{key}" if path else key
-    raise ConfigError(f"invalid at {path or '<root>'}: its YAML aliases expand to {sizes[id(node)]:,} values "
-                      f"({total:,} in the document), more than the {MAX_CONFIG_VALUES:,} a configuration may hold",
-                      hint="write the values out, or use anchors for small values only; a real pipeline.yaml "
-                           "holds a few hundred values")
+    raise ConfigError(
+        f"invalid at {path or '<root>'}: its YAML aliases expand to {sizes[id(node)]:,} values "
+        f"({total:,} in the document), more than the {MAX_CONFIG_VALUES:,} a configuration may hold",
+        hint="write the values out, or use anchors for small values only; a real pipeline.yaml "
+        "holds a few hundred values",
+    )
 
 
 def _load_yaml(text: str):
@@ -266,8 +275,10 @@ def _check_values(value, key: str, _inside: frozenset = frozenset()) -> None:
         if not math.isfinite(value):
             raise ConfigError(f"invalid at {here}: {value!r} is not a finite number")
     elif not (value is None or isinstance(value, (str, bool, int))):
-        raise ConfigError(f"invalid at {here}: YAML read {value!r} as a {type(value).__name__}, "
-                          "which a configuration cannot hold (quote it if it is text)")
+        raise ConfigError(
+            f"invalid at {here}: YAML read {value!r} as a {type(value).__name__}, "
+            "which a configuration cannot hold (quote it if it is text)"
+        )
 
 
 def check_version(value: str, what: str) -> str:
@@ -275,8 +286,10 @@ def check_version(value: str, what: str) -> str:
     match the schema's pattern in full: no whitespace, newline or control character anywhere."""
     pattern = load_schema("pipeline")["$defs"]["version"]["pattern"]
     if not isinstance(value, str) or not re.fullmatch(ecma_regex(pattern), value):
-        raise ConfigError(f"{what}={_shown(str(value))}: is not a version (expected e.g. 1.2.0 or 1.2.0-rc.1; "
-                          f"the schema's pattern {pattern}, in full)")
+        raise ConfigError(
+            f"{what}={_shown(str(value))}: is not a version (expected e.g. 1.2.0 or 1.2.0-rc.1; "
+            f"the schema's pattern {pattern}, in full)"
+        )
     return value
 
 
@@ -289,8 +302,10 @@ VARIABLES = {
 
 
 # Names that are task parameters, not variables (``--old 0.1.0``, not ``old=0.1.0``).
-TASK_PARAMETERS = {name: "release_diff takes it as a parameter: `doit release_diff --old <version> --new <version>`"
-                   for name in ("old", "new")}
+TASK_PARAMETERS = {
+    name: "release_diff takes it as a parameter: `doit release_diff --old <version> --new <version>`"
+    for name in ("old", "new")
+}
 
 
 def check_variables(variables: dict[str, str], given: list[tuple[str, str]] | None = None) -> None:
@@ -299,22 +314,30 @@ def check_variables(variables: dict[str, str], given: list[tuple[str, str]] | No
     seen: dict[str, str] = {}
     for name, value in given or []:
         if name in seen and seen[name] != value:
-            raise UsageError(f"doit argument {name}= is given twice ({name}={_shown(seen[name])} and "
-                             f"{name}={_shown(value)}); which one is meant is not clear",
-                             hint=f"give {name}= once")
+            raise UsageError(
+                f"doit argument {name}= is given twice ({name}={_shown(seen[name])} and "
+                f"{name}={_shown(value)}); which one is meant is not clear",
+                hint=f"give {name}= once",
+            )
         seen[name] = value
     unknown = sorted(set(variables) - set(VARIABLES))
     if unknown and unknown[0] in TASK_PARAMETERS:
-        raise UsageError(f"doit argument {unknown[0]}={_shown(variables[unknown[0]])}: not a variable of laya-build; "
-                         f"{TASK_PARAMETERS[unknown[0]]}", hint="`doit help <task>` lists a task's parameters")
+        raise UsageError(
+            f"doit argument {unknown[0]}={_shown(variables[unknown[0]])}: not a variable of laya-build; "
+            f"{TASK_PARAMETERS[unknown[0]]}",
+            hint="`doit help <task>` lists a task's parameters",
+        )
     if unknown:
-        raise UsageError(f"doit argument {unknown[0]}={_shown(variables[unknown[0]])}: not a variable of "
-                         f"laya-build (known: {', '.join(f'{k}=' for k in VARIABLES)})",
-                         hint="; ".join(f"{k}=: {v}" for k, v in VARIABLES.items()))
+        raise UsageError(
+            f"doit argument {unknown[0]}={_shown(variables[unknown[0]])}: not a variable of "
+            f"laya-build (known: {', '.join(f'{k}=' for k in VARIABLES)})",
+            hint="; ".join(f"{k}=: {v}" for k, v in VARIABLES.items()),
+        )
 
 
-def from_command_line(variables: dict[str, str], *, root: str | Path = PROJECT_ROOT,
-                      given: list[tuple[str, str]] | None = None) -> Pipeline:
+def from_command_line(
+    variables: dict[str, str], *, root: str | Path = PROJECT_ROOT, given: list[tuple[str, str]] | None = None
+) -> Pipeline:
     """The pipeline as ``doit config=... version=... release=...`` asks for it."""
     check_variables(variables, given)
     root = Path(root).resolve()
@@ -323,13 +346,18 @@ def from_command_line(variables: dict[str, str], *, root: str | Path = PROJECT_R
     if variables.get("release") is not None:
         folder, released = release_folder(variables["release"], root)
         if version is not None and version != released:
-            raise UsageError(f"doit argument release={_shown(variables['release'])} is version {released}, "
-                             f"not version={_shown(version)}", hint="give release= alone, or the matching version=")
+            raise UsageError(
+                f"doit argument release={_shown(variables['release'])} is version {released}, "
+                f"not version={_shown(version)}",
+                hint="give release= alone, or the matching version=",
+            )
         version = released
     wait = variables.get("wait", "yes")
     if wait not in ("yes", "no"):
-        raise UsageError(f"doit argument wait={_shown(wait)}: expected yes or no", hint="wait=no refuses at once "
-                         "when another run builds the same version; without it a run waits")
+        raise UsageError(
+            f"doit argument wait={_shown(wait)}: expected yes or no",
+            hint="wait=no refuses at once when another run builds the same version; without it a run waits",
+        )
     pipeline = load(variables.get("config"), root=root, overrides={"version": version}, path_argument="config")
     return Pipeline(data=pipeline.data, path=pipeline.path, root=root, release_folder=folder, wait=wait == "yes")
 
@@ -346,20 +374,28 @@ def release_folder(value: str, root: Path) -> tuple[Path, str]:
     if not value or not folder.is_dir():
         raise UsageError(f"{label}: {folder} is not a folder", hint="name a release folder (one with manifest.json)")
     if not manifest.is_file():
-        raise UsageError(f"{label}: {folder} is not a release (it has no {MANIFEST_NAME})",
-                         hint="name the folder of a released version, e.g. release=artifacts/0.1.0")
+        raise UsageError(
+            f"{label}: {folder} is not a release (it has no {MANIFEST_NAME})",
+            hint="name the folder of a released version, e.g. release=artifacts/0.1.0",
+        )
     try:
-        version = json.loads(manifest.read_bytes()[:1 << 24])["version"]
+        version = json.loads(manifest.read_bytes()[: 1 << 24])["version"]
         check_version(version, f"{label}: its manifest's version")
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        raise UsageError(f"{label}: {manifest} does not name a version",
-                         hint="a release's manifest.json is written by `doit release`; restore it from the release"
-                         ) from None
+        raise UsageError(
+            f"{label}: {manifest} does not name a version",
+            hint="a release's manifest.json is written by `doit release`; restore it from the release",
+        ) from None
     return folder, version
 
 
-def load(path: str | Path | None = None, *, root: str | Path = PROJECT_ROOT, overrides: dict | None = None,
-         path_argument: str | None = None) -> Pipeline:
+def load(
+    path: str | Path | None = None,
+    *,
+    root: str | Path = PROJECT_ROOT,
+    overrides: dict | None = None,
+    path_argument: str | None = None,
+) -> Pipeline:
     """Read, override, validate and return the pipeline configuration.
 
     ``overrides`` are command-line values (``doit version=X``): an error in one is reported
@@ -374,8 +410,10 @@ def load(path: str | Path | None = None, *, root: str | Path = PROJECT_ROOT, ove
         if path_argument:
             label_prefix = f"{_argument(path_argument, str(path))}: "
         if str(path) == "":
-            raise ConfigError(f"{label_prefix}empty; expected the path of a configuration file "
-                              f"(e.g. {path_argument or 'config'}=pipeline.h200.yaml)")
+            raise ConfigError(
+                f"{label_prefix}empty; expected the path of a configuration file "
+                f"(e.g. {path_argument or 'config'}=pipeline.h200.yaml)"
+            )
         path = Path(path)
         if not path.is_absolute():
             path = root / path
@@ -392,8 +430,9 @@ def load(path: str | Path | None = None, *, root: str | Path = PROJECT_ROOT, ove
         raise ConfigError(message_of(exc)) from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply (a recursive alias?)") from None
-    _check_kernels(data, path, root,
-                   version_from=_argument("version", given["version"]) if "version" in given else None)
+    _check_kernels(
+        data, path, root, version_from=_argument("version", given["version"]) if "version" in given else None
+    )
     _merge_model_defaults(data, path)
     _check_model(data, path, root)
     return Pipeline(data=data, path=path, root=root)
@@ -419,6 +458,7 @@ def _fail(path: Path, key: str, message: str):
 
 
 # ------------------------------------------------------------------------------- the checks
+
 
 def _check_kernels(data: dict, path: Path, root: Path, version_from: str | None) -> None:
     artifacts = (root / ARTIFACTS_DIRNAME).resolve()
@@ -466,7 +506,7 @@ def _check_variant(path: Path, name: str, variant: dict) -> dict:
     def key_of(param: str | None) -> str:
         if param in kwargs:
             return f"{base}.kwargs.{param}"
-        if param in kernel.positional[:len(args)]:
+        if param in kernel.positional[: len(args)]:
             return f"{base}.args.{kernel.positional.index(param)}"
         if param is None or any(p.name == param and p.required for p in kernel.params):
             return f"{base}.args"
@@ -500,9 +540,12 @@ def _check_model(data: dict, path: Path, root: Path) -> None:
     thresholds = data["verify"]["thresholds"]
     for target, dtype in model_builds(data):
         if dtype not in thresholds.get(target, {}):
-            _fail(path, f"verify.thresholds.{target}.{dtype}",
-                  f"no verification thresholds for the {target} {dtype} package, which is built "
-                  f"(package.targets has {target}, export.targets.{target} has {dtype})")
+            _fail(
+                path,
+                f"verify.thresholds.{target}.{dtype}",
+                f"no verification thresholds for the {target} {dtype} package, which is built "
+                f"(package.targets has {target}, export.targets.{target} has {dtype})",
+            )
     try:
         check_buckets(data)  # runtime.buckets inside export.dims (checked after the batch layout)
     except ConfigError as exc:

@@ -11,6 +11,7 @@ the same bytes on every run.
     python -m laya_build.config.reference           # (re)write docs/reference/configuration.md
     python -m laya_build.config.reference --check   # exit 1 when that file differs from render()
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,15 @@ PLACEHOLDERS = {
     "model.generate.temperature_by_options": "bucket",
 }
 
-TYPE_NAMES = {"object": "mapping", "array": "list", "string": "string", "integer": "integer", "number": "number",
-              "boolean": "boolean", "null": "null"}
+TYPE_NAMES = {
+    "object": "mapping",
+    "array": "list",
+    "string": "string",
+    "integer": "integer",
+    "number": "number",
+    "boolean": "boolean",
+    "null": "null",
+}
 COMPARISONS = (("minimum", "≥"), ("exclusiveMinimum", ">"), ("maximum", "≤"), ("exclusiveMaximum", "<"))
 LOWER_BOUNDS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
 UPPER_BOUNDS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
@@ -57,12 +65,15 @@ class SchemaError(ValueError):
 
 # --------------------------------------------------------------------------------- schemas
 
+
 def load_schemas(directory: Path = SCHEMA_DIR) -> dict[str, dict]:
     """Every ``*.schema.json`` of ``directory`` by file name (what ``$ref`` names), with each
     local ``#/...`` reference rewritten as ``<file>#/...`` so that a node can be resolved
     without knowing which file it came from."""
-    return {path.name: _absolute_refs(json.loads(path.read_text(encoding="utf-8")), path.name)
-            for path in sorted(directory.glob("*.schema.json"))}
+    return {
+        path.name: _absolute_refs(json.loads(path.read_text(encoding="utf-8")), path.name)
+        for path in sorted(directory.glob("*.schema.json"))
+    }
 
 
 def _absolute_refs(node, name: str):
@@ -310,6 +321,7 @@ def _number(value) -> str:
 
 # ---------------------------------------------------------------------------------- values
 
+
 def value_text(value) -> str:
     """A value as YAML flow text, on one line (``yaml.safe_load`` reads it back)."""
     text = yaml.safe_dump(value, default_flow_style=True, width=1 << 30, sort_keys=False, allow_unicode=True)
@@ -360,6 +372,7 @@ def default_text(row: Row, defaults: dict | None) -> str:
 
 
 # -------------------------------------------------------------------------------- markdown
+
 
 def cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
@@ -419,8 +432,13 @@ def render() -> str:
         section_defaults = defaults if name in defaults else None
         out += [f"## `{name}`", ""]
         about = rows[0].node.get("description", "")
-        status = ("Required." if required else
-                  "Optional; every key left out takes its default." if section_defaults is not None else "Optional.")
+        status = (
+            "Required."
+            if required
+            else "Optional; every key left out takes its default."
+            if section_defaults is not None
+            else "Optional."
+        )
         out += [f"{prose(about)} {status}".strip(), ""]
         out += ["| Key | Type | Default | Description |", "|---|---|---|---|"]
         first_use: dict[str, str] = {}
@@ -442,6 +460,7 @@ def render() -> str:
 
 
 # ---------------------------------------------------------------------------------- output
+
 
 def _shown(path: Path) -> str:
     path = path.resolve()
@@ -472,13 +491,16 @@ def write_atomic(target: Path, data: bytes) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}",
-                                     description="Write the pipeline.yaml reference generated from the schemas and "
-                                                 "the model defaults.")
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 if the file differs from what would be written")
-    parser.add_argument("--output", type=Path, default=OUTPUT,
-                        help=f"the file to write or check (default: {_shown(OUTPUT)})")
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {MODULE}",
+        description="Write the pipeline.yaml reference generated from the schemas and the model defaults.",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if the file differs from what would be written"
+    )
+    parser.add_argument(
+        "--output", type=Path, default=OUTPUT, help=f"the file to write or check (default: {_shown(OUTPUT)})"
+    )
     args = parser.parse_args(argv)
     target = args.output.resolve()
     data = render().encode("utf-8")

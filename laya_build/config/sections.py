@@ -1,6 +1,7 @@
 """The model sections of ``pipeline.yaml`` (model, export, package, verify, latency, runtime):
 their defaults (``laya_build/model/defaults.yaml``), merging and validation, and the names
 of targets and dtypes they use."""
+
 from __future__ import annotations
 
 import copy

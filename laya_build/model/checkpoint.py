@@ -23,6 +23,7 @@ computation are recorded (``model.json`` ``agent_config.recorded_keys``).
 
 Nothing here touches the network, and a checkpoint directory is never modified.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,9 +49,9 @@ TOKENIZER_DIR = "tokenizer"
 REQUIRED = (AGENT_CONFIG, WEIGHTS, ENCODER_CONFIG, f"{TOKENIZER_DIR}/tokenizer.json")
 DEFAULT_ATTN = "sdpa"
 SUPPORTED_ENCODERS = ("modernbert",)
-OPTION_LAYOUTS = ("sequential",)       # upstream also has "parallel": refused
+OPTION_LAYOUTS = ("sequential",)  # upstream also has "parallel": refused
 UPSTREAM_OPTION_LAYOUTS = ("sequential", "parallel")
-DEFAULT_MAX_LEN, DEFAULT_HEAD_MAX_LEN = 512, 192   # upstream's cfg.get defaults
+DEFAULT_MAX_LEN, DEFAULT_HEAD_MAX_LEN = 512, 192  # upstream's cfg.get defaults
 DEFAULT_TEMPERATURE = [1.0, 1.0, 1.0]
 
 # The rl_agent_config.json keys upstream 0.4.15 reads (laya/agent.py Agent.__init__,
@@ -68,10 +69,10 @@ KEYS = {
 # Keys upstream reads that do not change the forward or the tokenisation: recorded.
 NEUTRAL_KEYS = {
     "amp_dtype": "upstream's CUDA autocast dtype at predict time; not applied: the build's "
-                 "precisions are export.targets and latency.amp_dtype",
+    "precisions are export.targets and latency.amp_dtype",
     "lang_temperatures": "per-language temperature overrides: upstream applies them only when a "
-                         "request names a language (laya.load(lang_temperatures=...)); the saved "
-                         "decisions carry none",
+    "request names a language (laya.load(lang_temperatures=...)); the saved "
+    "decisions carry none",
 }
 UNKNOWN_KEY_NOTE = f"not read by laya {UPSTREAM_LAYA}'s runtime: does not change the computation"
 
@@ -89,9 +90,12 @@ def encoder_config(spec: dict, tokenizer, attn_implementation: str = DEFAULT_ATT
         max_position_embeddings=spec.get("max_position_embeddings", 512),
         local_attention=spec.get("local_attention", 64),
         initializer_range=spec.get("initializer_range", 0.02),
-        pad_token_id=ids["pad_token_id"], cls_token_id=ids["cls_token_id"],
-        sep_token_id=ids["sep_token_id"], mask_token_id=ids["mask_token_id"],
-        bos_token_id=ids["cls_token_id"], eos_token_id=ids["sep_token_id"],
+        pad_token_id=ids["pad_token_id"],
+        cls_token_id=ids["cls_token_id"],
+        sep_token_id=ids["sep_token_id"],
+        mask_token_id=ids["mask_token_id"],
+        bos_token_id=ids["cls_token_id"],
+        eos_token_id=ids["sep_token_id"],
         attn_implementation=attn_implementation,
     )
 
@@ -129,14 +133,14 @@ def generate_checkpoint(out_dir: str | os.PathLike, spec: dict) -> Path:
         torch.manual_seed(int(spec["seed"]))
         model = DecisionModel(config, head_layers=agent["head_layers"], n_act=len(agent["act_costs"]) + 1)
     # As upstream: every tensor in fp16, no metadata (the header is then byte-stable).
-    save_file({k: v.detach().half().cpu().contiguous() for k, v in model.state_dict().items()},
-              str(out / WEIGHTS))
+    save_file({k: v.detach().half().cpu().contiguous() for k, v in model.state_dict().items()}, str(out / WEIGHTS))
     config.save_pretrained(str(out / Path(ENCODER_CONFIG).parent))
     write_json(out / AGENT_CONFIG, agent)
     return out
 
 
 # ------------------------------------------------------------------------------ loading
+
 
 def _fail(path: Path, key: str, value, expected: str) -> CheckpointError:
     return CheckpointError(f"{path}: {key} = {value!r} is invalid; {key} must be {expected}")
@@ -177,8 +181,9 @@ def read_agent_config(path: str | os.PathLike) -> dict:
         raise _fail(file, "head_layers", head_layers, "an integer >= 0")
 
     act_costs = raw.get("act_costs")
-    if "act_costs" in raw and not (isinstance(act_costs, dict) and all(
-            isinstance(k, str) and _is_number(v) for k, v in act_costs.items())):
+    if "act_costs" in raw and not (
+        isinstance(act_costs, dict) and all(isinstance(k, str) and _is_number(v) for k, v in act_costs.items())
+    ):
         raise _fail(file, "act_costs", act_costs, "a mapping of action name to a number (cost)")
 
     sizes = {}
@@ -191,30 +196,43 @@ def read_agent_config(path: str | os.PathLike) -> dict:
     layout = raw.get("option_layout", "sequential")
     if layout not in OPTION_LAYOUTS:
         cls = UnsupportedCheckpointError if layout in UPSTREAM_OPTION_LAYOUTS else CheckpointError
-        raise cls(f"{file}: option_layout = {layout!r} is not supported; supported: "
-                  f"{', '.join(repr(v) for v in OPTION_LAYOUTS)} (the parallel layout changes the "
-                  "encoder's positions and attention masks, which this build does not export)")
+        raise cls(
+            f"{file}: option_layout = {layout!r} is not supported; supported: "
+            f"{', '.join(repr(v) for v in OPTION_LAYOUTS)} (the parallel layout changes the "
+            "encoder's positions and attention masks, which this build does not export)"
+        )
 
     temperature = raw.get("temperature", DEFAULT_TEMPERATURE)
     if not isinstance(temperature, list) or len(temperature) != len(QUESTION_TYPES):
-        raise _fail(file, "temperature", temperature,
-                    f"a list of {len(QUESTION_TYPES)} temperatures ({', '.join(QUESTION_TYPES)})")
+        raise _fail(
+            file,
+            "temperature",
+            temperature,
+            f"a list of {len(QUESTION_TYPES)} temperatures ({', '.join(QUESTION_TYPES)})",
+        )
     by_options = raw.get("temperature_by_options", {})
     if not isinstance(by_options, dict):
-        raise _fail(file, "temperature_by_options", by_options,
-                    "a mapping of '<type>:<2|3-5|6-10|11+>' to a temperature")
+        raise _fail(
+            file, "temperature_by_options", by_options, "a mapping of '<type>:<2|3-5|6-10|11+>' to a temperature"
+        )
 
     recorded = {k: NEUTRAL_KEYS.get(k, UNKNOWN_KEY_NOTE) for k in sorted(raw) if k not in KEYS}
     applied = applied_calibration(temperature, by_options)
     return {
-        "encoder": encoder, "head_layers": head_layers,
-        "act_costs": act_costs, "n_act": len(act_costs or {}) + 1,
-        **sizes, "option_layout": layout,
+        "encoder": encoder,
+        "head_layers": head_layers,
+        "act_costs": act_costs,
+        "n_act": len(act_costs or {}) + 1,
+        **sizes,
+        "option_layout": layout,
         "calibration": {
             "source": AGENT_CONFIG if ("temperature" in raw or "temperature_by_options" in raw) else "default",
-            "temperature": temperature, "temperature_by_options": by_options,
-            "applied": {"temperature": applied["temperature"],
-                        "temperature_by_options": applied["temperature_by_options"]},
+            "temperature": temperature,
+            "temperature_by_options": by_options,
+            "applied": {
+                "temperature": applied["temperature"],
+                "temperature_by_options": applied["temperature_by_options"],
+            },
             "replaced": applied["replaced"],
         },
         "recorded_keys": recorded,
@@ -234,10 +252,12 @@ def read_encoder_config(path: Path, attn_implementation: str = DEFAULT_ATTN):
     if model_type not in SUPPORTED_ENCODERS:
         raise UnsupportedCheckpointError(
             f"{file}: model_type = {model_type!r} is not supported; supported: "
-            f"{', '.join(repr(v) for v in SUPPORTED_ENCODERS)} (the build exports ModernBERT encoders only)")
+            f"{', '.join(repr(v) for v in SUPPORTED_ENCODERS)} (the build exports ModernBERT encoders only)"
+        )
     try:
-        return AutoConfig.from_pretrained(str(file.parent), local_files_only=True,
-                                          attn_implementation=attn_implementation)
+        return AutoConfig.from_pretrained(
+            str(file.parent), local_files_only=True, attn_implementation=attn_implementation
+        )
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise CheckpointError(f"{file}: does not load as a ModernBERT config: {type(exc).__name__}: {exc}") from None
 
@@ -258,10 +278,16 @@ def check_state(file: Path, state: dict, expected: dict) -> None:
     and nothing else; one :class:`CheckpointError` listing every difference."""
     absent = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
-    shapes = [f"{k}: file {list(state[k].shape)} vs model {list(expected[k].shape)}"
-              for k in sorted(set(state) & set(expected)) if state[k].shape != expected[k].shape]
-    dtypes = [f"{k}: {str(state[k].dtype).removeprefix('torch.')}" for k in sorted(set(state) & set(expected))
-              if not state[k].dtype.is_floating_point]
+    shapes = [
+        f"{k}: file {list(state[k].shape)} vs model {list(expected[k].shape)}"
+        for k in sorted(set(state) & set(expected))
+        if state[k].shape != expected[k].shape
+    ]
+    dtypes = [
+        f"{k}: {str(state[k].dtype).removeprefix('torch.')}"
+        for k in sorted(set(state) & set(expected))
+        if not state[k].dtype.is_floating_point
+    ]
     problems = []
     if absent or unexpected:
         problems.append(f"missing keys {_listed(absent)}, unexpected keys {_listed(unexpected)}")
@@ -295,8 +321,11 @@ def load_checkpoint(path: str | os.PathLike, attn_implementation: str = DEFAULT_
         raise CheckpointError(f"{path / WEIGHTS}: not a readable safetensors file: {exc}") from None
     check_state(path / WEIGHTS, state, model.state_dict())
     model.load_state_dict(state, strict=True)  # copies into the fp32 parameters
-    agent = {**agent, "model_type": config.model_type,
-             "weights_dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in state.values()})}
+    agent = {
+        **agent,
+        "model_type": config.model_type,
+        "weights_dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in state.values()}),
+    }
     return model.eval(), tokenizer, agent
 
 

@@ -34,6 +34,7 @@ range (:func:`check_dims_reached`).
 ``calibration`` is the checkpoint's temperatures as upstream applies them; verify and latency
 compute the published decision probabilities with it (``aoti.decision_probabilities``).
 """
+
 from __future__ import annotations
 
 import math
@@ -54,6 +55,7 @@ DIM_AXES = {"rows": ("input_ids", 0), "tokens": ("input_ids", 1), "slots": ("mar
 def check_question(name: str, question: dict) -> None:
     """The shape upstream's ``Agent._check_question`` accepts (its core rules), else a
     :class:`ConfigError` naming the decision."""
+
     def bad(why):
         return ConfigError(f"decision {name!r}: {why}")
 
@@ -65,8 +67,11 @@ def check_question(name: str, question: dict) -> None:
     t, crit = question["type"], question.get("criteria")
     if t == "choice":
         labels = crit if isinstance(crit, list) else list(crit) if isinstance(crit, dict) else None
-        if not labels or any(not isinstance(x, (str, int, float, bool)) for x in labels) \
-                or len(set(labels)) != len(labels):
+        if (
+            not labels
+            or any(not isinstance(x, (str, int, float, bool)) for x in labels)
+            or len(set(labels)) != len(labels)
+        ):
             raise bad("a choice takes criteria as distinct scalar labels (a list, or a mapping to descriptions)")
     elif t == "score":
         if not isinstance(crit, list) or not crit or None in crit:
@@ -82,28 +87,42 @@ def check_question(name: str, question: dict) -> None:
             raise bad(message_of(exc)) from None
 
 
-def encode_decision(tokenizer, decision: Decision, max_len: int, head_max_len: int,
-                    name: str = "?") -> tuple[list[int], list[int]]:
+def encode_decision(
+    tokenizer, decision: Decision, max_len: int, head_max_len: int, name: str = "?"
+) -> tuple[list[int], list[int]]:
     """Token ids of one decision and the positions of its ``[MASK]`` markers."""
     check_question(name, decision.question)
     ids, markers = build_sequence(tokenizer, decision.state, to_internal(decision.question), max_len, head_max_len)
     n_options = len(decision.options)
     if len(markers) != n_options:  # as upstream's Agent._encode_state refuses it
-        raise ConfigError(f"decision {name!r}: only {len(markers)} of its {n_options} option markers fit "
-                          f"in the checkpoint's max_len={max_len} with head_max_len={head_max_len}")
+        raise ConfigError(
+            f"decision {name!r}: only {len(markers)} of its {n_options} option markers fit "
+            f"in the checkpoint's max_len={max_len} with head_max_len={head_max_len}"
+        )
     return ids, markers
 
 
-def build_batch(tokenizer, names: list[str], tokens: int | None, pad_multiple: int,
-                slots: int | None = None, *, key: str = "model.inputs", single_slot: bool = False,
-                max_len: int = 512, head_max_len: int = 192) -> dict:
+def build_batch(
+    tokenizer,
+    names: list[str],
+    tokens: int | None,
+    pad_multiple: int,
+    slots: int | None = None,
+    *,
+    key: str = "model.inputs",
+    single_slot: bool = False,
+    max_len: int = 512,
+    head_max_len: int = 192,
+) -> dict:
     layout = batch_layout(names, tokens, pad_multiple, slots, key=key, single_slot=single_slot)
     encoded = [encode_decision(tokenizer, DECISIONS[n], max_len, head_max_len, n) for n in names]
     longest = max(len(ids) for ids, _ in encoded)
     width = tokens or math.ceil(longest / pad_multiple) * pad_multiple
     if width < longest:  # the one layout rule that needs the tokenizer
-        raise ConfigError(f"{key}: batch {names} needs {longest} tokens; padded length "
-                          f"{width} must be a multiple of {pad_multiple} and at least that")
+        raise ConfigError(
+            f"{key}: batch {names} needs {longest} tokens; padded length "
+            f"{width} must be a multiple of {pad_multiple} and at least that"
+        )
     rows, n_slots = layout["rows"], layout["slots"]
     batch = {
         "input_ids": torch.full((rows, width), tokenizer.pad_token_id, dtype=torch.long),
@@ -113,12 +132,13 @@ def build_batch(tokenizer, names: list[str], tokens: int | None, pad_multiple: i
         "qtype": torch.tensor([QUESTION_TYPES.index(DECISIONS[n].qtype) for n in names]),
     }
     for row, (ids, markers) in enumerate(encoded):
-        batch["input_ids"][row, :len(ids)] = torch.tensor(ids)
-        batch["attention_mask"][row, :len(ids)] = 1
-        batch["marker_pos"][row, :len(markers)] = torch.tensor(markers)
-        batch["marker_mask"][row, :len(markers)] = 1
-    batch.update(decisions=list(names), valid_tokens=[len(ids) for ids, _ in encoded],
-                 options=[len(m) for _, m in encoded])
+        batch["input_ids"][row, : len(ids)] = torch.tensor(ids)
+        batch["attention_mask"][row, : len(ids)] = 1
+        batch["marker_pos"][row, : len(markers)] = torch.tensor(markers)
+        batch["marker_mask"][row, : len(markers)] = 1
+    batch.update(
+        decisions=list(names), valid_tokens=[len(ids) for ids, _ in encoded], options=[len(m) for _, m in encoded]
+    )
     return batch
 
 
@@ -132,16 +152,33 @@ def build_inputs(tokenizer, spec: dict, agent: dict) -> dict:
     planned_shapes(spec)  # every layout rule first, each error with its key path
 
     def batches(key):
-        return [build_batch(tokenizer, b["decisions"], b.get("tokens"), pad, b.get("slots"),
-                            key=f"model.inputs.{key}.{i}", single_slot=key == "single_slot_batches", **sizes)
-                for i, b in enumerate(spec.get(key, []))]
+        return [
+            build_batch(
+                tokenizer,
+                b["decisions"],
+                b.get("tokens"),
+                pad,
+                b.get("slots"),
+                key=f"model.inputs.{key}.{i}",
+                single_slot=key == "single_slot_batches",
+                **sizes,
+            )
+            for i, b in enumerate(spec.get(key, []))
+        ]
 
     calibration = agent["calibration"]
-    return {"format": INPUTS_FORMAT, "arg_names": list(ARG_NAMES),
-            "special_ids": special_token_ids(tokenizer), "sequence": sizes,
-            "calibration": {"temperature": list(calibration["applied"]["temperature"]),
-                            "temperature_by_options": dict(calibration["applied"]["temperature_by_options"])},
-            "batches": batches("batches"), "single_slot_batches": batches("single_slot_batches")}
+    return {
+        "format": INPUTS_FORMAT,
+        "arg_names": list(ARG_NAMES),
+        "special_ids": special_token_ids(tokenizer),
+        "sequence": sizes,
+        "calibration": {
+            "temperature": list(calibration["applied"]["temperature"]),
+            "temperature_by_options": dict(calibration["applied"]["temperature_by_options"]),
+        },
+        "batches": batches("batches"),
+        "single_slot_batches": batches("single_slot_batches"),
+    }
 
 
 def save_inputs(inputs: dict, path: str | os.PathLike) -> None:

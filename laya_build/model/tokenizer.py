@@ -17,6 +17,7 @@ merge ties by pair id, so the same corpus gives the same ``tokenizer.json``, byt
 The result is saved as a ``transformers.PreTrainedTokenizerFast``.  Special-token ids follow
 the order of :data:`SPECIAL_TOKENS` (``[CLS]`` = 0 ... ``[UNK]`` = 4).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,11 @@ def corpus_lines(path: str | os.PathLike = CORPUS_PATH) -> list[str]:
     return [line for line in lines if line]
 
 
-def train_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: str | os.PathLike = CORPUS_PATH,
-                    special_tokens: tuple[str, ...] = SPECIAL_TOKENS):
+def train_tokenizer(
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    corpus: str | os.PathLike = CORPUS_PATH,
+    special_tokens: tuple[str, ...] = SPECIAL_TOKENS,
+):
     """Train a byte-level BPE tokenizer and wrap it as ``PreTrainedTokenizerFast``; the
     special tokens get ids ``0..`` in the order of ``special_tokens``."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -49,14 +53,23 @@ def train_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: str | os.PathL
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=1,
-                                  special_tokens=list(special_tokens),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=1,
+        special_tokens=list(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(corpus_lines(corpus), trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
-        pad_token="[PAD]", unk_token="[UNK]", model_max_length=8192, padding_side="right",
+        tokenizer_object=tok,
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        model_max_length=8192,
+        padding_side="right",
     )
 
 
@@ -68,9 +81,13 @@ def build_tokenizer(out_dir: str | os.PathLike, vocab_size: int = DEFAULT_VOCAB_
 
 
 def special_token_ids(tokenizer) -> dict[str, int]:
-    return {"pad_token_id": tokenizer.pad_token_id, "cls_token_id": tokenizer.cls_token_id,
-            "sep_token_id": tokenizer.sep_token_id, "mask_token_id": tokenizer.mask_token_id,
-            "unk_token_id": tokenizer.unk_token_id}
+    return {
+        "pad_token_id": tokenizer.pad_token_id,
+        "cls_token_id": tokenizer.cls_token_id,
+        "sep_token_id": tokenizer.sep_token_id,
+        "mask_token_id": tokenizer.mask_token_id,
+        "unk_token_id": tokenizer.unk_token_id,
+    }
 
 
 # ----------------------------------------------------------------------------- loading
@@ -128,12 +145,15 @@ def load_tokenizer(tok_dir: str | os.PathLike):
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CheckpointError(f"{tok_dir}: the tokenizer does not load: {type(exc).__name__}: {exc}") from None
     if not getattr(tokenizer, "is_fast", False):
-        raise CheckpointError(f"{tok_dir}: {type(tokenizer).__name__} is not a fast tokenizer; "
-                              "supported: a tokenizers-backed tokenizer (tokenizer.json)")
+        raise CheckpointError(
+            f"{tok_dir}: {type(tokenizer).__name__} is not a fast tokenizer; "
+            "supported: a tokenizers-backed tokenizer (tokenizer.json)"
+        )
     missing = [name for name in REQUIRED_SPECIAL if getattr(tokenizer, f"{name}_id", None) is None]
     if missing:
-        raise CheckpointError(f"{tok_dir}: the tokenizer has no {', '.join(missing)}; a Laya "
-                              f"sequence needs {', '.join(REQUIRED_SPECIAL)}")
+        raise CheckpointError(
+            f"{tok_dir}: the tokenizer has no {', '.join(missing)}; a Laya sequence needs {', '.join(REQUIRED_SPECIAL)}"
+        )
     return tokenizer
 
 
@@ -204,8 +224,12 @@ def render_options(q: dict) -> list[str]:
         return [f"level {i:d}: {render_criterion(c)}" for i, c in enumerate(crit)]
     crit = crit or {}
     labels = dict(zip(("false", "true"), noul_labels(q.get("labels"))))
-    return [labels[side] + ": " + (render_criterion(crit.get(side)) if crit.get(side) not in (None, "")
-                                   else NOUL_DEFAULT_TEXT[side]) for side in ("false", "true")]
+    return [
+        labels[side]
+        + ": "
+        + (render_criterion(crit.get(side)) if crit.get(side) not in (None, "") else NOUL_DEFAULT_TEXT[side])
+        for side in ("false", "true")
+    ]
 
 
 def _ids(tokenizer, text: str, **kwargs) -> list[int]:
@@ -218,14 +242,17 @@ def build_head(tokenizer, q: dict, head_max_len: int) -> tuple[list[int], list[i
     mask = tokenizer.mask_token
     opts = render_options(q)
     head_ids = _ids(tokenizer, f"{q['t']} question: {str(q['ins']).replace(mask, ' ')}")
-    opt_ids = [[tokenizer.mask_token_id] + _ids(tokenizer, " " + o.replace(mask, " "), truncation=True,
-                                                max_length=OPTION_MAX_TOKENS) for o in opts]
+    opt_ids = [
+        [tokenizer.mask_token_id]
+        + _ids(tokenizer, " " + o.replace(mask, " "), truncation=True, max_length=OPTION_MAX_TOKENS)
+        for o in opts
+    ]
     budget = head_max_len - sum(len(o) for o in opt_ids)
     if budget < MIN_STATE_FREE_HEAD:
         per = max(4, (head_max_len - MIN_STATE_FREE_HEAD) // max(1, len(opt_ids)))
         opt_ids = [o[:per] for o in opt_ids]
         budget = head_max_len - sum(len(o) for o in opt_ids)
-    ids = [tokenizer.cls_token_id] + head_ids[:max(MIN_INSTRUCTION_TOKENS, budget)] + [tokenizer.sep_token_id]
+    ids = [tokenizer.cls_token_id] + head_ids[: max(MIN_INSTRUCTION_TOKENS, budget)] + [tokenizer.sep_token_id]
     markers = []
     for o in opt_ids:
         markers.append(len(ids))
@@ -241,6 +268,6 @@ def build_sequence(tokenizer, state, q: dict, max_len: int, head_max_len: int) -
     ids, markers = build_head(tokenizer, q, head_max_len)
     room = max(0, max_len - len(ids) - 1)
     state_ids = _ids(tokenizer, serialize_state(state).replace(tokenizer.mask_token, " "))
-    kept = state_ids[max(0, len(state_ids) - room):] if isinstance(state, list) else state_ids[:room]
+    kept = state_ids[max(0, len(state_ids) - room) :] if isinstance(state, list) else state_ids[:room]
     ids = ids + kept + [tokenizer.sep_token_id]
     return ids[:max_len], [m for m in markers if m < max_len]

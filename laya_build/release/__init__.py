@@ -4,6 +4,7 @@ A version is *released* once ``artifacts/<version>/manifest.json`` exists.  From
 task writes into it (:func:`refuse_if_released`), and :func:`check_files` can tell, by
 name, which files are missing, extra or altered, on any machine that has only the folder.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,10 +41,6 @@ PENDING = ".release-pending"
 log = get_logger(__name__)
 
 
-
-
-
-
 def manifest_path(version_dir: Path) -> Path:
     return Path(version_dir) / MANIFEST
 
@@ -70,8 +67,10 @@ def state(version_dir: Path) -> str:
 
 def damaged_message(version_dir: Path) -> str:
     vdir = Path(version_dir)
-    return (f"{vdir} is a damaged release: it has {', '.join(release_files_present(vdir))} but no {MANIFEST}, so "
-            f"none of its files can be checked; restore {MANIFEST} from the release, or build a new version")
+    return (
+        f"{vdir} is a damaged release: it has {', '.join(release_files_present(vdir))} but no {MANIFEST}, so "
+        f"none of its files can be checked; restore {MANIFEST} from the release, or build a new version"
+    )
 
 
 def refuse_if_released(version_dir: Path, what: str) -> None:
@@ -127,8 +126,11 @@ def listed_builds(version_dir) -> list[str]:
     """The builds (``cpu-float32``) whose package the release's manifest lists."""
     manifest = read_json(manifest_path(version_dir), "manifest")
     record = record_name("aoti_package")
-    return sorted(f["path"].split("/")[1] for f in manifest["files"]
-                  if f["path"].startswith(f"{AOTI_PACKAGE_DIR}/") and f["path"].endswith(f"/{record}"))
+    return sorted(
+        f["path"].split("/")[1]
+        for f in manifest["files"]
+        if f["path"].startswith(f"{AOTI_PACKAGE_DIR}/") and f["path"].endswith(f"/{record}")
+    )
 
 
 def released_versions(artifacts_root) -> list[str]:
@@ -151,8 +153,10 @@ def build_manifest(spec: dict) -> dict:
     refuse_if_released(vdir, "release")
     leftovers = [p.relative_to(vdir).as_posix() for p in vdir.rglob("*.tmp")]
     if leftovers:
-        raise ReleasedVersionError(f"{vdir} holds unfinished writes that no task owns ({', '.join(leftovers)}): "
-                                   f"remove them or rebuild before releasing")
+        raise ReleasedVersionError(
+            f"{vdir} holds unfinished writes that no task owns ({', '.join(leftovers)}): "
+            f"remove them or rebuild before releasing"
+        )
     write_text(vdir / PENDING, "release publication in progress\n")
     write_json(vdir / EFFECTIVE_CONFIG, spec["config"])
     env = snapshot()
@@ -206,8 +210,10 @@ def unsafe_entries(version_dir: Path) -> list[str]:
             rel = path.relative_to(vdir).as_posix()
             mode = path.lstat().st_mode
             if stat.S_ISLNK(mode):
-                problems.append(f"link: {rel} (a symbolic link to {os.readlink(path)}; a release holds only "
-                                f"regular files and folders)")
+                problems.append(
+                    f"link: {rel} (a symbolic link to {os.readlink(path)}; a release holds only "
+                    f"regular files and folders)"
+                )
             elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
                 problems.append(f"special file: {rel} (not a regular file)")
         dirnames[:] = [d for d in dirnames if not (Path(dirpath) / d).is_symlink()]
@@ -232,11 +238,16 @@ def check_files(version_dir: Path) -> dict:
     anything of the folder is used.  Returns the (validated) manifest."""
     vdir = Path(version_dir).resolve()
     if state(vdir) != "released":
-        raise ManifestMismatch(vdir, [f"missing: {MANIFEST} "
-                                      f"({damaged_message(vdir) if state(vdir) == 'damaged' else 'not a release'})"])
+        raise ManifestMismatch(
+            vdir, [f"missing: {MANIFEST} ({damaged_message(vdir) if state(vdir) == 'damaged' else 'not a release'})"]
+        )
     if problems := unsafe_entries(vdir):  # before the manifest is even read: it may be a link itself
-        raise ManifestMismatch(vdir, problems, hint="a release holds regular files only: copy it with the bytes "
-                                                    "(`cp -r`, not links), or restore it from the original")
+        raise ManifestMismatch(
+            vdir,
+            problems,
+            hint="a release holds regular files only: copy it with the bytes "
+            "(`cp -r`, not links), or restore it from the original",
+        )
     manifest = read_record(manifest_path(vdir))
     if problems := outside_paths(manifest):
         raise ManifestMismatch(vdir, problems)

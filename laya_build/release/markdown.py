@@ -1,4 +1,5 @@
 """Markdown tables of the reports (REPORT.md, release_diff.md, latency.md)."""
+
 from __future__ import annotations
 
 

@@ -1,4 +1,5 @@
 """The model half of REPORT.md and of release_diff: packages, parity and latency tables."""
+
 from __future__ import annotations
 
 from laya_build.release.markdown import table
@@ -41,10 +42,17 @@ def _latency_sections(records) -> list[str]:
             rows = []
             for i, b in enumerate(r["variants"][0]["batches"]):
                 sh = b["shape"]
-                rows.append([b["batch"], f"{sh['rows']}×{sh['tokens']}×{sh['slots']}",
-                             *[v["batches"][i]["latency"]["median_ms"] for v in r["variants"]]])
-            out += [f"## Latency {name} (median ms per call; {_timing(r['timing'])})\n",
-                    table(["batch", "rows×tokens×slots", *labels], rows)]
+                rows.append(
+                    [
+                        b["batch"],
+                        f"{sh['rows']}×{sh['tokens']}×{sh['slots']}",
+                        *[v["batches"][i]["latency"]["median_ms"] for v in r["variants"]],
+                    ]
+                )
+            out += [
+                f"## Latency {name} (median ms per call; {_timing(r['timing'])})\n",
+                table(["batch", "rows×tokens×slots", *labels], rows),
+            ]
             runs = [n for v in r["variants"] for b in v["batches"] if (n := _runs(b["latency"])) is not None]
             notes = [f"Each figure rests on {min(runs)} to {max(runs)} timed calls."] if runs else []
             notes += [f"Not measured: the {p['dtype']} package ({p['reason']})." for p in r.get("skipped_packages", [])]
@@ -53,8 +61,10 @@ def _latency_sections(records) -> list[str]:
                     used = ", ".join(f"batch {b['batch']}: {_bucket(b.get('bucket'))}" for b in v["batches"])
                     n = v["runner"]
                     buckets = ", ".join(_bucket(b) for b in n["buckets"]) or "none"
-                    notes.append(f"{label}: {n['mode']}, buckets {buckets} ({used}); set-up {v['setup_s']:.3g} s, "
-                                 f"of which graph capture {n['capture_s']:.3g} s.")
+                    notes.append(
+                        f"{label}: {n['mode']}, buckets {buckets} ({used}); set-up {v['setup_s']:.3g} s, "
+                        f"of which graph capture {n['capture_s']:.3g} s."
+                    )
             out += [" ".join(notes) + "\n"]
     return out
 
@@ -69,10 +79,21 @@ def sections(recs: dict) -> list[str]:
                 rows.append([key, "skipped", r["reason"], None, None, None, None])
                 continue
             for p in r["programs"]:
-                rows.append([key, p["name"], p["package"]["path"], p["package"]["bytes"], p["package"]["sha256"][:16],
-                             p["export_s"], p["package_s"]])
-        out += ["## AOTInductor packages\n",
-                table(["target", "program", "file", "bytes", "sha256", "export (s)", "package (s)"], rows)]
+                rows.append(
+                    [
+                        key,
+                        p["name"],
+                        p["package"]["path"],
+                        p["package"]["bytes"],
+                        p["package"]["sha256"][:16],
+                        p["export_s"],
+                        p["package_s"],
+                    ]
+                )
+        out += [
+            "## AOTInductor packages\n",
+            table(["target", "program", "file", "bytes", "sha256", "export (s)", "package (s)"], rows),
+        ]
     verifies = _by_key(recs.get("verify", []))
     if verifies:
         rows = []
@@ -82,24 +103,57 @@ def sections(recs: dict) -> list[str]:
                 continue
             for p in r["programs"]:
                 s = p["summary"]
-                rows.append([key, p["name"], p["load_s"], s["decision"]["max_logit_delta"],
-                             s["decision"]["max_prob_delta"],
-                             f"{s['decision']['argmax_agree']}/{s['decision']['rows']}", s["act"]["max_logit_delta"],
-                             s["act"]["max_prob_delta"], f"{s['act']['argmax_agree']}/{s['act']['rows']}"])
-        out += ["## Fresh-process verification (package vs eager.pt)\n",
-                table(["target", "program", "load (s)", "decision max |Δlogit|", "decision max |Δp|", "decision argmax",
-                       "act max |Δlogit|", "act max |Δp|", "act argmax"], rows)]
+                rows.append(
+                    [
+                        key,
+                        p["name"],
+                        p["load_s"],
+                        s["decision"]["max_logit_delta"],
+                        s["decision"]["max_prob_delta"],
+                        f"{s['decision']['argmax_agree']}/{s['decision']['rows']}",
+                        s["act"]["max_logit_delta"],
+                        s["act"]["max_prob_delta"],
+                        f"{s['act']['argmax_agree']}/{s['act']['rows']}",
+                    ]
+                )
+        out += [
+            "## Fresh-process verification (package vs eager.pt)\n",
+            table(
+                [
+                    "target",
+                    "program",
+                    "load (s)",
+                    "decision max |Δlogit|",
+                    "decision max |Δp|",
+                    "decision argmax",
+                    "act max |Δlogit|",
+                    "act max |Δp|",
+                    "act argmax",
+                ],
+                rows,
+            ),
+        ]
         lat = []
         for key, r in sorted(verifies.items()):
             if r["status"] == "ok":
                 for p in r["programs"]:
                     for b in p["batches"]:
                         sh = b["shape"]
-                        lat.append([key, p["name"], b["batch"], f"{sh['rows']}×{sh['tokens']}×{sh['slots']}",
-                                    b["latency"]["median_ms"], _runs(b["latency"])])
+                        lat.append(
+                            [
+                                key,
+                                p["name"],
+                                b["batch"],
+                                f"{sh['rows']}×{sh['tokens']}×{sh['slots']}",
+                                b["latency"]["median_ms"],
+                                _runs(b["latency"]),
+                            ]
+                        )
         if lat:
-            out += ["Package latency in the verification process (median ms per call):\n",
-                    table(["target", "program", "batch", "rows×tokens×slots", "median ms", "calls"], lat)]
+            out += [
+                "Package latency in the verification process (median ms per call):\n",
+                table(["target", "program", "batch", "rows×tokens×slots", "median ms", "calls"], lat),
+            ]
         out += _runtime_sections(verifies)
     out += _latency_sections(recs.get("latency", []))
     return out
@@ -112,8 +166,9 @@ def _runs(latency: dict):
 
 def _timing(t: dict) -> str:
     if t.get("max_run_time_s"):
-        return (f"{t['warmup']} warm-ups, then adaptive_autorange for {t['min_run_time_s']:g} to "
-                f"{t['max_run_time_s']:g} s")
+        return (
+            f"{t['warmup']} warm-ups, then adaptive_autorange for {t['min_run_time_s']:g} to {t['max_run_time_s']:g} s"
+        )
     if "min_run_time_s" in t:
         return f"{t['warmup']} warm-ups, then blocked_autorange for {t['min_run_time_s']:g} s"
     return f"{t['warmup']} warm-ups, median of {t['groups']} groups of {t['group_size']}"
@@ -130,28 +185,62 @@ def _runtime_sections(verifies: dict) -> list[str]:
         if r["status"] != "ok" or "fresh_load" not in r:
             continue
         f = r["fresh_load"]
-        load.append([key, f["import_s"], f["sha256_s"], f["probe_s"], f["load_s"], f["capture_s"],
-                     f["first_call_s"], f["total_s"], f"{f['isa']['mode']} ({f['isa']['package']})"])
+        load.append(
+            [
+                key,
+                f["import_s"],
+                f["sha256_s"],
+                f["probe_s"],
+                f["load_s"],
+                f["capture_s"],
+                f["first_call_s"],
+                f["total_s"],
+                f"{f['isa']['mode']} ({f['isa']['package']})",
+            ]
+        )
         for p in r["programs"]:
             if "runner" not in p:
                 continue
             n, s = p["runner"], p["runner"]["summary"]
             replay = [max(b["replay_vs_plain"].values()) for b in n["batches"] if b["replay_vs_plain"] is not None]
-            runner.append([key, n["mode"], ", ".join(_bucket(b) for b in n["buckets"]) or "none",
-                           n["capture_s"], s["decision"]["max_logit_delta"],
-                           f"{s['decision']['argmax_agree']}/{s['decision']['rows']}", s["act"]["max_logit_delta"],
-                           f"{s['act']['argmax_agree']}/{s['act']['rows']}",
-                           max(replay) if replay else "n/a"])
+            runner.append(
+                [
+                    key,
+                    n["mode"],
+                    ", ".join(_bucket(b) for b in n["buckets"]) or "none",
+                    n["capture_s"],
+                    s["decision"]["max_logit_delta"],
+                    f"{s['decision']['argmax_agree']}/{s['decision']['rows']}",
+                    s["act"]["max_logit_delta"],
+                    f"{s['act']['argmax_agree']}/{s['act']['rows']}",
+                    max(replay) if replay else "n/a",
+                ]
+            )
     out = []
     if load:
-        out += ["Fresh verification process, time to its first answer (s): imports (torch, preload, Inductor's "
-                "loader), package sha256, CPU-ISA answer, load, graph capture, first call:\n",
-                table(["target", "import", "sha256", "ISA", "load", "capture", "first call", "total", "ISA answer"],
-                      load)]
+        out += [
+            "Fresh verification process, time to its first answer (s): imports (torch, preload, Inductor's "
+            "loader), package sha256, CPU-ISA answer, load, graph capture, first call:\n",
+            table(["target", "import", "sha256", "ISA", "load", "capture", "first call", "total", "ISA answer"], load),
+        ]
     if runner:
-        out += ["## Runtime runner vs eager.pt (laya_build/runtime.py)\n",
-                table(["target", "mode", "buckets", "capture (s)", "decision max |Δlogit|", "decision argmax",
-                       "act max |Δlogit|", "act argmax", "max |replay − plain|"], runner)]
+        out += [
+            "## Runtime runner vs eager.pt (laya_build/runtime.py)\n",
+            table(
+                [
+                    "target",
+                    "mode",
+                    "buckets",
+                    "capture (s)",
+                    "decision max |Δlogit|",
+                    "decision argmax",
+                    "act max |Δlogit|",
+                    "act argmax",
+                    "max |replay − plain|",
+                ],
+                runner,
+            ),
+        ]
     return out
 
 
@@ -175,19 +264,27 @@ def _fresh_load(record) -> dict | None:
         return None
     runner = next((p["runner"]["summary"] for p in record["programs"] if "runner" in p), None)
     deltas = [runner[h]["max_logit_delta"] for h in ("decision", "act")] if runner else []
-    return {**{k: record["fresh_load"][k] for k in ("total_s", "load_s", "capture_s")},
-            "runner_max_logit_delta": None if not deltas or None in deltas else max(deltas)}
+    return {
+        **{k: record["fresh_load"][k] for k in ("total_s", "load_s", "capture_s")},
+        "runner_max_logit_delta": None if not deltas or None in deltas else max(deltas),
+    }
 
 
 def _latencies(records) -> dict:
     """(variant label, batch) -> median ms of a target's latency records (in their order)."""
-    return {(variant_label(v, r.get("dtype")), b["batch"]): b["latency"]["median_ms"]
-            for r in records if r["status"] == "ok" for v in r["variants"] for b in v["batches"]}
+    return {
+        (variant_label(v, r.get("dtype")), b["batch"]): b["latency"]["median_ms"]
+        for r in records
+        if r["status"] == "ok"
+        for v in r["variants"]
+        for b in v["batches"]
+    }
 
 
 def diff(old_recs: dict, new_recs: dict) -> dict:
     """Packages, verification deltas and latencies of two releases (their
     ``report.records_by_stage``), side by side."""
+
     def both(stage):
         return (_by_key(recs.get(stage, [])) for recs in (old_recs, new_recs))
 
@@ -197,72 +294,158 @@ def diff(old_recs: dict, new_recs: dict) -> dict:
         po, pn = _ok_programs(old_p.get(key), None), _ok_programs(new_p.get(key), None)
         for name in sorted(set(po) | set(pn)):
             o, n = po.get(name), pn.get(name)
-            result["packages"].append({
-                "build": key, "program": name,
-                "old_bytes": o and o["package"]["bytes"], "new_bytes": n and n["package"]["bytes"],
-                "old_sha256": _sha256_of(o, "package"), "new_sha256": _sha256_of(n, "package"),
-                "identical": bool(o and n and _sha256_of(o, "package") == _sha256_of(n, "package")),
-                "old_exported_sha256": _sha256_of(o, "exported"), "new_exported_sha256": _sha256_of(n, "exported"),
-                "exported_identical": bool(o and n and _sha256_of(o, "exported") == _sha256_of(n, "exported"))})
+            result["packages"].append(
+                {
+                    "build": key,
+                    "program": name,
+                    "old_bytes": o and o["package"]["bytes"],
+                    "new_bytes": n and n["package"]["bytes"],
+                    "old_sha256": _sha256_of(o, "package"),
+                    "new_sha256": _sha256_of(n, "package"),
+                    "identical": bool(o and n and _sha256_of(o, "package") == _sha256_of(n, "package")),
+                    "old_exported_sha256": _sha256_of(o, "exported"),
+                    "new_exported_sha256": _sha256_of(n, "exported"),
+                    "exported_identical": bool(o and n and _sha256_of(o, "exported") == _sha256_of(n, "exported")),
+                }
+            )
     old_v, new_v = both("verify")
     for key in sorted(set(old_v) | set(new_v)):
         so, sn = _ok_programs(old_v.get(key), "summary"), _ok_programs(new_v.get(key), "summary")
         for name in sorted(set(so) | set(sn)):
             for head in ("decision", "act"):
                 o, n = (so.get(name) or {}).get(head), (sn.get(name) or {}).get(head)
-                result["verify"].append({
-                    "build": key, "program": name, "head": head,
-                    "old_max_logit_delta": o and o["max_logit_delta"],
-                    "new_max_logit_delta": n and n["max_logit_delta"],
-                    "old_max_prob_delta": o and o["max_prob_delta"], "new_max_prob_delta": n and n["max_prob_delta"],
-                    "old_argmax": o and f"{o['argmax_agree']}/{o['rows']}",
-                    "new_argmax": n and f"{n['argmax_agree']}/{n['rows']}"})
+                result["verify"].append(
+                    {
+                        "build": key,
+                        "program": name,
+                        "head": head,
+                        "old_max_logit_delta": o and o["max_logit_delta"],
+                        "new_max_logit_delta": n and n["max_logit_delta"],
+                        "old_max_prob_delta": o and o["max_prob_delta"],
+                        "new_max_prob_delta": n and n["max_prob_delta"],
+                        "old_argmax": o and f"{o['argmax_agree']}/{o['rows']}",
+                        "new_argmax": n and f"{n['argmax_agree']}/{n['rows']}",
+                    }
+                )
     for key in sorted(set(old_v) | set(new_v)):
         fo, fn = (_fresh_load(side.get(key)) for side in (old_v, new_v))
         if fo or fn:
-            result["runtime"].append({"build": key, **{f"{side}_{k}": (f or {}).get(k) for side, f in
-                                                       (("old", fo), ("new", fn)) for k in FRESH_LOAD_KEYS}})
+            result["runtime"].append(
+                {
+                    "build": key,
+                    **{
+                        f"{side}_{k}": (f or {}).get(k)
+                        for side, f in (("old", fo), ("new", fn))
+                        for k in FRESH_LOAD_KEYS
+                    },
+                }
+            )
     # by target: a release made before latency was measured per target has one record per
     # (target, dtype) build, its variants labelled with the build's dtype
     old_l, new_l = (_latency_by_target(recs.get("latency", [])) for recs in (old_recs, new_recs))
     for target in sorted(set(old_l) | set(new_l)):
         lo, ln = _latencies(old_l.get(target, [])), _latencies(new_l.get(target, []))
         for variant, batch in dict.fromkeys([*ln, *lo]):  # the new release's order, then what only the old has
-            result["latency"].append({"target": target, "variant": variant, "batch": batch,
-                                      "old_ms": lo.get((variant, batch)), "new_ms": ln.get((variant, batch))})
+            result["latency"].append(
+                {
+                    "target": target,
+                    "variant": variant,
+                    "batch": batch,
+                    "old_ms": lo.get((variant, batch)),
+                    "new_ms": ln.get((variant, batch)),
+                }
+            )
     return result
 
 
 def diff_sections(model: dict, old: str, new: str) -> list[str]:
     out = []
     if model["packages"]:
-        out += ["## Packages\n",
-                "A package that differs while its exported program is identical is the same graph "
-                "compiled differently: AOTInductor embeds the compiler, its flags (`-march=native`) "
-                "and include paths, and on CUDA its autotuning choices (docs/concepts/reproducibility.md); compare the "
-                "verification deltas below.\n",
-                table(["build", "program", f"{old} bytes", f"{new} bytes", "exported program identical",
-                       "package identical"],
-                      [[r["build"], r["program"], r["old_bytes"], r["new_bytes"], r["exported_identical"],
-                        r["identical"]] for r in model["packages"]])]
+        out += [
+            "## Packages\n",
+            "A package that differs while its exported program is identical is the same graph "
+            "compiled differently: AOTInductor embeds the compiler, its flags (`-march=native`) "
+            "and include paths, and on CUDA its autotuning choices (docs/concepts/reproducibility.md); compare the "
+            "verification deltas below.\n",
+            table(
+                ["build", "program", f"{old} bytes", f"{new} bytes", "exported program identical", "package identical"],
+                [
+                    [r["build"], r["program"], r["old_bytes"], r["new_bytes"], r["exported_identical"], r["identical"]]
+                    for r in model["packages"]
+                ],
+            ),
+        ]
     if model["verify"]:
-        out += ["## Verification deltas (package vs eager)\n",
-                table(["build", "program", "head", f"{old} max |Δlogit|", f"{new} max |Δlogit|", f"{old} max |Δp|",
-                       f"{new} max |Δp|", f"{old} argmax", f"{new} argmax"],
-                      [[r["build"], r["program"], r["head"], r["old_max_logit_delta"], r["new_max_logit_delta"],
-                        r["old_max_prob_delta"], r["new_max_prob_delta"], r["old_argmax"], r["new_argmax"]]
-                       for r in model["verify"]])]
+        out += [
+            "## Verification deltas (package vs eager)\n",
+            table(
+                [
+                    "build",
+                    "program",
+                    "head",
+                    f"{old} max |Δlogit|",
+                    f"{new} max |Δlogit|",
+                    f"{old} max |Δp|",
+                    f"{new} max |Δp|",
+                    f"{old} argmax",
+                    f"{new} argmax",
+                ],
+                [
+                    [
+                        r["build"],
+                        r["program"],
+                        r["head"],
+                        r["old_max_logit_delta"],
+                        r["new_max_logit_delta"],
+                        r["old_max_prob_delta"],
+                        r["new_max_prob_delta"],
+                        r["old_argmax"],
+                        r["new_argmax"],
+                    ]
+                    for r in model["verify"]
+                ],
+            ),
+        ]
     if model.get("runtime"):
-        out += ["## Runtime: fresh load to first answer and runner vs eager\n",
-                table(["build", f"{old} to first answer (s)", f"{new} to first answer (s)", f"{old} load (s)",
-                       f"{new} load (s)", f"{old} capture (s)", f"{new} capture (s)", f"{old} runner max |Δlogit|",
-                       f"{new} runner max |Δlogit|"],
-                      [[r["build"], r["old_total_s"], r["new_total_s"], r["old_load_s"], r["new_load_s"],
-                        r["old_capture_s"], r["new_capture_s"], r["old_runner_max_logit_delta"],
-                        r["new_runner_max_logit_delta"]] for r in model["runtime"]])]
+        out += [
+            "## Runtime: fresh load to first answer and runner vs eager\n",
+            table(
+                [
+                    "build",
+                    f"{old} to first answer (s)",
+                    f"{new} to first answer (s)",
+                    f"{old} load (s)",
+                    f"{new} load (s)",
+                    f"{old} capture (s)",
+                    f"{new} capture (s)",
+                    f"{old} runner max |Δlogit|",
+                    f"{new} runner max |Δlogit|",
+                ],
+                [
+                    [
+                        r["build"],
+                        r["old_total_s"],
+                        r["new_total_s"],
+                        r["old_load_s"],
+                        r["new_load_s"],
+                        r["old_capture_s"],
+                        r["new_capture_s"],
+                        r["old_runner_max_logit_delta"],
+                        r["new_runner_max_logit_delta"],
+                    ]
+                    for r in model["runtime"]
+                ],
+            ),
+        ]
     if model["latency"]:
-        out += ["## Latency (median ms)\n",
-                table(["target", "variant", "batch", old, new],
-                      [[r.get("target", r.get("build")), r["variant"], r["batch"], r["old_ms"], r["new_ms"]]
-                       for r in model["latency"]])]
+        out += [
+            "## Latency (median ms)\n",
+            table(
+                ["target", "variant", "batch", old, new],
+                [
+                    [r.get("target", r.get("build")), r["variant"], r["batch"], r["old_ms"], r["new_ms"]]
+                    for r in model["latency"]
+                ],
+            ),
+        ]
     return out

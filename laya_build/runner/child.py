@@ -63,7 +63,8 @@ def execute(request: dict) -> int:
             exc = errors.DiskFullError(f"{exc.filename or 'a file'}: {os.strerror(exc.errno)}")
         message = errors.message_of(exc)
         print(f"{ERROR_PREFIX}{type(exc).__name__}: {message}".replace("\n", " | "), file=sys.stderr)
-        _write_json(request["error"], {"type": type(exc).__name__, "message": message,
-                                       "hint": getattr(exc, "hint", None)})
+        _write_json(
+            request["error"], {"type": type(exc).__name__, "message": message, "hint": getattr(exc, "hint", None)}
+        )
         return 1
     return 0

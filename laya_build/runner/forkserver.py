@@ -70,9 +70,15 @@ class ServerPlace:
                 return _connect(path)
             except (FileNotFoundError, ConnectionRefusedError):
                 pass
-            proc = subprocess.Popen([sys.executable, "-m", "laya_build.runner", "--server", str(path),
-                                     str(self.life_r)], stdout=subprocess.PIPE, text=True, cwd=PROJECT_ROOT,
-                                    stdin=subprocess.DEVNULL, env=child_env(env), pass_fds=(self.life_r,))
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "laya_build.runner", "--server", str(path), str(self.life_r)],
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=PROJECT_ROOT,
+                stdin=subprocess.DEVNULL,
+                env=child_env(env),
+                pass_fds=(self.life_r,),
+            )
             ready = proc.stdout.readline()  # listening (its imports follow; requests queue meanwhile)
             proc.stdout.close()
             if ready.strip() != "listening":
@@ -136,8 +142,6 @@ def fork_run(request: dict, env: dict | None, log_path: Path, *, show: bool) -> 
         if out:
             print("\n".join(out), flush=True)
     return returncode
-
-
 
 
 def serve(path: str, life_fd: int) -> int:

@@ -66,17 +66,23 @@ class Child:
             raise ValueError("a timeout needs a fresh process (fork=False)")
 
 
-def run(entry: str, spec: dict, child: Child = Child(), *, record: str | os.PathLike | None = None,
-        result: bool = False):
+def run(
+    entry: str, spec: dict, child: Child = Child(), *, record: str | os.PathLike | None = None, result: bool = False
+):
     """Run ``entry`` (``"module:function"``) as ``function(**spec)`` in a process of its own;
     return what it returned when ``result`` is set.  ``record``: where the child validates
     and writes the record the function returns."""
     what = child.label or entry
     with tempfile.TemporaryDirectory(prefix="laya-run-") as scratch:
-        request = {"entry": entry, "spec": spec, "record": str(record) if record else None,
-                   "sys_path": list(child.sys_path), "task": child.task,
-                   "result": str(Path(scratch) / "result.json") if result else None,
-                   "error": str(Path(scratch) / "error.json")}
+        request = {
+            "entry": entry,
+            "spec": spec,
+            "record": str(record) if record else None,
+            "sys_path": list(child.sys_path),
+            "task": child.task,
+            "result": str(Path(scratch) / "result.json") if result else None,
+            "error": str(Path(scratch) / "error.json"),
+        }
         log_path = Path(child.log) if child.log else Path(scratch) / "output.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if child.log:
@@ -120,8 +126,10 @@ def _raise(what: str, returncode: int, text: str, reported: dict | None, child: 
     if returncode < 0:
         name = signal.Signals(-returncode).name
         if issubclass(child.crash_error, errors.ChildCrashError):
-            raise child.crash_error(f"{what} died by signal {name} ({-returncode}); this is a failure, not a pass. "
-                                    f"{where}:\n{tail(text)}", signal=name)
+            raise child.crash_error(
+                f"{what} died by signal {name} ({-returncode}); this is a failure, not a pass. {where}:\n{tail(text)}",
+                signal=name,
+            )
         raise child.crash_error(f"{what}: process failed (killed by signal {name})\n{tail(text, 20)}")
     raise StageFailed(f"{what}: process failed (exit status {returncode})\n{tail(text, 20)}")
 
@@ -138,17 +146,26 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def _run_fresh(request: dict, child: Child, log_path: Path, *, what: str) -> int:
     show = not child.log
     with open(log_path, "w", encoding="utf-8") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "laya_build.runner"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE if show else out, stderr=out, text=True, cwd=PROJECT_ROOT,
-                                env=child_env(child.env), process_group=0,
-                                preexec_fn=lifetime.preexec_stage(os.getpid()))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "laya_build.runner"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE if show else out,
+            stderr=out,
+            text=True,
+            cwd=PROJECT_ROOT,
+            env=child_env(child.env),
+            process_group=0,
+            preexec_fn=lifetime.preexec_stage(os.getpid()),
+        )
         lines: list[str] = []
         reader = None
         if show:  # progress lines of long stages, shown as they come (and kept for the error)
+
             def relay():
                 for line in proc.stdout:
                     print(line, end="", flush=True)
                     lines.append(line)
+
             reader = threading.Thread(target=relay, daemon=True)
             reader.start()
         try:
@@ -157,10 +174,10 @@ def _run_fresh(request: dict, child: Child, log_path: Path, *, what: str) -> int
             proc.wait(timeout=child.timeout)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            raise StageError(f"{what} ran past its {child.timeout:g} s timeout; its process group was ended "
-                             f"(log: {log_path})",
-                             hint="raise the stage's timeout_s in the configuration if the work is expected "
-                                  "to take longer") from None
+            raise StageError(
+                f"{what} ran past its {child.timeout:g} s timeout; its process group was ended (log: {log_path})",
+                hint="raise the stage's timeout_s in the configuration if the work is expected to take longer",
+            ) from None
         except BaseException:
             _kill_group(proc)
             raise

@@ -28,15 +28,21 @@ def run_stage(stage: Stage):
         raise OutputsTampered(
             f"{stage.task}: {names} changed after {stage.task} wrote {'them' if len(altered) > 1 else 'it'} "
             f"(sha256 {now} != {then}); nothing builds on or verifies altered outputs",
-            hint=f"`doit clean {stage.task}` removes them so that the next run rebuilds them")
+            hint=f"`doit clean {stage.task}` removes them so that the next run rebuilds them",
+        )
     outputs.forget()
     outputs.clear()
     try:
         if stage.process == "inline":
             value = _call(stage)
         else:
-            child = Child(fork=stage.process == "fork", env=stage.env or None, label=stage.label,
-                          sys_path=stage.sys_path, task=stage.task)
+            child = Child(
+                fork=stage.process == "fork",
+                env=stage.env or None,
+                label=stage.label,
+                sys_path=stage.sys_path,
+                task=stage.task,
+            )
             value = run(stage.entry, stage.spec, child, record=stage.record, result=True)
         outputs.save()
     except DiskFullError:
@@ -78,11 +84,16 @@ def _full_disk(stage: Stage, exc: Exception) -> DiskFullError | None:
         path, free = found
     else:
         path, free = str(getattr(exc, "filename", None) or (places[0] if places else stage.task)), None
-    cause = errors.message_of(exc).splitlines()[0][:300] if isinstance(exc, errors.LayaBuildError) else \
-        f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    cause = (
+        errors.message_of(exc).splitlines()[0][:300]
+        if isinstance(exc, errors.LayaBuildError)
+        else f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    )
     room = f"{free:,} bytes free" if free is not None else "no space"
-    return DiskFullError(f"{stage.task}: the filesystem of {path} is full ({room}); the stage failed with: {cause}; "
-                         "its partial files were removed")
+    return DiskFullError(
+        f"{stage.task}: the filesystem of {path} is full ({room}); the stage failed with: {cause}; "
+        "its partial files were removed"
+    )
 
 
 def _call(stage: Stage):

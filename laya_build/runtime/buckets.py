@@ -8,6 +8,7 @@ bucket per call.  A package accepts rows in ``rows.min..rows.max``, tokens
 ``dims``).  A bucket must be a shape the package accepts; its slots default to the
 largest the package accepts (padding slots costs a gather of a few positions).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,13 +41,14 @@ class ExportDims:
     @classmethod
     def from_dims(cls, dims: dict) -> ExportDims:
         t16 = dims["tokens16"]
-        return cls(rows=Range(dims["rows"]["min"], dims["rows"]["max"]),
-                   tokens=Range(TOKEN_MULTIPLE * t16["min"], TOKEN_MULTIPLE * t16["max"]),
-                   slots=Range(dims["slots"]["min"], dims["slots"]["max"]))
+        return cls(
+            rows=Range(dims["rows"]["min"], dims["rows"]["max"]),
+            tokens=Range(TOKEN_MULTIPLE * t16["min"], TOKEN_MULTIPLE * t16["max"]),
+            slots=Range(dims["slots"]["min"], dims["slots"]["max"]),
+        )
 
     def accepts(self, rows: int, tokens: int, slots: int) -> bool:
-        return (rows in self.rows and tokens in self.tokens and slots in self.slots
-                and tokens % TOKEN_MULTIPLE == 0)
+        return rows in self.rows and tokens in self.tokens and slots in self.slots and tokens % TOKEN_MULTIPLE == 0
 
     def fitted(self, rows: int, tokens: int, slots: int) -> Bucket:
         """The smallest shape the package accepts that holds a call of this shape (tokens
@@ -57,9 +59,15 @@ class ExportDims:
 
     def too_large(self, rows: int, tokens: int, slots: int) -> list[str]:
         """``dim = value > max`` for every dimension beyond what the package accepts."""
-        return [f"{name} = {value} > {limit.hi}" for name, value, limit in
-                (("rows", rows, self.rows), ("tokens", tokens, self.tokens), ("slots", slots, self.slots))
-                if value > limit.hi]
+        return [
+            f"{name} = {value} > {limit.hi}"
+            for name, value, limit in (
+                ("rows", rows, self.rows),
+                ("tokens", tokens, self.tokens),
+                ("slots", slots, self.slots),
+            )
+            if value > limit.hi
+        ]
 
 
 @dataclass(frozen=True)
@@ -94,14 +102,17 @@ def parse_buckets(entries, dims: ExportDims | dict, where: str = "runtime.bucket
     found: dict[Bucket, int] = {}
     for i, entry in enumerate(entries or []):
         bucket = Bucket(int(entry["rows"]), int(entry["tokens"]), int(entry.get("slots") or dims.slots.hi))
-        for key, value, limit in (("rows", bucket.rows, dims.rows), ("tokens", bucket.tokens, dims.tokens),
-                                  ("slots", bucket.slots, dims.slots)):
+        for key, value, limit in (
+            ("rows", bucket.rows, dims.rows),
+            ("tokens", bucket.tokens, dims.tokens),
+            ("slots", bucket.slots, dims.slots),
+        ):
             if value not in limit:
-                raise ConfigError(f"invalid at {where}.{i}.{key}: {value} is outside the export range "
-                                  f"{limit} (export.dims)")
+                raise ConfigError(
+                    f"invalid at {where}.{i}.{key}: {value} is outside the export range {limit} (export.dims)"
+                )
         if bucket.tokens % TOKEN_MULTIPLE:
-            raise ConfigError(f"invalid at {where}.{i}.tokens: {bucket.tokens} is not a multiple of "
-                              f"{TOKEN_MULTIPLE}")
+            raise ConfigError(f"invalid at {where}.{i}.tokens: {bucket.tokens} is not a multiple of {TOKEN_MULTIPLE}")
         if bucket in found:
             raise ConfigError(f"invalid at {where}.{i}: bucket {bucket} repeats {where}.{found[bucket]}")
         found[bucket] = i

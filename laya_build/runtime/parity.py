@@ -29,11 +29,14 @@ def finite_or_none(x: float):
 
 TEMP_MIN, TEMP_MAX = 0.5, 5.0
 QTYPE_NAMES = ("choice", "score", "noul")
-PROBABILITY_RULE = ("decision: softmax(logits[:k] / t) over the row's k options, "
-                    "t = temperature_by_options[<type>:<k bucket>] if present else temperature[qtype], "
-                    f"each clamped to [{TEMP_MIN:g}, {TEMP_MAX:g}] (non-numbers -> 1.0); act: softmax(logits)")
-PROBABILITY_RULE_SOURCE = ("laya 0.4.15: laya/agent.py Agent.__init__ and Agent._decode_answers; "
-                           "laya/common.py temp_bucket, clamp_temperature")
+PROBABILITY_RULE = (
+    "decision: softmax(logits[:k] / t) over the row's k options, "
+    "t = temperature_by_options[<type>:<k bucket>] if present else temperature[qtype], "
+    f"each clamped to [{TEMP_MIN:g}, {TEMP_MAX:g}] (non-numbers -> 1.0); act: softmax(logits)"
+)
+PROBABILITY_RULE_SOURCE = (
+    "laya 0.4.15: laya/agent.py Agent.__init__ and Agent._decode_answers; laya/common.py temp_bucket, clamp_temperature"
+)
 
 
 def clamp_temperature(t) -> float:
@@ -72,21 +75,28 @@ def applied_calibration(temperature, temperature_by_options) -> dict:
     by_options = {str(k): clamp_temperature(v) for k, v in temperature_by_options.items()}
     entries = [(f"temperature[{i}]", raw, applied[i]) for i, raw in enumerate(temperature)]
     entries += [(f"temperature_by_options.{k}", v, by_options[str(k)]) for k, v in temperature_by_options.items()]
-    return {"temperature": applied, "temperature_by_options": by_options,
-            "replaced": [f"{name}={raw!r} -> {value:g}" for name, raw, value in entries
-                         if temperature_rejected(raw, value)]}
+    return {
+        "temperature": applied,
+        "temperature_by_options": by_options,
+        "replaced": [
+            f"{name}={raw!r} -> {value:g}" for name, raw, value in entries if temperature_rejected(raw, value)
+        ],
+    }
 
 
 def decision_temperatures(qtype: torch.Tensor, marker_mask: torch.Tensor, calibration: dict) -> torch.Tensor:
     """Per row, the temperature upstream divides that row's decision logits by."""
     ks = (marker_mask != 0).sum(-1).tolist()
     by_options, per_type = calibration["temperature_by_options"], calibration["temperature"]
-    return torch.tensor([by_options.get(temperature_bucket(q, k), per_type[int(q)])
-                         for q, k in zip(qtype.tolist(), ks)], dtype=torch.float32)
+    return torch.tensor(
+        [by_options.get(temperature_bucket(q, k), per_type[int(q)]) for q, k in zip(qtype.tolist(), ks)],
+        dtype=torch.float32,
+    )
 
 
-def decision_probabilities(logits: torch.Tensor, qtype: torch.Tensor, marker_mask: torch.Tensor,
-                           calibration: dict) -> torch.Tensor:
+def decision_probabilities(
+    logits: torch.Tensor, qtype: torch.Tensor, marker_mask: torch.Tensor, calibration: dict
+) -> torch.Tensor:
     """Calibrated decision probabilities ``[rows, slots]`` (padded slots 0), upstream's rule
     (see :data:`PROBABILITY_RULE_SOURCE`): softmax over the row's options of logits / t."""
     valid = marker_mask.to(logits.device) != 0
@@ -115,8 +125,11 @@ def compare_heads(ref: dict, got: dict, batch: dict, calibration: dict) -> dict:
         if r.shape != g.shape:
             raise ValueError(f"{head} logits: shape {tuple(g.shape)} != reference {tuple(r.shape)}")
         logit = (r - g).abs().amax(-1)
-        prob = (head_probabilities(head, r, batch, calibration)
-                - head_probabilities(head, g, batch, calibration)).abs().amax(-1)
+        prob = (
+            (head_probabilities(head, r, batch, calibration) - head_probabilities(head, g, batch, calibration))
+            .abs()
+            .amax(-1)
+        )
         ref_arg, got_arg = r.argmax(-1), g.argmax(-1)
         margin = r.gather(-1, ref_arg[:, None]) - r.gather(-1, got_arg[:, None])
         out[head] = {
@@ -131,6 +144,7 @@ def compare_heads(ref: dict, got: dict, batch: dict, calibration: dict) -> dict:
 
 def summarize(compares: list[dict]) -> dict:
     """Per head over all batches: max deltas (None if any is not finite) and argmax agreement."""
+
     def worst(values):
         return None if any(v is None for v in values) else max(values, default=0.0)
 

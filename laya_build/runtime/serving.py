@@ -50,6 +50,7 @@ Buckets and CUDA graphs (:class:`DecisionRunner`)
     callers therefore wait for each other; run one runner per thread (each with its own
     load) for parallel serving.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -79,6 +80,7 @@ _ISA_LOCK = threading.Lock()
 
 # ------------------------------------------------------------------------------ integrity
 
+
 def sha256_file(path) -> str:
     with open(path, "rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
@@ -88,8 +90,10 @@ def check_sha256(path, expected: str, what: str) -> str:
     """``path``'s sha256, which must be ``expected`` (from ``what``) before anything uses it."""
     actual = sha256_file(path)
     if actual != expected:
-        raise PackageIntegrityError(f"{path}: sha256 {actual} does not match the {what}'s {expected}; "
-                                    "refusing to load it (a .pt2 runs native code)")
+        raise PackageIntegrityError(
+            f"{path}: sha256 {actual} does not match the {what}'s {expected}; "
+            "refusing to load it (a .pt2 runs native code)"
+        )
     return actual
 
 
@@ -120,8 +124,12 @@ def cpu_isa_flags() -> list[str] | None:
     if platform.machine() not in ("x86_64", "AMD64"):
         return None
     avx512 = torch.cpu._is_avx512_supported()
-    found = {"avx2": torch.cpu._is_avx2_supported(), "avx512": avx512,
-             "avx512_vnni": avx512 and torch.cpu._is_vnni_supported(), "amx_tile": torch.cpu._is_amx_tile_supported()}
+    found = {
+        "avx2": torch.cpu._is_avx2_supported(),
+        "avx512": avx512,
+        "avx512_vnni": avx512 and torch.cpu._is_vnni_supported(),
+        "amx_tile": torch.cpu._is_amx_tile_supported(),
+    }
     return [name for name, present in found.items() if present]
 
 
@@ -139,9 +147,11 @@ def check_isa(path, metadata: dict) -> dict:
     if recorded and flags is not None and recorded != INVALID_ISA:
         missing = [f for f in recorded.lower().split() if f not in flags]
         if missing:
-            raise PackageIsaError(f"{path}: built for the CPU vector ISA {recorded}, but this CPU lacks "
-                                  f"{', '.join(missing)} (it has {', '.join(flags) or 'none of them'}); its "
-                                  "vectorised kernels would fault, refusing to load it")
+            raise PackageIsaError(
+                f"{path}: built for the CPU vector ISA {recorded}, but this CPU lacks "
+                f"{', '.join(missing)} (it has {', '.join(flags) or 'none of them'}); its "
+                "vectorised kernels would fault, refusing to load it"
+            )
     return {"package": recorded, "cpu": flags, "mode": "probed"}
 
 
@@ -177,6 +187,7 @@ def vec_isa_answered(isa):
 
 # ------------------------------------------------------------------------------- loading
 
+
 @dataclass
 class LoadedPackage:
     """A loaded ``.pt2``: call it like the model (returns ``(decision_logits, act_logits)``)."""
@@ -203,12 +214,15 @@ def _check_call_spec(loader, path) -> None:
 
     in_spec, out_spec = (_pytree.treespec_loads(s) for s in loader.get_call_spec())
     if (in_spec.num_leaves, out_spec.num_leaves) != (len(ARG_NAMES), 2):
-        raise PackageIntegrityError(f"{path}: takes {in_spec.num_leaves} inputs and returns {out_spec.num_leaves} "
-                                    f"outputs; a decision package takes {len(ARG_NAMES)} and returns 2")
+        raise PackageIntegrityError(
+            f"{path}: takes {in_spec.num_leaves} inputs and returns {out_spec.num_leaves} "
+            f"outputs; a decision package takes {len(ARG_NAMES)} and returns 2"
+        )
 
 
-def load_package(path, sha256: str, *, what: str = "package record", single_threaded: bool = True,
-                 loader: str = "aoti_load_package") -> LoadedPackage:
+def load_package(
+    path, sha256: str, *, what: str = "package record", single_threaded: bool = True, loader: str = "aoti_load_package"
+) -> LoadedPackage:
     """Check ``path`` against ``sha256`` (from ``what``) and the CPU against the package's
     recorded ISA, then load it (see the module docstring).
 
@@ -238,9 +252,16 @@ def load_package(path, sha256: str, *, what: str = "package record", single_thre
         with vec_isa_answered(answer):
             compiled = torch._inductor.aoti_load_package(str(path), run_single_threaded=single_threaded)
     loaded = time.perf_counter()
-    return LoadedPackage(path=path, sha256=sha256, device=torch.device(metadata.get("AOTI_DEVICE_KEY", "cpu")),
-                         single_threaded=single_threaded, loader=loader, isa=isa, compiled=compiled,
-                         timings={"sha256_s": hashed - start, "probe_s": probed - hashed, "load_s": loaded - probed})
+    return LoadedPackage(
+        path=path,
+        sha256=sha256,
+        device=torch.device(metadata.get("AOTI_DEVICE_KEY", "cpu")),
+        single_threaded=single_threaded,
+        loader=loader,
+        isa=isa,
+        compiled=compiled,
+        timings={"sha256_s": hashed - start, "probe_s": probed - hashed, "load_s": loaded - probed},
+    )
 
 
 def preload_modules(names) -> dict:
@@ -262,6 +283,7 @@ def preload_modules(names) -> dict:
 
 # ------------------------------------------------------------------------------- runner
 
+
 def padding_template(bucket: Bucket, device) -> tuple:
     """The five inputs of a call of the bucket's shape that is padding only: every row
     attends to its first token alone and has no marker slot."""
@@ -269,10 +291,13 @@ def padding_template(bucket: Bucket, device) -> tuple:
     with torch.inference_mode(False):
         mask = torch.zeros(rows, tokens, dtype=torch.long, device=device)
         mask[:, 0] = 1
-        return (torch.zeros(rows, tokens, dtype=torch.long, device=device), mask,
-                torch.zeros(rows, slots, dtype=torch.long, device=device),
-                torch.zeros(rows, slots, dtype=torch.long, device=device),
-                torch.zeros(rows, dtype=torch.long, device=device))
+        return (
+            torch.zeros(rows, tokens, dtype=torch.long, device=device),
+            mask,
+            torch.zeros(rows, slots, dtype=torch.long, device=device),
+            torch.zeros(rows, slots, dtype=torch.long, device=device),
+            torch.zeros(rows, dtype=torch.long, device=device),
+        )
 
 
 def fill(static: tuple, template: tuple, args: tuple) -> None:
@@ -309,8 +334,15 @@ class DecisionRunner:
     bucket and the lock that serialises calls.
     """
 
-    def __init__(self, package: LoadedPackage, *, dims: dict, buckets=(), capture: bool | None = None,
-                 capture_warmup: int = CAPTURE_WARMUP):
+    def __init__(
+        self,
+        package: LoadedPackage,
+        *,
+        dims: dict,
+        buckets=(),
+        capture: bool | None = None,
+        capture_warmup: int = CAPTURE_WARMUP,
+    ):
         self.package = package
         self.device = package.device
         self.dims = ExportDims.from_dims(dims)
@@ -369,21 +401,31 @@ class DecisionRunner:
                 raise RuntimeInputError(f"{name} must be an int64 tensor, got {got}")
         ids, mask, pos, pmask, qtype = args
         if ids.dim() != 2 or pos.dim() != 2 or qtype.dim() != 1:
-            raise RuntimeInputError(f"input_ids and marker_pos must be 2-d and qtype 1-d, got shapes "
-                                    f"{tuple(ids.shape)}, {tuple(pos.shape)}, {tuple(qtype.shape)}")
+            raise RuntimeInputError(
+                f"input_ids and marker_pos must be 2-d and qtype 1-d, got shapes "
+                f"{tuple(ids.shape)}, {tuple(pos.shape)}, {tuple(qtype.shape)}"
+            )
         rows, tokens = ids.shape
         slots = pos.shape[1]
-        for name, t, want in (("attention_mask", mask, (rows, tokens)), ("marker_mask", pmask, (rows, slots)),
-                              ("marker_pos", pos, (rows, slots)), ("qtype", qtype, (rows,))):
+        for name, t, want in (
+            ("attention_mask", mask, (rows, tokens)),
+            ("marker_mask", pmask, (rows, slots)),
+            ("marker_pos", pos, (rows, slots)),
+            ("qtype", qtype, (rows,)),
+        ):
             if tuple(t.shape) != want:
-                raise RuntimeInputError(f"{name} has shape {tuple(t.shape)}; input_ids {tuple(ids.shape)} "
-                                        f"and marker_pos {tuple(pos.shape)} need {want}")
+                raise RuntimeInputError(
+                    f"{name} has shape {tuple(t.shape)}; input_ids {tuple(ids.shape)} "
+                    f"and marker_pos {tuple(pos.shape)} need {want}"
+                )
         if min(rows, tokens, slots) < 1:
             raise RuntimeInputError(f"empty call: rows {rows}, tokens {tokens}, slots {slots}")
         if over := self.dims.too_large(rows, tokens, slots):
-            raise RuntimeInputError(f"a call of {rows} rows x {tokens} tokens x {slots} slots exceeds the "
-                                    f"package's export ranges ({'; '.join(over)}): rows {self.dims.rows}, "
-                                    f"tokens {self.dims.tokens}, slots {self.dims.slots}")
+            raise RuntimeInputError(
+                f"a call of {rows} rows x {tokens} tokens x {slots} slots exceeds the "
+                f"package's export ranges ({'; '.join(over)}): rows {self.dims.rows}, "
+                f"tokens {self.dims.tokens}, slots {self.dims.slots}"
+            )
         return rows, tokens, slots
 
     def bucket_for(self, rows: int, tokens: int, slots: int) -> Bucket | None:
@@ -428,9 +470,12 @@ class DecisionRunner:
             return decision[:rows, :slots].clone(), act[:rows].clone()
 
     def describe(self) -> dict:
-        return {"mode": self.mode, "buckets": [b.as_dict() for b in self.buckets],
-                "capture_s": self.capture_s,
-                "captures": [{**s.bucket.as_dict(), "capture_s": s.capture_s} for s in self._slots.values()]}
+        return {
+            "mode": self.mode,
+            "buckets": [b.as_dict() for b in self.buckets],
+            "capture_s": self.capture_s,
+            "captures": [{**s.bucket.as_dict(), "capture_s": s.capture_s} for s in self._slots.values()],
+        }
 
 
 # ------------------------------------------------------------------------------ opening
@@ -464,18 +509,28 @@ def _program(record: dict, record_path: Path, program: str) -> dict:
     return found
 
 
-def open_build(package_record_path, *, buckets=(), program: str = "decision", preload=(),
-               capture: bool | None = None, capture_warmup: int = CAPTURE_WARMUP) -> DecisionRunner:
+def open_build(
+    package_record_path,
+    *,
+    buckets=(),
+    program: str = "decision",
+    preload=(),
+    capture: bool | None = None,
+    capture_warmup: int = CAPTURE_WARMUP,
+) -> DecisionRunner:
     """The runner of a build folder's package (``aoti_package.json`` beside the ``.pt2``);
     the package must match the record's sha256."""
     record_path = Path(package_record_path)
     record = _read_json(record_path, "package record")
     entry = _program(record, record_path, program)
     preload_modules(preload)
-    package = load_package(record_path.parent / entry["package"]["path"], entry["package"]["sha256"],
-                           what="package record", single_threaded=True)
-    return DecisionRunner(package, dims=record["dims"], buckets=buckets, capture=capture,
-                          capture_warmup=capture_warmup)
+    package = load_package(
+        record_path.parent / entry["package"]["path"],
+        entry["package"]["sha256"],
+        what="package record",
+        single_threaded=True,
+    )
+    return DecisionRunner(package, dims=record["dims"], buckets=buckets, capture=capture, capture_warmup=capture_warmup)
 
 
 def _no_link(vdir: Path, rel: str) -> None:
@@ -493,8 +548,15 @@ def _no_link(vdir: Path, rel: str) -> None:
         raise PackageIntegrityError(f"{here}: not a regular file")
 
 
-def open_release(release_dir, build: str, *, buckets=None, program: str = "decision",
-                 capture: bool | None = None, capture_warmup: int = CAPTURE_WARMUP) -> DecisionRunner:
+def open_release(
+    release_dir,
+    build: str,
+    *,
+    buckets=None,
+    program: str = "decision",
+    capture: bool | None = None,
+    capture_warmup: int = CAPTURE_WARMUP,
+) -> DecisionRunner:
     """The runner of a released build (``<target>-<dtype>``, e.g. ``cuda-bfloat16``).
 
     The effective configuration, the package record and the ``.pt2`` must each match the
@@ -524,12 +586,13 @@ def open_release(release_dir, build: str, *, buckets=None, program: str = "decis
     if package_rel not in listed or not (vdir / package_rel).is_file():
         raise PackageIntegrityError(f"{vdir / package_rel}: missing from the release or its manifest")
     if listed[package_rel] != entry["package"]["sha256"]:
-        raise PackageIntegrityError(f"{vdir / package_rel}: the manifest's sha256 {listed[package_rel]} is "
-                                    f"not the package record's {entry['package']['sha256']}")
+        raise PackageIntegrityError(
+            f"{vdir / package_rel}: the manifest's sha256 {listed[package_rel]} is "
+            f"not the package record's {entry['package']['sha256']}"
+        )
     target = record["target"]
     if buckets is None:
         buckets = config.get("runtime", {}).get("buckets", {}).get(target, [])
     preload_modules(config.get("verify", {}).get("preload", {}).get(target, []))
     package = load_package(vdir / package_rel, listed[package_rel], what="release manifest", single_threaded=True)
-    return DecisionRunner(package, dims=record["dims"], buckets=buckets, capture=capture,
-                          capture_warmup=capture_warmup)
+    return DecisionRunner(package, dims=record["dims"], buckets=buckets, capture=capture, capture_warmup=capture_warmup)

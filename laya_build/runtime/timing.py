@@ -37,12 +37,17 @@ def time_calls(fn, args: tuple, timing: dict, device: str) -> dict:
         for _ in range(timing["warmup"]):
             fn(*args)
         synchronize(device)
-        timer = Timer("fn(*args)", globals={"fn": fn, "args": args}, timer=clock,
-                      num_threads=torch.get_num_threads())
+        timer = Timer("fn(*args)", globals={"fn": fn, "args": args}, timer=clock, num_threads=torch.get_num_threads())
         if timing.get("max_run_time_s"):
-            m = timer.adaptive_autorange(threshold=IQR_THRESHOLD, min_run_time=timing["min_run_time_s"],
-                                         max_run_time=timing["max_run_time_s"])
+            m = timer.adaptive_autorange(
+                threshold=IQR_THRESHOLD, min_run_time=timing["min_run_time_s"], max_run_time=timing["max_run_time_s"]
+            )
         else:
             m = timer.blocked_autorange(min_run_time=timing["min_run_time_s"])
-    return {"median_ms": m.median * 1e3, "iqr_ms": m.iqr * 1e3, "runs": m.number_per_run * len(m.raw_times),
-            "block_size": m.number_per_run, "blocks_ms": [t * 1e3 / m.number_per_run for t in m.raw_times]}
+    return {
+        "median_ms": m.median * 1e3,
+        "iqr_ms": m.iqr * 1e3,
+        "runs": m.number_per_run * len(m.raw_times),
+        "block_size": m.number_per_run,
+        "blocks_ms": [t * 1e3 / m.number_per_run for t in m.raw_times],
+    }

@@ -1,5 +1,6 @@
 """What the model stages share: skip records, reading upstream records, checking a file's
 digest before it is used."""
+
 from __future__ import annotations
 
 from laya_build.errors import ConfigError, PackageIntegrityError
@@ -28,8 +29,7 @@ def check_sha256(path, expected: str, record: str, consequence: str = "") -> str
     """``path``'s sha256, which must be ``expected`` (from ``record``) before anything uses it."""
     actual = sha256_file(path)
     if actual != expected:
-        raise PackageIntegrityError(f"{path}: sha256 {actual} does not match the {record}'s "
-                                    f"{expected}{consequence}")
+        raise PackageIntegrityError(f"{path}: sha256 {actual} does not match the {record}'s {expected}{consequence}")
     return actual
 
 
@@ -43,6 +43,10 @@ def upstream(path, stage: str) -> dict:
 
 def verify_spec(layout, cfg: dict, runtime_cfg: dict, target: str, dtype: str) -> dict:
     """run_verify's arguments for one build of a version folder (``layout``)."""
-    return {"verify_cfg": cfg, "runtime_cfg": runtime_cfg,
-            "package_record_path": str(layout.build_record("aoti_package", target, dtype)),
-            "inputs_path": str(layout.inputs), "eager_path": str(layout.eager(target, dtype))}
+    return {
+        "verify_cfg": cfg,
+        "runtime_cfg": runtime_cfg,
+        "package_record_path": str(layout.build_record("aoti_package", target, dtype)),
+        "inputs_path": str(layout.inputs),
+        "eager_path": str(layout.eager(target, dtype)),
+    }

@@ -4,6 +4,7 @@ Per file: identical or not, both sha256 and sizes, the first differing byte offs
 unified diff written next to the record when they differ.  The summary reads like
 ``10/10 identical``.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -45,7 +46,8 @@ def compare_file(name: str, current: Path, baseline: Path, diff_path: Path, diff
     lines = difflib.unified_diff(
         old.decode("utf-8", "replace").splitlines(keepends=True),
         new.decode("utf-8", "replace").splitlines(keepends=True),
-        fromfile=f"baseline/{name}", tofile=f"current/{name}",
+        fromfile=f"baseline/{name}",
+        tofile=f"current/{name}",
     )
     write_text(diff_path, "".join(lines))
     entry.update(identical=False, first_diff_offset=first_difference(old, new), diff=diff_rel)
@@ -57,8 +59,13 @@ def run_cuda_diff(**spec) -> dict:
     diff_dir = Path(spec["diff_dir"])
     shutil.rmtree(diff_dir, ignore_errors=True)  # no diff of an earlier run survives
     files = [
-        compare_file(f["name"], Path(f["current"]), Path(f["baseline"]),
-                     diff_dir / diff_name(f["name"]), f"{spec['diff_dir_rel']}/{diff_name(f['name'])}")
+        compare_file(
+            f["name"],
+            Path(f["current"]),
+            Path(f["baseline"]),
+            diff_dir / diff_name(f["name"]),
+            f"{spec['diff_dir_rel']}/{diff_name(f['name'])}",
+        )
         for f in spec["files"]
     ]
     same = sum(f["identical"] for f in files)

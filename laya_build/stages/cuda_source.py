@@ -5,6 +5,7 @@ with nvcc and no CUDA device is touched, so this works on a CPU-only machine.  E
 generation runs in its own process (see :mod:`laya_build.runner`): the source then depends
 only on the kernel and its arguments, not on what else the process generated before.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -18,8 +19,9 @@ from laya_build.stages.kernelgen import call_args, kernel_toolchain, load_factor
 LOWERING_MODULE = "kernels.lowering"
 
 
-def generate(factory_name: str, args: list, kwargs: dict, dtype: str, target: dict,
-             lowering: str = LOWERING_MODULE) -> str:
+def generate(
+    factory_name: str, args: list, kwargs: dict, dtype: str, target: dict, lowering: str = LOWERING_MODULE
+) -> str:
     """CUDA source of the GPU specialisation: ``cuda_source`` of the kernels' lowering module,
     the same lowering (GPU pass config, target context) that the kernel tests check."""
     cuda_source = importlib.import_module(lowering).cuda_source
@@ -45,8 +47,9 @@ def run_cuda_source(**spec) -> dict:
     start = time.perf_counter()
     origin = kernels_origin(spec)
     args, kwargs = call_args(spec)
-    source = generate(spec["factory"], args, kwargs, spec["dtype"], spec["target"],
-                      spec.get("lowering", LOWERING_MODULE))
+    source = generate(
+        spec["factory"], args, kwargs, spec["dtype"], spec["target"], spec.get("lowering", LOWERING_MODULE)
+    )
     record = {
         "stage": "cuda_source",
         "variant": spec["variant"],

@@ -8,6 +8,7 @@ rows ``Dim("rows")``, tokens ``16 * Dim("tokens16")`` (the attention alignment g
 package) and ``export.json``.  With ``export.single_slot`` the one-slot branch (slots fixed
 at 1) is exported too, as ``exported_single_slot.pt2`` / ``eager_single_slot.pt``.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,9 @@ class Program:
 
 PROGRAMS = (
     Program("decision", "batches", False, exported_name(), eager_name()),
-    Program("decision_single_slot", "single_slot_batches", True, exported_name("_single_slot"),
-            eager_name("_single_slot")),
+    Program(
+        "decision_single_slot", "single_slot_batches", True, exported_name("_single_slot"), eager_name("_single_slot")
+    ),
 )
 
 
@@ -52,10 +54,16 @@ def dynamic_shapes(dims: dict, single_slot: bool) -> dict:
 
     rows = Dim("rows", min=dims["rows"]["min"], max=dims["rows"]["max"])
     tokens = 16 * Dim("tokens16", min=dims["tokens16"]["min"], max=dims["tokens16"]["max"])
-    per_slot = {0: rows} if single_slot else {
-        0: rows, 1: Dim("slots", min=dims["slots"]["min"], max=dims["slots"]["max"])}
-    return {"input_ids": {0: rows, 1: tokens}, "attention_mask": {0: rows, 1: tokens},
-            "marker_pos": per_slot, "marker_mask": dict(per_slot), "qtype": {0: rows}}
+    per_slot = (
+        {0: rows} if single_slot else {0: rows, 1: Dim("slots", min=dims["slots"]["min"], max=dims["slots"]["max"])}
+    )
+    return {
+        "input_ids": {0: rows, 1: tokens},
+        "attention_mask": {0: rows, 1: tokens},
+        "marker_pos": per_slot,
+        "marker_mask": dict(per_slot),
+        "qtype": {0: rows},
+    }
 
 
 def range_constraints(ep) -> dict:
@@ -64,6 +72,7 @@ def range_constraints(ep) -> dict:
             return int(v)
         except (TypeError, ValueError, OverflowError):
             return None
+
     return {str(sym): [bound(r.lower), bound(r.upper)] for sym, r in ep.range_constraints.items()}
 
 
@@ -76,7 +85,7 @@ def import_relative(path: str, roots: list[str]) -> str:
     unchanged when it lies in none."""
     for root in roots:
         if path.startswith(root + os.sep):
-            return path[len(root) + 1:]
+            return path[len(root) + 1 :]
     return path
 
 
@@ -93,8 +102,7 @@ def portable_stack_traces(ep) -> None:
                 node.meta["stack_trace"] = _TRACE_FILE.sub(rewrite, trace)
 
 
-def export_program(model, inputs: dict, program: Program, cfg: dict, device: str, out: Path,
-                   meta: dict) -> dict:
+def export_program(model, inputs: dict, program: Program, cfg: dict, device: str, out: Path, meta: dict) -> dict:
     import torch
 
     from laya_build.model.inputs import batch_shape
@@ -104,8 +112,7 @@ def export_program(model, inputs: dict, program: Program, cfg: dict, device: str
     example = batch_args(batches[index], inputs["arg_names"], device)
     start = time.perf_counter()
     with torch.inference_mode():
-        ep = torch.export.export(model, example,
-                                 dynamic_shapes=dynamic_shapes(cfg["dims"], program.single_slot))
+        ep = torch.export.export(model, example, dynamic_shapes=dynamic_shapes(cfg["dims"], program.single_slot))
     export_s = time.perf_counter() - start
     log.info(f"[laya] torch.export of {program.name} ({device}, {meta['dtype']}): {export_s:.1f} s")
     portable_stack_traces(ep)
@@ -115,21 +122,33 @@ def export_program(model, inputs: dict, program: Program, cfg: dict, device: str
     start = time.perf_counter()
     outputs = run_batches(model, batches, inputs["arg_names"], device)
     eager_s = time.perf_counter() - start
-    torch_save({"format": EAGER_FORMAT, "program": program.name,
-                "batches_key": program.batches_key, **meta, "outputs": outputs}, out / program.eager)
+    torch_save(
+        {
+            "format": EAGER_FORMAT,
+            "program": program.name,
+            "batches_key": program.batches_key,
+            **meta,
+            "outputs": outputs,
+        },
+        out / program.eager,
+    )
     return {
-        "name": program.name, "single_slot": program.single_slot,
-        "batches_key": program.batches_key, "example_batch": index,
+        "name": program.name,
+        "single_slot": program.single_slot,
+        "batches_key": program.batches_key,
+        "example_batch": index,
         "example_shape": batch_shape(batches[index]),
         "exported": file_entry(out / program.exported, out),
         "eager": file_entry(out / program.eager, out),
         "range_constraints": range_constraints(ep),
-        "export_s": round(export_s, 4), "eager_s": round(eager_s, 4),
+        "export_s": round(export_s, 4),
+        "eager_s": round(eager_s, 4),
     }
 
 
-def run_export(export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: str,
-               dtype: str, *, fresh_process: bool = False) -> dict:
+def run_export(
+    export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: str, dtype: str, *, fresh_process: bool = False
+) -> dict:
     """Export (or skip, with the reason) ``target`` x ``dtype``.  A CUDA export that can run
     initialises CUDA, which a process forked from one that imported torch must not do: unless
     ``fresh_process`` says this already is a fresh interpreter, it runs in one
@@ -151,10 +170,21 @@ def run_export(export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: s
     if target == "cuda" and not fresh_process:
         from laya_build.runner import Child, run
 
-        spec = {"export_cfg": export_cfg, "checkpoint_dir": str(checkpoint_dir), "inputs_path": str(inputs_path),
-                "out_dir": str(out_dir), "target": target, "dtype": dtype, "fresh_process": True}
-        return run("laya_build.stages.export:run_export", spec,
-                   Child(label=f"torch.export ({target}, {dtype})", reraise=True), result=True)
+        spec = {
+            "export_cfg": export_cfg,
+            "checkpoint_dir": str(checkpoint_dir),
+            "inputs_path": str(inputs_path),
+            "out_dir": str(out_dir),
+            "target": target,
+            "dtype": dtype,
+            "fresh_process": True,
+        }
+        return run(
+            "laya_build.stages.export:run_export",
+            spec,
+            Child(label=f"torch.export ({target}, {dtype})", reraise=True),
+            result=True,
+        )
 
     inputs = load_inputs(inputs_path)
     try:  # the rules pipeline.yaml was checked against at load, now on the saved tensors
@@ -170,9 +200,11 @@ def run_export(export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: s
     records = [export_program(model, inputs, p, cfg, target, out, meta) for p in programs]
     dims = cfg["dims"]
     return {
-        "stage": "export", "status": "ok", "target": target, "dtype": dtype,
-        "dims": {**dims, "tokens": {"min": 16 * dims["tokens16"]["min"],
-                                    "max": 16 * dims["tokens16"]["max"]}},
+        "stage": "export",
+        "status": "ok",
+        "target": target,
+        "dtype": dtype,
+        "dims": {**dims, "tokens": {"min": 16 * dims["tokens16"]["min"], "max": 16 * dims["tokens16"]["max"]}},
         "single_slot": cfg["single_slot"],
         "inputs": {"sha256": meta["inputs_sha256"], "bytes": Path(inputs_path).stat().st_size},
         "checkpoint": {"weights_sha256": sha256_file(Path(checkpoint_dir) / WEIGHTS)},

@@ -1,4 +1,5 @@
 """Kernels at a git revision, extracted into an isolated folder (for ``cuda_diff`` baselines)."""
+
 from __future__ import annotations
 
 import io
@@ -13,8 +14,9 @@ from laya_build.errors import GitRefError  # noqa: F401  (GitRefError re-exporte
 
 def resolve(root: Path, ref: str) -> str:
     """The commit sha ``ref`` names in the repository at ``root``."""
-    proc = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
-                          cwd=root, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=root, capture_output=True, text=True
+    )
     if proc.returncode != 0:
         raise GitRefError(f"cuda.baseline.git_ref: {ref!r} is not a commit of the repository at {root}")
     return proc.stdout.strip()
@@ -23,8 +25,9 @@ def resolve(root: Path, ref: str) -> str:
 def kernels_tree(root: Path, sha: str) -> str:
     """The git tree id of ``kernels/`` at ``sha``: baseline sources depend on it alone, so a
     commit that leaves kernels/ alone does not regenerate them."""
-    proc = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{sha}:kernels"], cwd=root,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{sha}:kernels"], cwd=root, capture_output=True, text=True
+    )
     if proc.returncode != 0:
         raise GitRefError(f"cuda.baseline.git_ref: commit {sha} has no kernels/")
     return proc.stdout.strip()

@@ -1,6 +1,7 @@
 """What the kernel stages (tir, probe_c, lower_c, cuda_source) share: importing a factory,
 its call arguments, the toolchain that determines generated code, and publishing a
 generated source with its record."""
+
 from __future__ import annotations
 
 import hashlib

@@ -22,6 +22,7 @@ and ``latency.md`` (a Markdown table).
 Latencies exclude tokenisation, export and compilation (the first calls, which compile for
 ``compiled_bf16``, are recorded apart).
 """
+
 from __future__ import annotations
 
 import time
@@ -57,8 +58,11 @@ def markdown(record: dict, shapes: list[dict]) -> str:
     cols = [f"batch {i} ({s['rows']}x{s['tokens']}x{s['slots']})" for i, s in enumerate(shapes)]
     t = record["timing"]
     runs = [b["latency"]["runs"] for v in record["variants"] for b in v["batches"]]
-    how = (f"adaptive_autorange for {t['min_run_time_s']:g} to {t['max_run_time_s']:g} s" if t.get("max_run_time_s")
-           else f"blocked_autorange for {t['min_run_time_s']:g} s")
+    how = (
+        f"adaptive_autorange for {t['min_run_time_s']:g} to {t['max_run_time_s']:g} s"
+        if t.get("max_run_time_s")
+        else f"blocked_autorange for {t['min_run_time_s']:g} s"
+    )
     packages = ", ".join(f"{p['dtype']} (sha256 {p['sha256'][:16]})" for p in record["packages"]) or "none"
     lines = [
         f"# Latency: {record['target']}",
@@ -82,8 +86,7 @@ def markdown(record: dict, shapes: list[dict]) -> str:
             agree = ["reference", "reference", "-"]
         else:
             agree = [f"{p[h]['argmax_agree']}/{p[h]['rows']}" for h in ("decision", "act")]
-            agree.append("n/a" if p["decision"]["max_prob_delta"] is None
-                         else f"{p['decision']['max_prob_delta']:.3g}")
+            agree.append("n/a" if p["decision"]["max_prob_delta"] is None else f"{p['decision']['max_prob_delta']:.3g}")
         lines.append(f"| {variant_label(v)} | {v['description']} | " + " | ".join(cells + agree) + " |")
     return "\n".join(lines) + "\n"
 
@@ -106,8 +109,9 @@ def _package_records(paths, target: str) -> list[tuple[Path, dict]]:
         if pkg["target"] != target:
             raise StageError(f"{path} is for target {pkg['target']}, not {target}")
         if "dtype" not in pkg:
-            raise StageError(f"{path}: a {pkg['status']} package record without a dtype; latency labels each "
-                             "package by its dtype")
+            raise StageError(
+                f"{path}: a {pkg['status']} package record without a dtype; latency labels each package by its dtype"
+            )
         if pkg["dtype"] in seen:
             raise StageError(f"two package records for {target}-{pkg['dtype']}: {seen[pkg['dtype']]} and {path}")
         seen[pkg["dtype"]] = path
@@ -117,8 +121,9 @@ def _package_records(paths, target: str) -> list[tuple[Path, dict]]:
     return records
 
 
-def run_latency(latency_cfg: dict, runtime_cfg: dict, checkpoint_dir, inputs_path, package_record_paths, out_dir,
-                target: str) -> dict:
+def run_latency(
+    latency_cfg: dict, runtime_cfg: dict, checkpoint_dir, inputs_path, package_record_paths, out_dir, target: str
+) -> dict:
     """Measure ``target``: the shared variants once, the package variants for each package
     record of ``package_record_paths`` (every dtype of the target, one record each)."""
     from laya_build.model.inputs import batch_shape, load_inputs
@@ -129,11 +134,18 @@ def run_latency(latency_cfg: dict, runtime_cfg: dict, checkpoint_dir, inputs_pat
     records = _package_records(package_record_paths, target)
     if reason := unsupported_reason(target, aoti=True):
         return skip("latency", reason, target=target)
-    skipped = [{"dtype": pkg["dtype"], "reason": f"aoti_package skipped: {pkg['reason']}"}
-               for _, pkg in records if pkg["status"] == "skipped"]
+    skipped = [
+        {"dtype": pkg["dtype"], "reason": f"aoti_package skipped: {pkg['reason']}"}
+        for _, pkg in records
+        if pkg["status"] == "skipped"
+    ]
     if len(skipped) == len(records):
-        return skip("latency", f"every package of target {target} was skipped: "
-                    + "; ".join(f"{s['dtype']}: {s['reason']}" for s in skipped), target=target)
+        return skip(
+            "latency",
+            f"every package of target {target} was skipped: "
+            + "; ".join(f"{s['dtype']}: {s['reason']}" for s in skipped),
+            target=target,
+        )
 
     buckets = runtime["buckets"].get(target, [])
     packages = []
@@ -144,38 +156,61 @@ def run_latency(latency_cfg: dict, runtime_cfg: dict, checkpoint_dir, inputs_pat
                 continue
             main = next(p for p in pkg["programs"] if p["name"] == "decision")
             package_path = path.parent / main["package"]["path"]
-            actual = check_sha256(package_path, main["package"]["sha256"], "package record",
-                                  "; refusing to load it")
+            actual = check_sha256(package_path, main["package"]["sha256"], "package record", "; refusing to load it")
             parse_buckets(buckets, pkg["dims"], where=f"runtime.buckets.{target}")  # the package's own ranges
             packages.append({"dtype": pkg["dtype"], "path": str(package_path), "sha256": actual, "dims": pkg["dims"]})
     timing = cfg["timing"][target]
     out.mkdir(parents=True, exist_ok=True)
     job = {
-        "checkpoint": str(checkpoint_dir), "inputs": str(inputs_path), "device": target,
+        "checkpoint": str(checkpoint_dir),
+        "inputs": str(inputs_path),
+        "device": target,
         "variants": [n for n in measured if n not in PACKAGE_VARIANTS],
         "package_variants": [n for n in measured if n in PACKAGE_VARIANTS],
-        "amp_dtype": cfg["amp_dtype"], "compile": cfg["compile"], "timing": timing, "packages": packages,
-        "preload": cfg["preload"].get(target, []), "vec_isa_root": str(vec_isa_root()),
+        "amp_dtype": cfg["amp_dtype"],
+        "compile": cfg["compile"],
+        "timing": timing,
+        "packages": packages,
+        "preload": cfg["preload"].get(target, []),
+        "vec_isa_root": str(vec_isa_root()),
         "runtime": {"buckets": buckets, "capture_warmup": runtime["capture_warmup"]},
     }
     with inductor_cache(f"latency-{target}") as cache:
-        child = Child(log=out / child_log_name("latency"), timeout=cfg["timeout_s"], reraise=True,
-                      env={"TORCHINDUCTOR_CACHE_DIR": str(cache)}, label=f"latency measurement ({target})")
+        child = Child(
+            log=out / child_log_name("latency"),
+            timeout=cfg["timeout_s"],
+            reraise=True,
+            env={"TORCHINDUCTOR_CACHE_DIR": str(cache)},
+            label=f"latency measurement ({target})",
+        )
         result = run(f"{CHILD_MODULE}:measure_variants", {"job": job}, child, result=True)
 
     names = {"amp": cfg["amp_dtype"], "runner": RUNNERS[target], **cfg["compile"]}
     shapes = [batch_shape(b) for b in load_inputs(inputs_path)["batches"]]
-    variants = [{**v, "description": DESCRIPTIONS[v["name"]].format(**names, dtype=v.get("dtype")),
-                 "setup_s": round(v["setup_s"], 4), "first_calls_s": round(v["first_calls_s"], 4),
-                 "batches": [{**b, "shape": shapes[b["batch"]]} for b in v["batches"]]}
-                for v in result["variants"]]
+    variants = [
+        {
+            **v,
+            "description": DESCRIPTIONS[v["name"]].format(**names, dtype=v.get("dtype")),
+            "setup_s": round(v["setup_s"], 4),
+            "first_calls_s": round(v["first_calls_s"], 4),
+            "batches": [{**b, "shape": shapes[b["batch"]]} for b in v["batches"]],
+        }
+        for v in result["variants"]
+    ]
     record = {
-        "stage": "latency", "status": "ok", "target": target,
+        "stage": "latency",
+        "status": "ok",
+        "target": target,
         "packages": [{"dtype": p["dtype"], "sha256": p["sha256"]} for p in packages],
-        "skipped_packages": skipped, "inputs": {"sha256": sha256_file(inputs_path)},
-        "timing": timing, "amp_dtype": cfg["amp_dtype"], "compile": cfg["compile"],
-        "variants": variants, "markdown": LATENCY_TABLE_NAME,
-        "device": device_snapshot(target), "versions": versions(),
+        "skipped_packages": skipped,
+        "inputs": {"sha256": sha256_file(inputs_path)},
+        "timing": timing,
+        "amp_dtype": cfg["amp_dtype"],
+        "compile": cfg["compile"],
+        "variants": variants,
+        "markdown": LATENCY_TABLE_NAME,
+        "device": device_snapshot(target),
+        "versions": versions(),
         "elapsed_s": round(time.perf_counter() - start, 4),
     }
     check_record(out / record_name("latency"), record)  # nothing is written for an invalid record

@@ -6,6 +6,7 @@ kernel's output differs from the reference by more than ``atol``, or when an in-
 update is not exact (LayerNorm's residual stream must equal ``X + R`` bit for bit and stay
 untouched with ``residual=False``; RoPE must leave V bit for bit unchanged).
 """
+
 from __future__ import annotations
 
 import time
@@ -44,7 +45,7 @@ def _gemm_case(a, shape, gen):
 
     N, K = a["N"], a["K"]
     M = shape["M"]
-    A, W, b = _rand(gen, M, K), _rand(gen, N, K, scale=K ** -0.5), _rand(gen, N)
+    A, W, b = _rand(gen, M, K), _rand(gen, N, K, scale=K**-0.5), _rand(gen, N)
     C = torch.empty(M, N)
     ref = gemm_reference(A, W, b if a["bias"] else None, a["act"])
     return Case((A, W, b, C), compare=[("C", lambda: C, ref, None)])
@@ -57,7 +58,7 @@ def _geglu_case(a, shape, gen):
 
     F, K = a["F"], a["K"]
     M = shape["M"]
-    A, W = _rand(gen, M, K), _rand(gen, 2 * F, K, scale=K ** -0.5)
+    A, W = _rand(gen, M, K), _rand(gen, 2 * F, K, scale=K**-0.5)
     C = torch.empty(M, F)
     return Case((A, W, C), compare=[("C", lambda: C, geglu_reference(A, W), None)])
 
@@ -74,8 +75,9 @@ def _add_ln_case(a, shape, gen):
     w, b = _rand(gen, D), _rand(gen, D)
     Y = torch.empty(M, D)
     x_new, ref = add_ln_reference(X, R, w, b if bias else None, a["eps"], residual)
-    return Case((X, R, w, b, Y), compare=[("Y", lambda: Y, ref, None)],
-                exact=[("X (residual stream)", lambda: X, x_new)])
+    return Case(
+        (X, R, w, b, Y), compare=[("Y", lambda: Y, ref, None)], exact=[("X (residual stream)", lambda: X, x_new)]
+    )
 
 
 def _rope_case(a, shape, gen):
@@ -86,11 +88,11 @@ def _rope_case(a, shape, gen):
     QKV = _rand(gen, M, 3 * H * Dh)
     cos, sin = rope_tables(L, Dh)
     ref = rope_reference(QKV, cos, sin, H, Dh)
-    v = QKV[:, 2 * H * Dh:].clone()
+    v = QKV[:, 2 * H * Dh :].clone()
     return Case(
         (QKV, cos, sin),
         compare=[("QK columns", lambda: QKV[:, : 2 * H * Dh], ref[:, : 2 * H * Dh], None)],
-        exact=[("V columns", lambda: QKV[:, 2 * H * Dh:], v)],
+        exact=[("V columns", lambda: QKV[:, 2 * H * Dh :], v)],
     )
 
 
@@ -105,7 +107,7 @@ def _attn_case(a, shape, gen):
     QKV = _rand(gen, B, L, 3, H, Dh)
     O = torch.empty(B, L, H * Dh)
     ref = attn_reference(QKV, lens, window=a["window"])
-    valid = (torch.arange(L)[None, :] < lens[:, None].long())  # [B, L] valid query rows
+    valid = torch.arange(L)[None, :] < lens[:, None].long()  # [B, L] valid query rows
     return Case((QKV, lens, O), compare=[("O", lambda: O, ref, valid)])
 
 
@@ -133,8 +135,9 @@ def check_case(case: Case, atol: float, where: str) -> dict:
         result["max_abs_err"] = max(result["max_abs_err"], worst)
         if not worst <= atol:  # also catches NaN
             idx = divmod(int(err.argmax()), err.shape[-1]) if err.dim() == 2 else int(err.argmax())
-            raise NumericalCheckFailed(f"{where}: {name} differs from the reference by {worst:.3e} > atol {atol:.1e} "
-                                       f"(at {idx})")
+            raise NumericalCheckFailed(
+                f"{where}: {name} differs from the reference by {worst:.3e} > atol {atol:.1e} (at {idx})"
+            )
     for name, actual_fn, expected in case.exact:
         actual = actual_fn()
         if not torch.equal(actual, expected):

@@ -13,6 +13,7 @@ Missing CUDA (target cuda), missing AOTInductor APIs, no C++ compiler or a skipp
 give an explicit skip record; an ``inductor_configs`` key that is no Inductor option is a
 config error before any compile; on a supported install a compile failure raises.
 """
+
 from __future__ import annotations
 
 import time
@@ -44,8 +45,10 @@ def check_inductor_configs(configs: dict) -> None:
     known = inductor_config.get_config_copy()
     unknown = sorted(k for k in configs if k not in known)
     if unknown:
-        raise ConfigError(f"package.inductor_configs.{unknown[0]}: not an Inductor option of torch "
-                          f"{torch.__version__}" + (f" (nor {', '.join(unknown[1:])})" if unknown[1:] else ""))
+        raise ConfigError(
+            f"package.inductor_configs.{unknown[0]}: not an Inductor option of torch "
+            f"{torch.__version__}" + (f" (nor {', '.join(unknown[1:])})" if unknown[1:] else "")
+        )
 
 
 def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
@@ -67,35 +70,59 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
         check_sha256(export_dir / p["exported"]["path"], p["exported"]["sha256"], "export record")
     out.mkdir(parents=True, exist_ok=True)
     job = {
-        "inductor_configs": cfg["inductor_configs"], "preload": cfg["preload"].get(target, []),
+        "inductor_configs": cfg["inductor_configs"],
+        "preload": cfg["preload"].get(target, []),
         "vec_isa_root": str(vec_isa_root()),
-        "programs": [{"name": p["name"], "exported": str(export_dir / p["exported"]["path"]),
-                      "package_tmp": str(out / f".{p['name']}.partial.pt2")} for p in programs],
+        "programs": [
+            {
+                "name": p["name"],
+                "exported": str(export_dir / p["exported"]["path"]),
+                "package_tmp": str(out / f".{p['name']}.partial.pt2"),
+            }
+            for p in programs
+        ],
     }
     with inductor_cache(f"package-{target}-{exp['dtype']}") as cache:
-        child = Child(log=out / child_log_name("package"), timeout=cfg["timeout_s"], reraise=True,
-                      env={"TORCHINDUCTOR_CACHE_DIR": str(cache)},
-                      label=f"AOTInductor compile of {export_dir} for {target}/{exp['dtype']}")
+        child = Child(
+            log=out / child_log_name("package"),
+            timeout=cfg["timeout_s"],
+            reraise=True,
+            env={"TORCHINDUCTOR_CACHE_DIR": str(cache)},
+            label=f"AOTInductor compile of {export_dir} for {target}/{exp['dtype']}",
+        )
         result = run(f"{CHILD_MODULE}:compile_packages", {"job": job}, child, result=True)
 
     entries = []
     for p, spec, res in zip(programs, job["programs"], result["programs"]):
         final = out / package_name(p["name"])
         Path(spec["package_tmp"]).replace(final)
-        entries.append({
-            "name": p["name"], "single_slot": p["single_slot"], "batches_key": p["batches_key"],
-            "package": file_entry(final, out),
-            "exported": {"sha256": p["exported"]["sha256"], "bytes": p["exported"]["bytes"]},
-            "eager": {"path": p["eager"]["path"], "sha256": p["eager"]["sha256"]},
-            "export_s": p["export_s"], "package_s": round(res["package_s"], 4),
-            "load_s": round(res["load_s"], 4), "restored_hints": res["restored_hints"],
-        })
+        entries.append(
+            {
+                "name": p["name"],
+                "single_slot": p["single_slot"],
+                "batches_key": p["batches_key"],
+                "package": file_entry(final, out),
+                "exported": {"sha256": p["exported"]["sha256"], "bytes": p["exported"]["bytes"]},
+                "eager": {"path": p["eager"]["path"], "sha256": p["eager"]["sha256"]},
+                "export_s": p["export_s"],
+                "package_s": round(res["package_s"], 4),
+                "load_s": round(res["load_s"], 4),
+                "restored_hints": res["restored_hints"],
+            }
+        )
     return {
-        "stage": "aoti_package", "status": "ok", "target": target, "dtype": exp["dtype"],
-        "dims": exp["dims"], "inputs": exp["inputs"], "programs": entries,
+        "stage": "aoti_package",
+        "status": "ok",
+        "target": target,
+        "dtype": exp["dtype"],
+        "dims": exp["dims"],
+        "inputs": exp["inputs"],
+        "programs": entries,
         "inductor_configs": cfg["inductor_configs"],
-        "compile_cache": {**result["cache"], "removed": cache.removed}, "preload": result["preload"],
-        "device": device_snapshot(target), "versions": versions(), "env_info": result["env_info"],
+        "compile_cache": {**result["cache"], "removed": cache.removed},
+        "preload": result["preload"],
+        "device": device_snapshot(target),
+        "versions": versions(),
+        "env_info": result["env_info"],
         "elapsed_s": round(time.perf_counter() - start, 4),
     }
-

@@ -6,6 +6,7 @@ The record says whether the observed diagnostic matches the one pinned in
 ``kernels/probe_pins.json`` for the installed TileLang version; a mismatch (or no pin for
 this version) is flagged in the record for a human to re-probe.
 """
+
 from __future__ import annotations
 
 import time

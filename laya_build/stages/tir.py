@@ -1,4 +1,5 @@
 """Stage ``tir``: ``factory.get_tir(...)`` -> TVMScript text and a structural hash."""
+
 from __future__ import annotations
 
 import time

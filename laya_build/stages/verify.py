@@ -25,6 +25,7 @@ The child imports the modules of ``verify.preload.<target>`` before loading (why
 "How verify copes with the image's load crash"); if it still crashes, the signal is reported
 as a failure.
 """
+
 from __future__ import annotations
 
 import time
@@ -75,13 +76,16 @@ def parity_violations(program: dict, thresholds: dict) -> tuple[list[tuple[type,
                 for key, label, cls in MEASURES:
                     delta, atol = rows[f"{key}_delta"][r], limits[f"{key}_atol"]
                     if delta is None or delta > atol:
-                        found.append((cls, f"{where}{head} {label} of batch {b} row {r} "
-                                           f"differ by {_fmt(delta)} > atol {atol:g}"))
+                        found.append(
+                            (cls, f"{where}{head} {label} of batch {b} row {r} differ by {_fmt(delta)} > atol {atol:g}")
+                        )
                 ref, got, margin = rows["argmax_ref"][r], rows["argmax_got"][r], rows["ref_margin"][r]
                 if not limits.get("argmax", True) or ref == got:
                     continue
-                text = (f"{where}{head} argmax of batch {b} row {r} differs: package {got}, eager "
-                        f"{ref}; eager prefers {ref} by {_fmt(margin)}")
+                text = (
+                    f"{where}{head} argmax of batch {b} row {r} differs: package {got}, eager "
+                    f"{ref}; eager prefers {ref} by {_fmt(margin)}"
+                )
                 if margin is not None and margin <= limits["logit_atol"]:
                     ties.append(f"{text} <= logit_atol {limits['logit_atol']:g} (a tie)")
                 else:
@@ -114,7 +118,8 @@ def runner_checks(programs: list[dict]) -> list[dict]:
             if diff is not None and any(v != 0 for v in diff.values()):
                 raise GraphReplayMismatchError(
                     f"{p['name']}: the CUDA graph of bucket {b['bucket']} replayed batch {b['batch']} with "
-                    f"max |difference| {diff} from the plain package call on the same padded inputs")
+                    f"max |difference| {diff} from the plain package call on the same padded inputs"
+                )
         checked.append({"name": f"{p['name']} runner", "batches": runner["batches"]})
     return checked
 
@@ -137,44 +142,80 @@ def run_verify(verify_cfg: dict, runtime_cfg: dict, package_record_path, inputs_
     parse_buckets(buckets, pkg["dims"], where=f"runtime.buckets.{target}")  # the package's own ranges
     timing = cfg["timing"][target]
     package_dir = package_record_path.parent
-    programs = [{"name": p["name"], "batches_key": p["batches_key"],
-                 "package": str(package_dir / p["package"]["path"]), "sha256": p["package"]["sha256"],
-                 "eager": str(eager_path if p["name"] == "decision"
-                              else eager_path.with_name(p["eager"]["path"]))}
-                for p in pkg["programs"]]
+    programs = [
+        {
+            "name": p["name"],
+            "batches_key": p["batches_key"],
+            "package": str(package_dir / p["package"]["path"]),
+            "sha256": p["package"]["sha256"],
+            "eager": str(eager_path if p["name"] == "decision" else eager_path.with_name(p["eager"]["path"])),
+        }
+        for p in pkg["programs"]
+    ]
     out.mkdir(parents=True, exist_ok=True)
-    job = {"programs": programs, "inputs": str(Path(inputs_path)),
-           "inputs_sha256": pkg["inputs"]["sha256"], "target": target, "dtype": pkg["dtype"],
-           "device": target, "preload": cfg["preload"].get(target, []), "timing": timing,
-           "dims": pkg["dims"], "buckets": buckets, "capture_warmup": runtime["capture_warmup"]}
+    job = {
+        "programs": programs,
+        "inputs": str(Path(inputs_path)),
+        "inputs_sha256": pkg["inputs"]["sha256"],
+        "target": target,
+        "dtype": pkg["dtype"],
+        "device": target,
+        "preload": cfg["preload"].get(target, []),
+        "timing": timing,
+        "dims": pkg["dims"],
+        "buckets": buckets,
+        "capture_warmup": runtime["capture_warmup"],
+    }
     with inductor_cache(f"verify-{target}-{pkg['dtype']}") as cache:
-        child = Child(log=out / child_log_name("verify"), timeout=cfg["timeout_s"], reraise=True,
-                      crash_error=VerifyChildCrashError, label=f"verification process for {programs[0]['package']}",
-                      env={"TORCHINDUCTOR_CACHE_DIR": str(cache), "AOTI_RUNTIME_CHECK_INPUTS": "1"})
+        child = Child(
+            log=out / child_log_name("verify"),
+            timeout=cfg["timeout_s"],
+            reraise=True,
+            crash_error=VerifyChildCrashError,
+            label=f"verification process for {programs[0]['package']}",
+            env={"TORCHINDUCTOR_CACHE_DIR": str(cache), "AOTI_RUNTIME_CHECK_INPUTS": "1"},
+        )
         result = run(f"{CHILD_MODULE}:verify", {"job": job}, child, result=True)
     runners = runner_checks(result["programs"])
-    ties = check_parity(result["programs"] + runners, thresholds,
-                        f"package {programs[0]['package']} vs {eager_path}")
-    runner_ties = dict(zip([r["name"] for r in runners], ties[len(result["programs"]):]))
+    ties = check_parity(result["programs"] + runners, thresholds, f"package {programs[0]['package']} vs {eager_path}")
+    runner_ties = dict(zip([r["name"] for r in runners], ties[len(result["programs"]) :]))
     if result["child"]["forbidden_modules_loaded"]:
-        raise VerificationError(f"the verification process imported "
-                                f"{result['child']['forbidden_modules_loaded']}; it must load only the package")
+        raise VerificationError(
+            f"the verification process imported "
+            f"{result['child']['forbidden_modules_loaded']}; it must load only the package"
+        )
 
     record = {
-        "stage": "verify", "status": "ok", "target": target, "dtype": pkg["dtype"],
+        "stage": "verify",
+        "status": "ok",
+        "target": target,
+        "dtype": pkg["dtype"],
         "package_record": {"sha256": sha256_file(package_record_path)},
         "inputs": {"sha256": pkg["inputs"]["sha256"]},
-        "thresholds": thresholds, "timing": timing,
-        "programs": [{**p, "package": {"sha256": spec["sha256"]},
-                      "eager": {"sha256": sha256_file(spec["eager"])},
-                      "summary": summarize([b["compare"] for b in p["batches"]]),
-                      "argmax_ties": program_ties, "load_s": round(p["load_s"], 4),
-                      **({"runner": {**p["runner"], "argmax_ties": runner_ties[f"{p['name']} runner"]}}
-                         if "runner" in p else {})}
-                     for p, spec, program_ties in zip(result["programs"], programs, ties)],
+        "thresholds": thresholds,
+        "timing": timing,
+        "programs": [
+            {
+                **p,
+                "package": {"sha256": spec["sha256"]},
+                "eager": {"sha256": sha256_file(spec["eager"])},
+                "summary": summarize([b["compare"] for b in p["batches"]]),
+                "argmax_ties": program_ties,
+                "load_s": round(p["load_s"], 4),
+                **(
+                    {"runner": {**p["runner"], "argmax_ties": runner_ties[f"{p['name']} runner"]}}
+                    if "runner" in p
+                    else {}
+                ),
+            }
+            for p, spec, program_ties in zip(result["programs"], programs, ties)
+        ],
         "fresh_load": result["fresh_load"],
-        "inductor_cache": {"initial": result["cache_initial"], "after_run": result["cache_after_run"],
-                           "removed": cache.removed},
+        "inductor_cache": {
+            "initial": result["cache_initial"],
+            "after_run": result["cache_after_run"],
+            "removed": cache.removed,
+        },
         "child": result["child"],
         "elapsed_s": round(time.perf_counter() - start, 4),
     }

@@ -8,6 +8,7 @@ in), :mod:`.state` (doit's task state, kept across a kill), :mod:`.exits` (exit 
 configuration and command-line errors).  Building the graph imports no torch, tilelang or
 transformers.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,9 +33,24 @@ from laya_build.tasks.model import (
 )
 from laya_build.tasks.release import STAGE_GENERATORS, release_diff_task, release_task
 
-__all__ = ["load_pipeline", "doit_config", "tir_tasks", "probe_c_tasks", "lower_c_tasks", "cuda_source_tasks",
-           "cuda_diff_tasks", "model_tasks", "export_tasks", "aoti_package_tasks", "verify_tasks", "latency_tasks",
-           "release_task", "release_diff_task", "model_builds", "STAGE_GENERATORS"]
+__all__ = [
+    "load_pipeline",
+    "doit_config",
+    "tir_tasks",
+    "probe_c_tasks",
+    "lower_c_tasks",
+    "cuda_source_tasks",
+    "cuda_diff_tasks",
+    "model_tasks",
+    "export_tasks",
+    "aoti_package_tasks",
+    "verify_tasks",
+    "latency_tasks",
+    "release_task",
+    "release_diff_task",
+    "model_builds",
+    "STAGE_GENERATORS",
+]
 
 dispatch.install()  # a task whose dependencies just finished starts first (see dispatch)
 state.install()  # doit's sqlite3 backend commits each task's state when it is recorded (see state)
@@ -47,9 +63,12 @@ def load_pipeline(root: Path = PROJECT_ROOT) -> config_mod.Pipeline:
     """The pipeline of ``root``, with ``doit config=... version=... release=...`` applied."""
     variables = dict(doit_cmd._CMDLINE_VARS or {})
     pipeline = config_mod.from_command_line(variables, root=root, given=typed_variables(variables))
-    run.install(lambda selected: check_verifiable(pipeline, selected),  # verify builds nothing
-                lambda: run_lock(pipeline.artifacts.run_lock(pipeline.version), f"version {pipeline.version}",
-                                 wait=pipeline.wait))  # one run per version at a time
+    run.install(
+        lambda selected: check_verifiable(pipeline, selected),  # verify builds nothing
+        lambda: run_lock(
+            pipeline.artifacts.run_lock(pipeline.version), f"version {pipeline.version}", wait=pipeline.wait
+        ),
+    )  # one run per version at a time
     return pipeline
 
 

@@ -95,11 +95,15 @@ def doit_task(p, stage: Stage) -> dict:
     """The doit task dict of ``stage`` in the pipeline ``p``."""
     code, third_party = code_deps(p.root, stage)
     tools = tuple(deps.module_constant(stage.module, "TOOLS", (), root=p.root))
-    uptodate = [False] if stage.always else [
-        config_changed({**stage.config, "version": p.version}),
-        toolchain_unchanged(third_party, tools),
-        outputs_unchanged(stage.outputs),
-    ]
+    uptodate = (
+        [False]
+        if stage.always
+        else [
+            config_changed({**stage.config, "version": p.version}),
+            toolchain_unchanged(third_party, tools),
+            outputs_unchanged(stage.outputs),
+        ]
+    )
     task = {
         "doc": stage.doc,
         "actions": [stage_action(stage)],
@@ -125,5 +129,11 @@ def version_stage(p, basename: str, name: str | None, **fields) -> Stage:
     """A stage that writes into the version ``p`` builds: it refuses a released version, and its
     outputs' digest lives beside doit's state of that version."""
     task = f"{basename}:{name}" if name else basename
-    return Stage(basename=basename, name=name, writes_into=p.version_dir, env=stage_env(p),
-                 outputs_record=p.artifacts.outputs_record(p.version, task), **fields)
+    return Stage(
+        basename=basename,
+        name=name,
+        writes_into=p.version_dir,
+        env=stage_env(p),
+        outputs_record=p.artifacts.outputs_record(p.version, task),
+        **fields,
+    )

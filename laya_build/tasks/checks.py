@@ -4,6 +4,7 @@ Each is an object with ``configure_task`` (saving the state after a successful r
 doit's own ``config_changed``) and ``__call__(task, values)`` (True when unchanged).  When a
 check fails, its ``repr`` says what changed, which is what ``doit info <task>`` prints.
 """
+
 from __future__ import annotations
 
 from laya_build import environment

@@ -11,6 +11,7 @@ is imported to find this: sources are parsed with :mod:`ast`, once per process.
 Standard-library and installed modules are not files of the project; they enter the
 up-to-date check through the installed versions instead (:mod:`laya_build.environment`).
 """
+
 from __future__ import annotations
 
 import ast
@@ -79,8 +80,11 @@ class Project:
             index: dict[str, list[Path]] = {}
             for pkg in PROJECT_PACKAGES:
                 for path in sorted((self.root / pkg).rglob("*")):
-                    if path.is_file() and path.suffix in SOURCE_SUFFIXES + DATA_SUFFIXES \
-                            and "__pycache__" not in path.parts:
+                    if (
+                        path.is_file()
+                        and path.suffix in SOURCE_SUFFIXES + DATA_SUFFIXES
+                        and "__pycache__" not in path.parts
+                    ):
                         index.setdefault(path.name, []).append(path)
             self._files_by_name = index
         return self._files_by_name
@@ -103,8 +107,13 @@ class Project:
             cached = self._parse(module, path, source)
             self._parse_cache()[key] = cached
             self._dirty = True
-        return ModuleInfo(path, frozenset(cached["imports"]), frozenset(cached["strings"]),
-                          frozenset(tuple(n) for n in cached["names"]), dict(cached["exports"]))
+        return ModuleInfo(
+            path,
+            frozenset(cached["imports"]),
+            frozenset(cached["strings"]),
+            frozenset(tuple(n) for n in cached["names"]),
+            dict(cached["exports"]),
+        )
 
     def _parse_cache(self) -> dict:
         if not hasattr(self, "_cache"):
@@ -147,8 +156,13 @@ class Project:
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 imports.update(alias.name for alias in node.names)
-                aliases.update({(a.asname or a.name).split(".")[0]: (a.name if a.asname else a.name.split(".")[0])
-                                for a in node.names if a.name.split(".")[0] in PROJECT_PACKAGES})
+                aliases.update(
+                    {
+                        (a.asname or a.name).split(".")[0]: (a.name if a.asname else a.name.split(".")[0])
+                        for a in node.names
+                        if a.name.split(".")[0] in PROJECT_PACKAGES
+                    }
+                )
             elif isinstance(node, ast.ImportFrom):
                 base = _resolve_from(package, node.module, node.level)
                 if base is None:
@@ -163,8 +177,12 @@ class Project:
             elif isinstance(node, ast.Dict) and is_pkg:
                 # a lazy export table (PEP 562 ``__getattr__``): {"name": ".submodule", ...}
                 for key, value in zip(node.keys, node.values):
-                    if isinstance(key, ast.Constant) and isinstance(value, ast.Constant) \
-                            and isinstance(key.value, str) and isinstance(value.value, str):
+                    if (
+                        isinstance(key, ast.Constant)
+                        and isinstance(value, ast.Constant)
+                        and isinstance(key.value, str)
+                        and isinstance(value.value, str)
+                    ):
                         sub = value.value.lstrip(".")
                         if f"{module}.{sub}" in self.modules:
                             exports.setdefault(key.value, f"{module}.{sub}")
@@ -221,8 +239,12 @@ class Project:
         for pkg, name in info.names:  # ``from pkg import name``: the module defining name
             if f"{pkg}.{name}" in self.modules:
                 modules.extend(self._with_parents(f"{pkg}.{name}"))
-            elif pkg in self.modules and (origin := self.info(pkg).exports.get(name)) \
-                    and origin in self.modules and origin != pkg:
+            elif (
+                pkg in self.modules
+                and (origin := self.info(pkg).exports.get(name))
+                and origin in self.modules
+                and origin != pkg
+            ):
                 modules.extend(self._with_parents(origin))
         for value in info.strings:
             if value.split(".")[0] in PROJECT_PACKAGES and value in self.modules:

@@ -19,6 +19,7 @@ torch's and TileLang's imports once per worker.  The runner makes the server pla
 forks (:func:`laya_build.runner.forkserver.share_servers`): the first worker to need a server
 starts it and the others connect to it.  Nothing is started for a run that executes no task.
 """
+
 from __future__ import annotations
 
 from doit import control, runner

@@ -33,15 +33,38 @@ def model_tasks(p):
     # a local checkpoint: every file of its folder (weights, configs, tokenizer) is an input
     inputs = tuple(sorted(f.resolve() for f in (p.root / local).rglob("*") if f.is_file())) if local else ()
     yield {"name": None, "doc": "decision-model checkpoint and the saved, tokenised inputs"}
-    yield doit_task(p, version_stage(
-        p, "model", "build", doc="checkpoint (generated or local) + inputs.pt",
-        entry="laya_build.stages.model:run_model", spec={"model_cfg": cfg, "out_dir": str(v.model_dir)},
-        record=v.model_record, dirs=(v.model_dir,), inputs=inputs, schemas=("model", "model_sections"),
-        config={"model": cfg}))
+    yield doit_task(
+        p,
+        version_stage(
+            p,
+            "model",
+            "build",
+            doc="checkpoint (generated or local) + inputs.pt",
+            entry="laya_build.stages.model:run_model",
+            spec={"model_cfg": cfg, "out_dir": str(v.model_dir)},
+            record=v.model_record,
+            dirs=(v.model_dir,),
+            inputs=inputs,
+            schemas=("model", "model_sections"),
+            config={"model": cfg},
+        ),
+    )
 
 
-def _build_stage(p, stage: str, target: str, dtype: str | None, spec: dict, *, config_key: str, doc: str,
-                 inputs, schemas, always: bool = False, config: dict | None = None) -> Stage:
+def _build_stage(
+    p,
+    stage: str,
+    target: str,
+    dtype: str | None,
+    spec: dict,
+    *,
+    config_key: str,
+    doc: str,
+    inputs,
+    schemas,
+    always: bool = False,
+    config: dict | None = None,
+) -> Stage:
     """One model-stage sub-task for a (target, dtype) build, or for a whole target (``dtype``
     None: a stage of :data:`laya_build.layout.TARGET_STAGES`): its record is ``<stage>.json``
     in ``artifacts/<version>/<stage>/<target>-<dtype>/`` (``<stage>/<target>/``); long, so its
@@ -49,35 +72,78 @@ def _build_stage(p, stage: str, target: str, dtype: str | None, spec: dict, *, c
     out = p.layout.build_dir(stage, target, dtype)
     module = {"aoti_package": "package"}.get(stage, stage)
     return version_stage(
-        p, stage, build_name(target, dtype), doc=f"{doc} ({', '.join(filter(None, (target, dtype)))})",
-        entry=f"laya_build.stages.{module}:run_{module}", spec={**spec, "out_dir": str(out)},
-        record=p.layout.build_record(stage, target, dtype), dirs=(out,), inputs=tuple(inputs),
+        p,
+        stage,
+        build_name(target, dtype),
+        doc=f"{doc} ({', '.join(filter(None, (target, dtype)))})",
+        entry=f"laya_build.stages.{module}:run_{module}",
+        spec={**spec, "out_dir": str(out)},
+        record=p.layout.build_record(stage, target, dtype),
+        dirs=(out,),
+        inputs=tuple(inputs),
         schemas=(stage, *schemas, "model_sections"),
-        config={config_key: spec[config_key], "target": target, **({"dtype": dtype} if dtype is not None else {}),
-                **({"runtime": spec["runtime_cfg"]} if "runtime_cfg" in spec else {}), **(config or {})},
-        always=always, verbose=True)
+        config={
+            config_key: spec[config_key],
+            "target": target,
+            **({"dtype": dtype} if dtype is not None else {}),
+            **({"runtime": spec["runtime_cfg"]} if "runtime_cfg" in spec else {}),
+            **(config or {}),
+        },
+        always=always,
+        verbose=True,
+    )
 
 
 def export_tasks(p):
     """torch.export of the decision model per target x dtype, and eager.pt."""
     v = p.layout
     for target, dtype in model_builds(p):
-        spec = {"export_cfg": p.data["export"], "checkpoint_dir": str(v.checkpoint_dir), "inputs_path": str(v.inputs),
-                "target": target, "dtype": dtype}
-        yield doit_task(p, _build_stage(p, "export", target, dtype, spec, config_key="export_cfg",
-                                        doc="torch.export of the decision model", inputs=[v.model_record, v.inputs],
-                                        schemas=("model",)))
+        spec = {
+            "export_cfg": p.data["export"],
+            "checkpoint_dir": str(v.checkpoint_dir),
+            "inputs_path": str(v.inputs),
+            "target": target,
+            "dtype": dtype,
+        }
+        yield doit_task(
+            p,
+            _build_stage(
+                p,
+                "export",
+                target,
+                dtype,
+                spec,
+                config_key="export_cfg",
+                doc="torch.export of the decision model",
+                inputs=[v.model_record, v.inputs],
+                schemas=("model",),
+            ),
+        )
 
 
 def aoti_package_tasks(p):
     """AOTInductor .pt2 package per target x dtype (explicit skip record where unsupported)."""
     v = p.layout
     for target, dtype in model_builds(p):
-        spec = {"package_cfg": p.data["package"], "export_dir": str(v.build_dir("export", target, dtype)),
-                "target": target}
-        yield doit_task(p, _build_stage(p, "aoti_package", target, dtype, spec, config_key="package_cfg",
-                                        doc="AOTInductor package", inputs=[v.build_record("export", target, dtype)],
-                                        schemas=("export",)))
+        spec = {
+            "package_cfg": p.data["package"],
+            "export_dir": str(v.build_dir("export", target, dtype)),
+            "target": target,
+        }
+        yield doit_task(
+            p,
+            _build_stage(
+                p,
+                "aoti_package",
+                target,
+                dtype,
+                spec,
+                config_key="package_cfg",
+                doc="AOTInductor package",
+                inputs=[v.build_record("export", target, dtype)],
+                schemas=("export",),
+            ),
+        )
 
 
 def verify_tasks(p):
@@ -96,10 +162,21 @@ def verify_tasks(p):
     v = p.layout
     for target, dtype in model_builds(p):
         spec = verify_spec(v, p.data["verify"], p.data["runtime"], target, dtype)
-        yield doit_task(p, _build_stage(p, "verify", target, dtype, spec, config_key="verify_cfg",
-                                        doc="fresh-process verification of the package", always=True,
-                                        inputs=[spec["package_record_path"], v.inputs],
-                                        schemas=("aoti_package", "export")))
+        yield doit_task(
+            p,
+            _build_stage(
+                p,
+                "verify",
+                target,
+                dtype,
+                spec,
+                config_key="verify_cfg",
+                doc="fresh-process verification of the package",
+                always=True,
+                inputs=[spec["package_record_path"], v.inputs],
+                schemas=("aoti_package", "export"),
+            ),
+        )
 
 
 def missing_packages(p, version_dir) -> list[str]:
@@ -124,24 +201,43 @@ def check_verifiable(p, selected: list[str]) -> None:
     if not missing:
         return
     released = release.released_versions(p.output_root)
-    built = [v.name for v in sorted(p.output_root.iterdir()) if v.is_dir() and v.name not in released
-             and release.state(v) == "build" and v.name[:1].isdigit() and not missing_packages(p, v)] \
-        if p.output_root.is_dir() else []
+    built = (
+        [
+            v.name
+            for v in sorted(p.output_root.iterdir())
+            if v.is_dir()
+            and v.name not in released
+            and release.state(v) == "build"
+            and v.name[:1].isdigit()
+            and not missing_packages(p, v)
+        ]
+        if p.output_root.is_dir()
+        else []
+    )
     what = "nothing of it is built" if not p.version_dir.is_dir() else f"it lacks {', '.join(missing)}"
-    raise UsageError(f"verify version={p.version}: version {p.version} is neither a release nor a complete build "
-                     f"({what}); verify checks what exists and builds nothing",
-                     hint=f"versions that can be verified here: released {', '.join(released) or 'none'}; "
-                          f"built {', '.join(built) or 'none'}.  To build this one first: "
-                          f"`doit version={p.version} aoti_package`, or `doit version={p.version} release`")
+    raise UsageError(
+        f"verify version={p.version}: version {p.version} is neither a release nor a complete build "
+        f"({what}); verify checks what exists and builds nothing",
+        hint=f"versions that can be verified here: released {', '.join(released) or 'none'}; "
+        f"built {', '.join(built) or 'none'}.  To build this one first: "
+        f"`doit version={p.version} aoti_package`, or `doit version={p.version} release`",
+    )
 
 
 def _release_verify_tasks(p):
     """``verify:manifest`` (the release's files against its manifest), then ``verify:<build>``
     for every package the manifest lists."""
     vdir = p.verify_dir
-    check = Stage(basename="verify", name="manifest", doc=f"files of release {p.version} against its manifest",
-                  entry="laya_build.release:check_release", process="inline", spec={"version_dir": str(vdir)},
-                  always=True, verbose=True)
+    check = Stage(
+        basename="verify",
+        name="manifest",
+        doc=f"files of release {p.version} against its manifest",
+        entry="laya_build.release:check_release",
+        process="inline",
+        spec={"version_dir": str(vdir)},
+        always=True,
+        verbose=True,
+    )
     yield doit_task(p, check)
     try:
         builds = release.listed_builds(vdir)
@@ -149,18 +245,32 @@ def _release_verify_tasks(p):
         return  # verify:manifest fails, naming what is wrong
     except Exception as exc:  # an unreadable manifest: the same task fails with the reason
         message = ManifestMismatch(vdir, [f"{release.MANIFEST} cannot be read ({type(exc).__name__}: {exc})"])
-        yield {"name": "manifest-read", "doc": "the release's manifest", "actions": [lambda: failure(message)],
-               "uptodate": [False]}
+        yield {
+            "name": "manifest-read",
+            "doc": "the release's manifest",
+            "actions": [lambda: failure(message)],
+            "uptodate": [False],
+        }
         return
     for build in builds:
         out = p.artifacts.verification(p.version, build)
-        yield doit_task(p, Stage(
-            basename="verify", name=build, doc=f"verification of released package {build} ({p.version})",
-            entry="laya_build.stages.verify:verify_released", spec={"release_dir": str(vdir), "build": build,
-                                                                   "out_dir": str(out)},
-            record=out / record_name("verify"), dirs=(out,),
-            schemas=("verify", "aoti_package", "export", "model_sections"),
-            env=stage_env(p), always=True, task_dep=("verify:manifest",), verbose=True))
+        yield doit_task(
+            p,
+            Stage(
+                basename="verify",
+                name=build,
+                doc=f"verification of released package {build} ({p.version})",
+                entry="laya_build.stages.verify:verify_released",
+                spec={"release_dir": str(vdir), "build": build, "out_dir": str(out)},
+                record=out / record_name("verify"),
+                dirs=(out,),
+                schemas=("verify", "aoti_package", "export", "model_sections"),
+                env=stage_env(p),
+                always=True,
+                task_dep=("verify:manifest",),
+                verbose=True,
+            ),
+        )
 
 
 def builds_by_target(p) -> dict[str, list[str]]:
@@ -177,11 +287,26 @@ def latency_tasks(p):
     v = p.layout
     for target, dtypes in builds_by_target(p).items():
         packages = [v.build_record("aoti_package", target, dtype) for dtype in dtypes]
-        spec = {"latency_cfg": p.data["latency"], "runtime_cfg": p.data["runtime"],
-                "checkpoint_dir": str(v.checkpoint_dir), "inputs_path": str(v.inputs),
-                "package_record_paths": [str(r) for r in packages], "target": target}
-        yield doit_task(p, _build_stage(p, "latency", target, None, spec, config_key="latency_cfg",
-                                        doc="latency table of the target's packages",
-                                        inputs=[*packages, v.model_record],
-                                        schemas=("aoti_package", "model"), config={"dtypes": dtypes}))
-
+        spec = {
+            "latency_cfg": p.data["latency"],
+            "runtime_cfg": p.data["runtime"],
+            "checkpoint_dir": str(v.checkpoint_dir),
+            "inputs_path": str(v.inputs),
+            "package_record_paths": [str(r) for r in packages],
+            "target": target,
+        }
+        yield doit_task(
+            p,
+            _build_stage(
+                p,
+                "latency",
+                target,
+                None,
+                spec,
+                config_key="latency_cfg",
+                doc="latency table of the target's packages",
+                inputs=[*packages, v.model_record],
+                schemas=("aoti_package", "model"),
+                config={"dtypes": dtypes},
+            ),
+        )

@@ -13,9 +13,18 @@ from laya_build.stage import Stage
 from laya_build.tasks import kernels, model
 from laya_build.tasks.build import doit_task, reported
 
-STAGE_GENERATORS = (kernels.tir_tasks, kernels.probe_c_tasks, kernels.lower_c_tasks, kernels.cuda_source_tasks,
-                    kernels.cuda_diff_tasks, model.model_tasks, model.export_tasks, model.aoti_package_tasks,
-                    model.verify_tasks, model.latency_tasks)
+STAGE_GENERATORS = (
+    kernels.tir_tasks,
+    kernels.probe_c_tasks,
+    kernels.lower_c_tasks,
+    kernels.cuda_source_tasks,
+    kernels.cuda_diff_tasks,
+    model.model_tasks,
+    model.export_tasks,
+    model.aoti_package_tasks,
+    model.verify_tasks,
+    model.latency_tasks,
+)
 
 log = get_logger(__name__)
 
@@ -54,12 +63,23 @@ def release_stage(p, owners_of: dict[str, str]) -> Stage:
     """REPORT.md, pipeline.effective.json and manifest.json of ``p``'s version (the manifest
     last: it is what makes the version released); ``owners_of``: the task of every file.  A
     fresh process: the environment snapshot imports torch."""
-    return Stage(basename="release", name=None,
-                 doc=f"build every stage, then REPORT.md + manifest.json: releases version {p.version}",
-                 entry="laya_build.release:publish", process="fresh",
-                 spec={"version": p.version, "version_dir": str(p.version_dir), "root": str(p.root),
-                       "config": p.data, "owners": owners_of},
-                 writes_into=p.version_dir, always=True, verbose=True)
+    return Stage(
+        basename="release",
+        name=None,
+        doc=f"build every stage, then REPORT.md + manifest.json: releases version {p.version}",
+        entry="laya_build.release:publish",
+        process="fresh",
+        spec={
+            "version": p.version,
+            "version_dir": str(p.version_dir),
+            "root": str(p.root),
+            "config": p.data,
+            "owners": owners_of,
+        },
+        writes_into=p.version_dir,
+        always=True,
+        verbose=True,
+    )
 
 
 def release_task(p) -> dict:
@@ -91,22 +111,38 @@ def release_diff_stage(p, old: str, new: str) -> Stage:
     """The report of what changed between two released versions of ``p``'s artifacts."""
     missing = [f"--{name}" for name, value in (("old", old), ("new", new)) if not value]
     if missing:
-        raise UsageError(f"release_diff needs two released versions: {' and '.join(missing)} missing",
-                         hint="`doit release_diff --old <version> --new <version>`; "
-                              f"released here: {_released_list(p)}")
+        raise UsageError(
+            f"release_diff needs two released versions: {' and '.join(missing)} missing",
+            hint=f"`doit release_diff --old <version> --new <version>`; released here: {_released_list(p)}",
+        )
     for name, value in (("old", old), ("new", new)):
         config_mod.check_version(value, f"doit release_diff --{name}")
         if release.state(p.artifacts.version(value).root) != "released":
-            raise UsageError(f"release_diff --{name} {value}: {p.artifacts.version(value).root} is not a release "
-                             f"(no {release.MANIFEST})",
-                             hint=f"release it first (`doit version={value} release`) or name a released version; "
-                                  f"released here: {_released_list(p)}")
+            raise UsageError(
+                f"release_diff --{name} {value}: {p.artifacts.version(value).root} is not a release "
+                f"(no {release.MANIFEST})",
+                hint=f"release it first (`doit version={value} release`) or name a released version; "
+                f"released here: {_released_list(p)}",
+            )
     out = p.artifacts.release_diff(old, new)
-    return Stage(basename="release_diff", name=None, doc=f"what changed from release {old} to {new}",
-                 entry="laya_build.stages.release_diff:run_release_diff", process="fresh",
-                 spec={"artifacts": str(p.output_root), "old": old, "new": new, "out": str(out),
-                       "out_rel": out.relative_to(p.output_root).as_posix()},
-                 record=out / RELEASE_DIFF_RECORD_NAME, dirs=(out,), always=True, verbose=True)
+    return Stage(
+        basename="release_diff",
+        name=None,
+        doc=f"what changed from release {old} to {new}",
+        entry="laya_build.stages.release_diff:run_release_diff",
+        process="fresh",
+        spec={
+            "artifacts": str(p.output_root),
+            "old": old,
+            "new": new,
+            "out": str(out),
+            "out_rel": out.relative_to(p.output_root).as_posix(),
+        },
+        record=out / RELEASE_DIFF_RECORD_NAME,
+        dirs=(out,),
+        always=True,
+        verbose=True,
+    )
 
 
 def _released_list(p) -> str:
@@ -124,5 +160,10 @@ def release_diff_task(p) -> dict:
         run_stage(stage)
         log.info(Path(stage.spec["out"], RELEASE_DIFF_REPORT_NAME).read_text())
 
-    return {"actions": [act], "params": RELEASE_DIFF_PARAMS, "uptodate": [False], "verbosity": 2,
-            "doc": "what changed between two releases: doit release_diff --old <version> --new <version>"}
+    return {
+        "actions": [act],
+        "params": RELEASE_DIFF_PARAMS,
+        "uptodate": [False],
+        "verbosity": 2,
+        "doc": "what changed between two releases: doit release_diff --old <version> --new <version>",
+    }

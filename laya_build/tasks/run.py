@@ -97,8 +97,12 @@ def _interrupted(signum, frame) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal: exit at once
         signal.signal(sig, lambda s, f: os._exit(128 + s))
     name = signal.Signals(signum).name
-    print(f"laya-build: build interrupted by {name}: stopping every process of the build; what it left unfinished "
-          "is not taken as built, and a re-run goes on from the tasks that finished", file=sys.stderr, flush=True)
+    print(
+        f"laya-build: build interrupted by {name}: stopping every process of the build; what it left unfinished "
+        "is not taken as built, and a re-run goes on from the tasks that finished",
+        file=sys.stderr,
+        flush=True,
+    )
     lifetime.stop_tree(os.environ.get(lifetime.BUILD_ENV))
     os._exit(128 + signum)
 

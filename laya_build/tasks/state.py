@@ -16,6 +16,7 @@ backend plugin would be cleaner but is found through the folder doit starts in, 
 an entry point that every doit run in the environment loads.)  Each commit is one short write
 transaction, so two ``doit`` runs in one checkout still take turns at SQLite's lock.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,8 +36,9 @@ def _set(self, task_id, dependency, value):
     _SET(self, task_id, dependency, value)
     if dependency == LAST_ENTRY:
         with _stopping_when_full(self):
-            self._conn.execute("insert or replace into doit values (?,?)",
-                               (task_id, self.codec.encode(self._cache[task_id])))
+            self._conn.execute(
+                "insert or replace into doit values (?,?)", (task_id, self.codec.encode(self._cache[task_id]))
+            )
             self._conn.commit()
         self._dirty.discard(task_id)
 

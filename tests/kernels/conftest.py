@@ -5,6 +5,7 @@
   and argument set (CI has 2 cores: compiles are the expensive part of these tests);
 * ``gpu_kernel(factory, *args, **kwargs)`` likewise for the GPU specialisation (CUDA only).
 """
+
 from __future__ import annotations
 
 import pytest

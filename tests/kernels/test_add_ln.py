@@ -3,6 +3,7 @@
 Y is compared with the fp64 reference at 2e-5; the fp32 residual update must be *bitwise*
 ``X + R``, and ``X`` must stay untouched without ``residual``.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -73,8 +74,9 @@ def test_gpu_matches_cpu(cpu_kernel, gpu_kernel, dtype, residual):
     R16 = as_16bit(R, dtype)
     X_cpu, X_gpu = X.clone(), X.cuda()
     Y_cpu = run(cpu_kernel(add_ln_kernel, d, residual=residual, bias=True), X_cpu, R16.float(), w, b)
-    Y_gpu = run(gpu_kernel(add_ln_kernel, d, residual=residual, bias=True, dtype=dtype),
-                X_gpu, R16.cuda(), w.cuda(), b.cuda())
+    Y_gpu = run(
+        gpu_kernel(add_ln_kernel, d, residual=residual, bias=True, dtype=dtype), X_gpu, R16.cuda(), w.cuda(), b.cuda()
+    )
     # fp32 + (16-bit value upcast) is exact on both sides: the residual streams are identical.
     assert torch.equal(X_gpu.cpu(), X_cpu)
     assert_close(Y_gpu.float().cpu(), Y_cpu, **GPU_TOL[dtype])

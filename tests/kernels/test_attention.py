@@ -9,6 +9,7 @@ NaN so a row the kernel forgets to write fails.
 GPU cases (bf16/fp16 output against the CPU kernel on the same 16-bit-rounded inputs) skip
 without CUDA; the CUDA lowering cases need no GPU.
 """
+
 from __future__ import annotations
 
 import pytest

@@ -3,6 +3,7 @@
 The checks are derived from the PrimFunc's signature, so they are exercised on the GEMM
 (constant and symbolic dims), RoPE (two symbols) and attention (int32 lengths).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -38,8 +39,10 @@ def test_kernel_object(gemm):
 
 
 def test_distinct_prim_func_names():
-    names = {name: case.factory.get_tir(*case.args, **case.kwargs, dtype="float32", cpu=True).attrs["global_symbol"]
-             for name, case in PROBE_CASES.items()}
+    names = {
+        name: case.factory.get_tir(*case.args, **case.kwargs, dtype="float32", cpu=True).attrs["global_symbol"]
+        for name, case in PROBE_CASES.items()
+    }
     assert names == {"gemm": "gemm", "geglu": "geglu", "add_ln": "add_ln", "rope": "rope", "attention": "attention"}
 
 
@@ -71,8 +74,11 @@ def test_non_tensor(gemm):
 
 
 def test_wrong_dtype(gemm):
-    with pytest.raises(TypeError, match=r"^argument 'W' of gemm must be a contiguous CPU float32 tensor, "
-                                        r"got torch.bfloat16 on cpu$"):
+    with pytest.raises(
+        TypeError,
+        match=r"^argument 'W' of gemm must be a contiguous CPU float32 tensor, "
+        r"got torch.bfloat16 on cpu$",
+    ):
         call(gemm, W=torch.randn(N, K).bfloat16())
 
 
@@ -82,8 +88,11 @@ def test_float64_rejected(gemm):
 
 
 def test_non_contiguous(gemm):
-    with pytest.raises(TypeError, match=r"argument 'A' of gemm must be a contiguous CPU float32 tensor, "
-                                        r"got non-contiguous torch.float32 on cpu"):
+    with pytest.raises(
+        TypeError,
+        match=r"argument 'A' of gemm must be a contiguous CPU float32 tensor, "
+        r"got non-contiguous torch.float32 on cpu",
+    ):
         call(gemm, A=torch.randn(K, M).t())
 
 
@@ -103,8 +112,11 @@ def test_wrong_rank(gemm):
 
 
 def test_symbolic_dim_mismatch(gemm):
-    with pytest.raises(ValueError, match=r"argument 'C' of gemm must have shape \(M, 70\) with M=17 "
-                                         r"\(from argument 'A'\), got \(18, 70\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"argument 'C' of gemm must have shape \(M, 70\) with M=17 "
+        r"\(from argument 'A'\), got \(18, 70\)",
+    ):
         call(gemm, C=torch.empty(M + 1, N))
 
 
@@ -134,17 +146,26 @@ def test_rope_second_symbol(cpu_kernel):
     kernel = cpu_kernel(rope_kernel, 3, 8, block_M=4)
     cos, _ = rope_tables(5, 8)
     _, sin = rope_tables(6, 8)
-    with pytest.raises(ValueError, match=r"argument 'sin' of rope must have shape \(L, 4\) with L=5 "
-                                         r"\(from argument 'cos'\), got \(6, 4\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"argument 'sin' of rope must have shape \(L, 4\) with L=5 "
+        r"\(from argument 'cos'\), got \(6, 4\)",
+    ):
         kernel(torch.randn(10, 72), cos, sin)
 
 
 def test_attention_lengths_must_be_int32(cpu_kernel):
     kernel = cpu_kernel(attn_kernel, None, None, 2, 16, block_M=16, block_N=16)
     qkv, out = torch.randn(2, 5, 3, 2, 16), torch.empty(2, 5, 32)
-    with pytest.raises(TypeError, match=r"argument 'Lens' of attention must be a contiguous CPU int32 tensor, "
-                                        r"got torch.int64 on cpu"):
+    with pytest.raises(
+        TypeError,
+        match=r"argument 'Lens' of attention must be a contiguous CPU int32 tensor, "
+        r"got torch.int64 on cpu",
+    ):
         kernel(qkv, torch.tensor([5, 3]), out)
-    with pytest.raises(ValueError, match=r"argument 'O' of attention must have shape \(B, L, 32\) with L=5 "
-                                         r"\(from argument 'QKV'\), got \(2, 6, 32\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"argument 'O' of attention must have shape \(B, L, 32\) with L=5 "
+        r"\(from argument 'QKV'\), got \(2, 6, 32\)",
+    ):
         kernel(qkv, torch.tensor([5, 3], dtype=torch.int32), torch.empty(2, 6, 32))

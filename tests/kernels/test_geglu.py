@@ -1,5 +1,6 @@
 """Fused GEGLU (``kernels.geglu.gemm_geglu_kernel``): CPU fp32 kernel vs the fp64 reference,
 GPU vs CPU."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """GEMM (``kernels.gemm.gemm_kernel``): CPU fp32 kernel vs the fp64 reference, GPU vs CPU."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """``import kernels`` must stay light: transformers imports any ``kernels`` package it finds
 (while probing for Hugging Face's own), so the model stages would otherwise import tilelang."""
+
 import subprocess
 import sys
 
@@ -7,8 +8,13 @@ from tests.conftest import ROOT
 
 
 def _modules_after(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", f"import sys; {code}; print(' '.join(sys.modules))"],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", f"import sys; {code}; print(' '.join(sys.modules))"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return set(out.split())
 
 

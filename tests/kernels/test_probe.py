@@ -3,6 +3,7 @@
 Pinned diagnostics are asserted only on the TileLang version they were observed on; on
 another version the cases skip (re-probe with ``python -m kernels.probe`` and pin).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -57,16 +58,21 @@ def test_fp32_cpu_specialisation_compiles_where_the_probe_fails():
 
 def test_probe_reports_build_errors_too():
     result = probe(gemm_kernel, (70, 67), {"act": "tanh"}, "bfloat16")
-    assert result == {"outcome": "failed", "exception_type": "builtins.ValueError",
-                      "message": "act='tanh' is not supported; allowed: none, gelu, relu"}
+    assert result == {
+        "outcome": "failed",
+        "exception_type": "builtins.ValueError",
+        "message": "act='tanh' is not supported; allowed: none, gelu, relu",
+    }
 
 
 def test_normalise_message_is_stable():
     import tilelang
 
     root = tilelang.__path__[0]
-    exc = RuntimeError(f"Compilation Failed! ['g++', '/tmp/tmpab12cd_x.cpp', '-I{root}/src', "
-                       "'-o', '/tmp/tmpab12cd_x.so'] at 0x7f00deadbeef\nsource...")
+    exc = RuntimeError(
+        f"Compilation Failed! ['g++', '/tmp/tmpab12cd_x.cpp', '-I{root}/src', "
+        "'-o', '/tmp/tmpab12cd_x.so'] at 0x7f00deadbeef\nsource..."
+    )
     assert normalise_message(exc) == "Compilation Failed! ['g++', '<tmp>', '-I<tilelang>/src', '-o', '<tmp>'] at 0x?"
 
 

@@ -1,6 +1,7 @@
 """The kernel registry: one entry per factory, parameters read from the factories' own source,
 and the argument rules the factories themselves enforce (so laya_build.config runs them at
 load without TileLang)."""
+
 from __future__ import annotations
 
 import inspect
@@ -31,11 +32,14 @@ def test_parameters_and_defaults_are_the_factorys_own(name):
     """What the registry reads from the source is the signature Python (and TileLang) see."""
     signature = getattr(kernels, name).signature
     read = [(p.name, None if p.default is REQUIRED else p.default, p.keyword_only) for p in KERNELS[name].params]
-    real = [(p.name, None if p.default is inspect.Parameter.empty else p.default, p.kind == p.KEYWORD_ONLY)
-            for p in signature.parameters.values()]
+    real = [
+        (p.name, None if p.default is inspect.Parameter.empty else p.default, p.kind == p.KEYWORD_ONLY)
+        for p in signature.parameters.values()
+    ]
     assert read == real
     assert [p.name for p in KERNELS[name].params if p.required] == [
-        p.name for p in signature.parameters.values() if p.default is inspect.Parameter.empty]
+        p.name for p in signature.parameters.values() if p.default is inspect.Parameter.empty
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(KERNELS))
@@ -55,9 +59,13 @@ def _canonical(name):
     return KERNELS[name].bind(case.args, case.kwargs, dtype="bfloat16", cpu=False)
 
 
-BAD_SIZES = [(name, p.name, bad) for name, k in sorted(KERNELS.items()) for p in k.config_params
-             if type(_canonical(name)[p.name]) is int
-             for bad in ((-1,) if p.name in ("window", "num_stages") else (0, -1))]
+BAD_SIZES = [
+    (name, p.name, bad)
+    for name, k in sorted(KERNELS.items())
+    for p in k.config_params
+    if type(_canonical(name)[p.name]) is int
+    for bad in ((-1,) if p.name in ("window", "num_stages") else (0, -1))
+]
 
 
 @pytest.mark.parametrize("name, param, bad", BAD_SIZES)
@@ -86,8 +94,9 @@ def test_bind_refuses_what_python_refuses():
     assert info.value.param == "Dh"
     with pytest.raises(ValueError, match=r"'H' is already given in args"):
         rope.bind([4, 32], {"H": 4})
-    with pytest.raises(ValueError,
-                       match=r"rope_kernel takes at most 4 positional arguments \(H, Dh, block_M, threads\)"):
+    with pytest.raises(
+        ValueError, match=r"rope_kernel takes at most 4 positional arguments \(H, Dh, block_M, threads\)"
+    ):
         rope.bind([4, 32, 4, 128, 1])
     with pytest.raises(ValueError, match=r"rope_kernel has no parameter 'heads'"):
         rope.bind([4, 32], {"heads": 4})
@@ -101,8 +110,16 @@ def test_a_default_the_registry_cannot_read_is_a_programming_error(tmp_path):
 
 
 def test_the_registry_does_not_import_tilelang():
-    out = subprocess.run([sys.executable, "-c",
-                          "import sys, kernels.registry as r; [k.params for k in r.KERNELS.values()];"
-                          "from laya_build import config; config.load(); print(' '.join(sys.modules))"],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, kernels.registry as r; [k.params for k in r.KERNELS.values()];"
+            "from laya_build import config; config.load(); print(' '.join(sys.modules))",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert not {"tilelang", "torch", "transformers", "tvm"} & set(out)

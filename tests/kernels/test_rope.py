@@ -3,6 +3,7 @@
 Q/K columns vs the fp64 reference at 2e-6; V columns must be bitwise untouched.  Row ``r``
 has position ``r % L`` with ``L`` bound at run time from ``cos``'s shape.
 """
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """A tiny generated checkpoint and its saved inputs, built once per session."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """The Laya checkpoint layout: strict loading, clear errors, byte-reproducible generation."""
+
 from __future__ import annotations
 
 import json
@@ -26,10 +27,13 @@ def test_generated_checkpoint_loads_strictly(model_dir, checkpoint):
     assert all(torch.equal(state[k].float(), v) for k, v in model.state_dict().items())
     assert next(model.parameters()).dtype == torch.float32
     assert model.temperature.tolist() == [1.0, 1.0, 1.0] and state["temperature"].shape == (3,)
-    assert (agent["head_layers"] == 2
-            and agent["n_act"] == len(agent["act_costs"]) + 1 == model.act_head[-1].out_features)
-    assert agent["calibration"]["applied"] == {"temperature": [1.5, 2.0, 1.25],
-                                               "temperature_by_options": {"choice:3-5": 0.8}}
+    assert (
+        agent["head_layers"] == 2 and agent["n_act"] == len(agent["act_costs"]) + 1 == model.act_head[-1].out_features
+    )
+    assert agent["calibration"]["applied"] == {
+        "temperature": [1.5, 2.0, 1.25],
+        "temperature_by_options": {"choice:3-5": 0.8},
+    }
     assert model.encoder.config.vocab_size == len(tokenizer)
     assert model.encoder.config.pad_token_id == tokenizer.pad_token_id
     assert model.encoder.config.mask_token_id == tokenizer.mask_token_id
@@ -43,7 +47,8 @@ def test_generation_is_byte_reproducible(tmp_path, generate_spec):
     a, b = generate_checkpoint(tmp_path / "a", generate_spec), generate_checkpoint(tmp_path / "b", generate_spec)
     files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
     assert {"model.safetensors", "rl_agent_config.json", "encoder/config.json", "tokenizer/tokenizer.json"} <= {
-        f.as_posix() for f in files}
+        f.as_posix() for f in files
+    }
     assert sha256_file(a / "model.safetensors") == sha256_file(b / "model.safetensors")
     for f in files:
         assert sha256_file(a / f) == sha256_file(b / f), f
@@ -79,8 +84,11 @@ def test_shape_mismatch_is_a_checkpoint_error(tmp_path, model_dir):
     agent = json.loads((ckpt / "rl_agent_config.json").read_text())
     agent["act_costs"]["refund"] = 1.0  # n_act + 1: act_head's last layer no longer fits
     (ckpt / "rl_agent_config.json").write_text(json.dumps(agent))
-    with pytest.raises(CheckpointError, match=r"shape mismatches: act_head\.2\.bias: file \[4\] vs model \[5\]; "
-                                              r"act_head\.2\.weight: file \[4, 256\] vs model \[5, 256\]"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"shape mismatches: act_head\.2\.bias: file \[4\] vs model \[5\]; "
+        r"act_head\.2\.weight: file \[4, 256\] vs model \[5, 256\]",
+    ):
         load_checkpoint(ckpt)
 
 
@@ -127,12 +135,15 @@ def test_generated_model_runs(checkpoint, inputs):
     assert act.shape == (4, 4)
 
 
-@pytest.mark.parametrize("name, data, message", [
-    ("model.safetensors", b"not safetensors", r"model\.safetensors: not a readable safetensors file"),
-    ("rl_agent_config.json", b"{not json", r"rl_agent_config\.json: not valid JSON"),
-    ("rl_agent_config.json", b"[1, 2]", r"rl_agent_config\.json: must be a JSON object, got list"),
-    ("encoder/config.json", b"\xff\xfe", r"encoder/config\.json: not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "name, data, message",
+    [
+        ("model.safetensors", b"not safetensors", r"model\.safetensors: not a readable safetensors file"),
+        ("rl_agent_config.json", b"{not json", r"rl_agent_config\.json: not valid JSON"),
+        ("rl_agent_config.json", b"[1, 2]", r"rl_agent_config\.json: must be a JSON object, got list"),
+        ("encoder/config.json", b"\xff\xfe", r"encoder/config\.json: not valid JSON"),
+    ],
+)
 def test_unreadable_files_are_named(tmp_path, model_dir, name, data, message):
     ckpt = shutil.copytree(model_dir / "checkpoint", tmp_path / "ckpt")
     (ckpt / name).write_bytes(data)

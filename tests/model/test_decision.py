@@ -1,4 +1,5 @@
 """The decision model's dtype rule and forward contract."""
+
 from __future__ import annotations
 
 import pytest

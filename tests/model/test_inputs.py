@@ -1,4 +1,5 @@
 """The saved inputs: layout, real tokenised text, and reaching the export ranges."""
+
 from __future__ import annotations
 
 import pytest
@@ -63,7 +64,7 @@ def test_row_layout_and_markers(inputs, checkpoint):
             assert int((tokens == ids["mask_token_id"]).sum()) == k
             assert torch.all(pos[k:] == 0)
             assert int(batch["qtype"][row]) == QUESTION_TYPES.index(decision.qtype)
-            first = tokenizer.decode(tokens[pos[0] + 1:pos[1] if k > 1 else n]).split("[SEP]")[0]
+            first = tokenizer.decode(tokens[pos[0] + 1 : pos[1] if k > 1 else n]).split("[SEP]")[0]
             assert first.strip() == decision.options[0]  # the rendered option text
     assert len(set(valid_lengths)) == len(valid_lengths)  # unequal valid lengths
     padded_slots = [b for b in inputs["batches"] if int((b["marker_mask"] == 0).sum())]
@@ -72,8 +73,9 @@ def test_row_layout_and_markers(inputs, checkpoint):
 
 def test_texts_are_billing_support(inputs, checkpoint):
     tokenizer = checkpoint[1]
-    text = " ".join(tokenizer.decode(b["input_ids"][r]) for b in inputs["batches"]
-                    for r in range(len(b["decisions"]))).lower()
+    text = " ".join(
+        tokenizer.decode(b["input_ids"][r]) for b in inputs["batches"] for r in range(len(b["decisions"]))
+    ).lower()
     for word in ("refund", "charge", "invoice", "subscription"):
         assert word in text
     assert "[UNK]" not in text

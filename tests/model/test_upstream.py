@@ -5,6 +5,7 @@ Upstream's own checkpoints load through ``model.path``; the saved token ids are 
 ``laya.load(...).system_one`` answers; ``laya.load`` reads the checkpoint this build
 generates; and every config value this build cannot honour is refused by name.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,19 +50,30 @@ def test_upstream_checkpoint_loads_through_model_path(upstream_dir, upstream_mod
     # Copied as it is: the source is never rewritten (upstream's own loader rewrites the
     # tokenizer config of the directory it loads).
     assert files(upstream_model_dir / "checkpoint") == files(upstream_dir)
-    assert json.loads((upstream_dir / "tokenizer" / "tokenizer_config.json").read_text())[
-        "tokenizer_class"] == "TokenizersBackend"
+    assert (
+        json.loads((upstream_dir / "tokenizer" / "tokenizer_config.json").read_text())["tokenizer_class"]
+        == "TokenizersBackend"
+    )
     assert record["architecture"]["head_layers"] == 0 and record["architecture"]["n_act"] == 3
     assert record["agent_config"]["act_costs"] == UPSTREAM_CONFIG["act_costs"]
     assert record["agent_config"]["recorded_keys"] == {
         "amp_dtype": read_agent_config(upstream_dir)["recorded_keys"]["amp_dtype"],
-        "fine_tuned": UNKNOWN_KEY_NOTE, "training": UNKNOWN_KEY_NOTE}
-    assert record["tokenizer"]["special_ids"] == {"pad_token_id": 0, "unk_token_id": 1, "mask_token_id": 2,
-                                                  "cls_token_id": 3, "sep_token_id": 4}
+        "fine_tuned": UNKNOWN_KEY_NOTE,
+        "training": UNKNOWN_KEY_NOTE,
+    }
+    assert record["tokenizer"]["special_ids"] == {
+        "pad_token_id": 0,
+        "unk_token_id": 1,
+        "mask_token_id": 2,
+        "cls_token_id": 3,
+        "sep_token_id": 4,
+    }
     cal = record["calibration"]
     assert cal["temperature"] == [0.7, 1.8, 6.0] and cal["source"] == "rl_agent_config.json"
-    assert cal["applied"] == {"temperature": [0.7, 1.8, 5.0],
-                              "temperature_by_options": {"score:3-5": 1.3, "noul:2": 1.0}}
+    assert cal["applied"] == {
+        "temperature": [0.7, 1.8, 5.0],
+        "temperature_by_options": {"score:3-5": 1.3, "noul:2": 1.0},
+    }
     assert cal["replaced"] == ["temperature[2]=6.0 -> 5", "temperature_by_options.noul:2='warm' -> 1"]
     assert cal["upstream"].startswith("laya 0.4.15: laya/agent.py")
     # The temperatures upstream itself applies for this checkpoint, and the entries it names.
@@ -94,9 +106,14 @@ def test_saved_token_ids_equal_upstream_build_sequence(build, request, tmp_path)
     for batch, row, name in saved_rows(inputs):
         decision = DECISIONS[name]
         Agent._check_question(name, decision.question)  # a question upstream accepts
-        ids, markers = up.build_sequence(tok, decision.state, Agent._to_internal(decision.question),
-                                         sizes["max_len"], sizes["head_max_len"],
-                                         truncate_left=isinstance(decision.state, list))
+        ids, markers = up.build_sequence(
+            tok,
+            decision.state,
+            Agent._to_internal(decision.question),
+            sizes["max_len"],
+            sizes["head_max_len"],
+            truncate_left=isinstance(decision.state, list),
+        )
         n, k = len(ids), len(markers)
         assert batch["valid_tokens"][row] == n and batch["options"][row] == k
         assert batch["input_ids"][row, :n].tolist() == ids, name
@@ -107,16 +124,33 @@ def test_saved_token_ids_equal_upstream_build_sequence(build, request, tmp_path)
         assert int(batch["qtype"][row]) == up.QTYPES[decision.qtype]
 
 
-LONG = ("The customer wrote a long message about the refund of the annual plan, the second charge "
-        "on the card, the invoice with the wrong VAT number and the late fee. ") * 3
+LONG = (
+    "The customer wrote a long message about the refund of the annual plan, the second charge "
+    "on the card, the invoice with the wrong VAT number and the late fee. "
+) * 3
 QUESTIONS = [
-    {"type": "choice", "instructions": "Which refund option fits best? " + LONG,
-     "criteria": {"full refund": LONG, "partial refund": "pro rata [MASK] within thirty days",
-                  "account credit": {"amount": 10, "currency": "EUR"}, "no refund": None, "7": ""}},
-    {"type": "score", "instructions": {"task": "rate the urgency", "scale": [1, 5]},
-     "criteria": ["not urgent", "low", "medium [MASK]", {"level": "high"}, LONG]},
-    {"type": "noul", "instructions": "The payment arrived on time.", "criteria": {"True": "the fee is waived"},
-     "labels": {"false": "keep", "true": "waive"}},
+    {
+        "type": "choice",
+        "instructions": "Which refund option fits best? " + LONG,
+        "criteria": {
+            "full refund": LONG,
+            "partial refund": "pro rata [MASK] within thirty days",
+            "account credit": {"amount": 10, "currency": "EUR"},
+            "no refund": None,
+            "7": "",
+        },
+    },
+    {
+        "type": "score",
+        "instructions": {"task": "rate the urgency", "scale": [1, 5]},
+        "criteria": ["not urgent", "low", "medium [MASK]", {"level": "high"}, LONG],
+    },
+    {
+        "type": "noul",
+        "instructions": "The payment arrived on time.",
+        "criteria": {"True": "the fee is waived"},
+        "labels": {"false": "keep", "true": "waive"},
+    },
     {"type": "noul", "instructions": "Refund allowed.", "criteria": None},
     {"type": "choice", "instructions": "Pick one.", "criteria": [f"option {i} " + LONG[:60] for i in range(9)]},
 ]
@@ -132,8 +166,7 @@ def test_sequence_port_equals_upstream_under_every_budget(checkpoint, max_len, h
         q = Agent._to_internal(question)
         assert to_internal(question) == q
         for state in STATES:
-            expected = up.build_sequence(tok, state, q, max_len, head_max_len,
-                                         truncate_left=isinstance(state, list))
+            expected = up.build_sequence(tok, state, q, max_len, head_max_len, truncate_left=isinstance(state, list))
             assert build_sequence(tok, state, to_internal(question), max_len, head_max_len) == tuple(expected)
 
 
@@ -192,6 +225,7 @@ def test_minimal_upstream_config_takes_upstream_defaults(tmp_path):
 
 # ---------------------------------------------------------------------------- refusals
 
+
 def edit_json(path, change):
     data = json.loads(path.read_text())
     change(data)
@@ -210,36 +244,107 @@ AGENT = "rl_agent_config.json"
 ENCODER = "encoder/config.json"
 # (file, key, edit, exception class, message): every key of the rule, and the encoder type.
 REFUSALS = [
-    (AGENT, "option_layout", setter("option_layout", "parallel"), UnsupportedCheckpointError,
-     r"option_layout = 'parallel' is not supported; supported: 'sequential'"),
-    (AGENT, "option_layout", setter("option_layout", "diagonal"), CheckpointError,
-     r"option_layout = 'diagonal' is not supported; supported: 'sequential'"),
-    (ENCODER, "model_type", setter("model_type", "bert"), UnsupportedCheckpointError,
-     r"model_type = 'bert' is not supported; supported: 'modernbert'"),
-    (ENCODER, "model_type", dropper("model_type"), UnsupportedCheckpointError,
-     r"model_type = None is not supported; supported: 'modernbert'"),
+    (
+        AGENT,
+        "option_layout",
+        setter("option_layout", "parallel"),
+        UnsupportedCheckpointError,
+        r"option_layout = 'parallel' is not supported; supported: 'sequential'",
+    ),
+    (
+        AGENT,
+        "option_layout",
+        setter("option_layout", "diagonal"),
+        CheckpointError,
+        r"option_layout = 'diagonal' is not supported; supported: 'sequential'",
+    ),
+    (
+        ENCODER,
+        "model_type",
+        setter("model_type", "bert"),
+        UnsupportedCheckpointError,
+        r"model_type = 'bert' is not supported; supported: 'modernbert'",
+    ),
+    (
+        ENCODER,
+        "model_type",
+        dropper("model_type"),
+        UnsupportedCheckpointError,
+        r"model_type = None is not supported; supported: 'modernbert'",
+    ),
     (AGENT, "encoder", dropper("encoder"), CheckpointError, r"missing required key 'encoder'"),
-    (AGENT, "encoder", setter("encoder", 5), CheckpointError,
-     r"encoder = 5 is invalid; encoder must be a non-empty string"),
+    (
+        AGENT,
+        "encoder",
+        setter("encoder", 5),
+        CheckpointError,
+        r"encoder = 5 is invalid; encoder must be a non-empty string",
+    ),
     (AGENT, "head_layers", dropper("head_layers"), CheckpointError, r"missing required key 'head_layers'"),
-    (AGENT, "head_layers", setter("head_layers", -1), CheckpointError,
-     r"head_layers = -1 is invalid; head_layers must be an integer >= 0"),
-    (AGENT, "head_layers", setter("head_layers", True), CheckpointError,
-     r"head_layers = True is invalid; head_layers must be an integer >= 0"),
-    (AGENT, "act_costs", setter("act_costs", [0.05, 0.2]), CheckpointError,
-     r"act_costs = \[0\.05, 0\.2\] is invalid; act_costs must be a mapping of action name to a number"),
-    (AGENT, "act_costs", setter("act_costs", {"ask": "cheap"}), CheckpointError,
-     r"act_costs = \{'ask': 'cheap'\} is invalid; act_costs must be a mapping of action name to a number"),
-    (AGENT, "temperature", setter("temperature", [1.0, 2.0]), CheckpointError,
-     r"temperature = \[1\.0, 2\.0\] is invalid; temperature must be a list of 3 temperatures \(choice, score, noul\)"),
-    (AGENT, "temperature", setter("temperature", 3.0), CheckpointError,
-     r"temperature = 3\.0 is invalid; temperature must be a list of 3"),
-    (AGENT, "temperature_by_options", setter("temperature_by_options", None), CheckpointError,
-     r"temperature_by_options = None is invalid; temperature_by_options must be a mapping"),
-    (AGENT, "max_len", setter("max_len", 0), CheckpointError,
-     r"max_len = 0 is invalid; max_len must be an integer >= 1"),
-    (AGENT, "head_max_len", setter("head_max_len", "192"), CheckpointError,
-     r"head_max_len = '192' is invalid; head_max_len must be an integer >= 1"),
+    (
+        AGENT,
+        "head_layers",
+        setter("head_layers", -1),
+        CheckpointError,
+        r"head_layers = -1 is invalid; head_layers must be an integer >= 0",
+    ),
+    (
+        AGENT,
+        "head_layers",
+        setter("head_layers", True),
+        CheckpointError,
+        r"head_layers = True is invalid; head_layers must be an integer >= 0",
+    ),
+    (
+        AGENT,
+        "act_costs",
+        setter("act_costs", [0.05, 0.2]),
+        CheckpointError,
+        r"act_costs = \[0\.05, 0\.2\] is invalid; act_costs must be a mapping of action name to a number",
+    ),
+    (
+        AGENT,
+        "act_costs",
+        setter("act_costs", {"ask": "cheap"}),
+        CheckpointError,
+        r"act_costs = \{'ask': 'cheap'\} is invalid; act_costs must be a mapping of action name to a number",
+    ),
+    (
+        AGENT,
+        "temperature",
+        setter("temperature", [1.0, 2.0]),
+        CheckpointError,
+        r"temperature = \[1\.0, 2\.0\] is invalid; temperature must be a list of 3 temperatures "
+        r"\(choice, score, noul\)",
+    ),
+    (
+        AGENT,
+        "temperature",
+        setter("temperature", 3.0),
+        CheckpointError,
+        r"temperature = 3\.0 is invalid; temperature must be a list of 3",
+    ),
+    (
+        AGENT,
+        "temperature_by_options",
+        setter("temperature_by_options", None),
+        CheckpointError,
+        r"temperature_by_options = None is invalid; temperature_by_options must be a mapping",
+    ),
+    (
+        AGENT,
+        "max_len",
+        setter("max_len", 0),
+        CheckpointError,
+        r"max_len = 0 is invalid; max_len must be an integer >= 1",
+    ),
+    (
+        AGENT,
+        "head_max_len",
+        setter("head_max_len", "192"),
+        CheckpointError,
+        r"head_max_len = '192' is invalid; head_max_len must be an integer >= 1",
+    ),
 ]
 
 
@@ -247,8 +352,9 @@ def test_the_refusals_cover_every_key_of_the_rule():
     assert {key for _, key, *_ in REFUSALS} == set(KEYS) | {"model_type"}
 
 
-@pytest.mark.parametrize("file, key, edit, cls, message", REFUSALS,
-                         ids=[f"{key}-{i}" for i, (_, key, *_) in enumerate(REFUSALS)])
+@pytest.mark.parametrize(
+    "file, key, edit, cls, message", REFUSALS, ids=[f"{key}-{i}" for i, (_, key, *_) in enumerate(REFUSALS)]
+)
 def test_refused_config_values_name_key_and_supported_values(upstream_dir, tmp_path, file, key, edit, cls, message):
     ckpt = shutil.copytree(upstream_dir, tmp_path / "ckpt")
     edit_json(ckpt / file, edit)
@@ -275,8 +381,11 @@ def test_question_that_does_not_fit_max_len_is_refused(upstream_dir, tmp_path):
     """As upstream's runtime refuses it: the options' markers must fit in max_len."""
     ckpt = shutil.copytree(upstream_dir, tmp_path / "ckpt")
     edit_json(ckpt / AGENT, setter("max_len", 20))
-    with pytest.raises(ConfigError, match=r"decision 'duplicate-likelihood': only 2 of its 3 option markers fit "
-                                          r"in the checkpoint's max_len=20 with head_max_len=192"):
+    with pytest.raises(
+        ConfigError,
+        match=r"decision 'duplicate-likelihood': only 2 of its 3 option markers fit "
+        r"in the checkpoint's max_len=20 with head_max_len=192",
+    ):
         run_model({"path": str(ckpt)}, tmp_path / "out")
     decision = DECISIONS["duplicate-likelihood"]
     with pytest.raises(ValueError, match=r"only 2 of its 3 option markers fit in max_len=20"):
@@ -285,12 +394,16 @@ def test_question_that_does_not_fit_max_len_is_refused(upstream_dir, tmp_path):
 
 # ------------------------------------------------------------------ the rule's pieces
 
-@pytest.mark.parametrize("cfg", [
-    {"tokenizer_class": "TokenizersBackend", "backend": "tokenizers", "is_local": True, "mask_token": "[MASK]"},
-    {"mask_token": "[MASK]"},
-    {"tokenizer_class": "PreTrainedTokenizerFast", "extra_special_tokens": ["<a>", "<b>"]},
-    {"tokenizer_class": "PreTrainedTokenizerFast", "extra_special_tokens": {"x": "<a>"}},
-])
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"tokenizer_class": "TokenizersBackend", "backend": "tokenizers", "is_local": True, "mask_token": "[MASK]"},
+        {"mask_token": "[MASK]"},
+        {"tokenizer_class": "PreTrainedTokenizerFast", "extra_special_tokens": ["<a>", "<b>"]},
+        {"tokenizer_class": "PreTrainedTokenizerFast", "extra_special_tokens": {"x": "<a>"}},
+    ],
+)
 def test_tokenizer_config_is_read_as_upstream_fixes_it(tmp_path, cfg):
     (tmp_path / "tokenizer").mkdir()
     path = tmp_path / "tokenizer" / "tokenizer_config.json"

@@ -1,4 +1,5 @@
 """A throw-away copy of the project (its own git repository) to run ``doit`` in."""
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,9 @@ class DoitRun:
 
 
 def project_files() -> list[str]:
-    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     return [f for f in out if not f.startswith("tests/") and (ROOT / f).is_file()]
 
 
@@ -76,8 +78,13 @@ class Project:
         self.commit("copy of the project")
 
     def git(self, *args: str) -> str:
-        env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-               "GIT_COMMITTER_EMAIL": "t@t"}
+        env = {
+            **os.environ,
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t",
+        }
         return subprocess.run(["git", *args], cwd=self.path, env=env, capture_output=True, text=True, check=True).stdout
 
     def commit(self, message: str) -> str:
@@ -101,8 +108,14 @@ class Project:
         full = {**os.environ, "HF_HUB_OFFLINE": "1"}
         full.pop("PYTHONPATH", None)
         full.update(env or {})
-        proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=self.path, env=full,
-                              capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            [sys.executable, "-m", "doit", *args],
+            cwd=self.path,
+            env=full,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         return DoitRun(proc.returncode, proc.stdout, proc.stderr)
 
     def status(self, *, env: dict | None = None) -> dict[str, str]:
@@ -143,16 +156,19 @@ class Project:
             "        out.append({n: marks[status(t, tasks).status] for n, t in tasks.items() if ':' in n})\n"
             "    finally:\n"
             "        open(path, 'wb').write(data)\n"
-            "print(json.dumps(out))\n")
+            "print(json.dumps(out))\n"
+        )
         return self._python_json(code, json.dumps([(str(p), extra.decode()) for p, extra in edits]))
 
     def graph(self) -> dict[str, dict]:
         """Every sub-task's ``file_dep`` and whether it always runs, from the task graph."""
-        code = ("import json, sys; sys.argv = ['doit']; import dodo; "
-                "from doit.loader import load_tasks; "
-                "print(json.dumps({t.name: {'file_dep': sorted(t.file_dep), "
-                "'always': any(u is False for u, *_ in t.uptodate), 'targets': list(t.targets)} "
-                "for t in load_tasks(vars(dodo)) if ':' in t.name}))")
+        code = (
+            "import json, sys; sys.argv = ['doit']; import dodo; "
+            "from doit.loader import load_tasks; "
+            "print(json.dumps({t.name: {'file_dep': sorted(t.file_dep), "
+            "'always': any(u is False for u, *_ in t.uptodate), 'targets': list(t.targets)} "
+            "for t in load_tasks(vars(dodo)) if ':' in t.name}))"
+        )
         return self._python_json(code)
 
     def _python_json(self, code: str, stdin: str = ""):
@@ -160,8 +176,9 @@ class Project:
         inherited PYTHONPATH) and return the JSON of its last output line."""
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         env.pop("PYTHONPATH", None)
-        proc = subprocess.run([sys.executable, "-c", code], cwd=self.path, env=env, capture_output=True, text=True,
-                              input=stdin)
+        proc = subprocess.run(
+            [sys.executable, "-c", code], cwd=self.path, env=env, capture_output=True, text=True, input=stdin
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return json.loads(proc.stdout.splitlines()[-1])
 
@@ -175,8 +192,11 @@ class Project:
     def generated(self) -> dict[str, str]:
         """sha256 of every generated source (.cu, .c, TIR scripts) by relative path."""
         vdir = self.version_dir()
-        return {p.relative_to(vdir).as_posix(): sha256_file(p)
-                for p in sorted(vdir.rglob("*")) if p.suffix in (".cu", ".c") or p.name.endswith(".tir.py")}
+        return {
+            p.relative_to(vdir).as_posix(): sha256_file(p)
+            for p in sorted(vdir.rglob("*"))
+            if p.suffix in (".cu", ".c") or p.name.endswith(".tir.py")
+        }
 
     def kernel_records(self) -> dict[str, dict]:
         """Every record of the kernel stages, without timings and with the copy's own commit sha

@@ -1,4 +1,5 @@
 """Jobs for tests/pipeline/test_runner.py, run in fork-server children."""
+
 from __future__ import annotations
 
 import os

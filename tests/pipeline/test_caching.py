@@ -1,4 +1,5 @@
 """doit's caching: executed-task counts after edits (never timings)."""
+
 from __future__ import annotations
 
 import re
@@ -48,8 +49,13 @@ def test_noop(project):
 def test_editing_one_kernel_reruns_only_its_tasks(project):
     path = project.path / "kernels" / "rope.py"
     path.write_text(path.read_text() + "\n# an edit\n")
-    assert _rerun(project) == ["cuda_source:rope.bfloat16-sm_90", "lower_c:rope", "probe_c:rope.gpu-bfloat16",
-                               "tir:rope.bfloat16", "tir:rope.cpu-float32"]
+    assert _rerun(project) == [
+        "cuda_source:rope.bfloat16-sm_90",
+        "lower_c:rope",
+        "probe_c:rope.gpu-bfloat16",
+        "tir:rope.bfloat16",
+        "tir:rope.cpu-float32",
+    ]
     assert _rerun(project) == []
 
 
@@ -91,7 +97,8 @@ def test_failed_check_fails_the_task_and_writes_nothing(project):
     record.unlink()
     run = project.doit("lower_c")
     assert run.returncode != 0
-    assert re.search(r"geglu shape 0 \{'M': 5\}: C differs from the reference by [0-9.e-]+ > atol 1.0e-12",
-                     run.stdout + run.stderr)
+    assert re.search(
+        r"geglu shape 0 \{'M': 5\}: C differs from the reference by [0-9.e-]+ > atol 1.0e-12", run.stdout + run.stderr
+    )
     assert not record.exists()
     assert not list(record.parent.glob(".*.tmp")), "no temp file left behind"

@@ -3,6 +3,7 @@ aliases expand without bound, or one larger than any real one, is refused naming
 a JSON document from a folder laya-build did not write is read within bounds; a variable given
 twice or unknown is refused; ``verify`` of a version that is neither released nor built builds
 nothing.  Each refusal exits 3 with one message and a hint."""
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,11 @@ def _refused(project, *args, cls="ConfigError"):
 
 
 def test_aliases_expanding_beyond_the_budget_are_refused_with_the_key_path(project):
-    text = (project.path / "pipeline.yaml").read_text().replace("cuda:\n  dtypes: [bfloat16, float16]\n",
-                                                                 "cuda:\n" + alias_bomb())
+    text = (
+        (project.path / "pipeline.yaml")
+        .read_text()
+        .replace("cuda:\n  dtypes: [bfloat16, float16]\n", "cuda:\n" + alias_bomb())
+    )
     (project.path / "bomb.yaml").write_text(text)
     try:
         run = _refused(project, "config=bomb.yaml", "list")
@@ -50,8 +54,11 @@ def test_aliases_expanding_beyond_the_budget_are_refused_with_the_key_path(proje
 
 @pytest.mark.parametrize("levels, refused", [(4, False), (5, True)])
 def test_the_budget_counts_expanded_values(tmp_path, levels, refused):
-    text = (ROOT / "pipeline.yaml").read_text().replace(
-        "cuda:\n  dtypes: [bfloat16, float16]\n", "cuda:\n" + alias_bomb(levels))
+    text = (
+        (ROOT / "pipeline.yaml")
+        .read_text()
+        .replace("cuda:\n  dtypes: [bfloat16, float16]\n", "cuda:\n" + alias_bomb(levels))
+    )
     (tmp_path / "pipeline.yaml").write_text(text)
     (tmp_path / "artifacts").mkdir()
     if refused:
@@ -91,8 +98,9 @@ def test_a_repeated_or_unknown_variable_is_refused(project):
     run = _refused(project, "version=0.1.0", "version=0.2.0", "list", cls="UsageError")
     assert "doit argument version= is given twice (version=0.1.0 and version=0.2.0)" in run.stderr
     run = _refused(project, "versoin=0.2.0", "list", cls="UsageError")
-    assert "doit argument versoin=0.2.0: not a variable of laya-build (known: version=, config=, release=)" \
-        in run.stderr
+    assert (
+        "doit argument versoin=0.2.0: not a variable of laya-build (known: version=, config=, release=)" in run.stderr
+    )
     assert project.doit("version=0.1.0", "version=0.1.0", "list").returncode == 0  # the same value twice
 
 

@@ -1,4 +1,5 @@
 """A bad pipeline.yaml stops before any task runs, naming the key path; nothing is written."""
+
 from __future__ import annotations
 
 import copy
@@ -32,41 +33,86 @@ def test_default_pipeline_is_valid(tmp_path):
 
 BAD = {
     "unknown top-level key": (lambda d: d.update(colour="blue"), "<root>", "colour"),
-    "unknown key in a variant": (lambda d: d["kernels"]["variants"]["rope"].update(tile=3),
-                                 "kernels.variants.rope", "tile"),
+    "unknown key in a variant": (
+        lambda d: d["kernels"]["variants"]["rope"].update(tile=3),
+        "kernels.variants.rope",
+        "tile",
+    ),
     "wrong type": (lambda d: d["cpu_checks"].update(seed="1234"), "cpu_checks.seed", "is not of type 'integer'"),
     "missing field": (lambda d: d["cuda"].pop("archs"), "cuda", "'archs' is a required property"),
-    "unknown kernel": (lambda d: d["kernels"]["variants"]["rope"].update(factory="rope_kernal"),
-                       "kernels.variants.rope.factory", "unknown kernel 'rope_kernal'"),
-    "bad target kind": (lambda d: d["cuda"]["archs"].append({"kind": "rocm", "arch": "sm_90"}),
-                        "cuda.archs.1.kind", "'cuda' was expected"),
-    "bad target arch": (lambda d: d["cuda"]["archs"].__setitem__(0, {"kind": "cuda", "arch": "90"}),
-                        "cuda.archs.0.arch", "does not match"),
+    "unknown kernel": (
+        lambda d: d["kernels"]["variants"]["rope"].update(factory="rope_kernal"),
+        "kernels.variants.rope.factory",
+        "unknown kernel 'rope_kernal'",
+    ),
+    "bad target kind": (
+        lambda d: d["cuda"]["archs"].append({"kind": "rocm", "arch": "sm_90"}),
+        "cuda.archs.1.kind",
+        "'cuda' was expected",
+    ),
+    "bad target arch": (
+        lambda d: d["cuda"]["archs"].__setitem__(0, {"kind": "cuda", "arch": "90"}),
+        "cuda.archs.0.arch",
+        "does not match",
+    ),
     "bad dtype": (lambda d: d["cuda"].update(dtypes=["float32"]), "cuda.dtypes.0", "is not one of"),
     "version escaping artifacts": (lambda d: d.update(version="../../etc"), "version", "does not match"),
-    "output_root escaping artifacts": (lambda d: d.update(output_root="../elsewhere"),
-                                       "output_root", "outputs must go to"),
+    "output_root escaping artifacts": (
+        lambda d: d.update(output_root="../elsewhere"),
+        "output_root",
+        "outputs must go to",
+    ),
     "output_root not artifacts": (lambda d: d.update(output_root="build"), "output_root", "outputs must go to"),
-    "output_root inside a version": (lambda d: d.update(output_root="artifacts/0.1.0"),
-                                     "output_root", "outputs must go to"),
-    "unknown kernel option": (lambda d: d["kernels"]["variants"]["attention"]["kwargs"].update(windw=3),
-                              "kernels.variants.attention.kwargs.windw", "attn_kernel has no parameter 'windw'"),
-    "too many args": (lambda d: d["kernels"]["variants"]["rope"].update(args=[4, 32, 8, 128, 7, 9]),
-                      "kernels.variants.rope.args", "rope_kernel takes at most"),
-    "check shape without M": (lambda d: d["cpu_checks"]["shapes"]["gemm_gelu"].append({"L": 3}),
-                              "cpu_checks.shapes.gemm_gelu.3", "gemm_kernel checks need M"),
-    "symbolic attention check without L": (lambda d: d["cpu_checks"]["shapes"]["attention"].append({"B": 2}),
-                                           "cpu_checks.shapes.attention.2", "attn_kernel checks need L"),
-    "lens not matching B": (lambda d: d["cpu_checks"]["shapes"]["attention"].append({"B": 2, "L": 8, "lens": [8]}),
-                            "cpu_checks.shapes.attention.2.lens", "1 lengths for B=2"),
-    "checks for a missing variant": (lambda d: d["cpu_checks"]["shapes"].update(nope=[{"M": 1}]),
-                                     "cpu_checks.shapes.nope", "no kernel variant named 'nope'"),
-    "variant without checks": (lambda d: d["cpu_checks"]["shapes"].pop("geglu"),
-                               "cpu_checks.shapes", "'geglu' has no check shapes"),
-    "dtype passed as a kwarg": (lambda d: d["kernels"]["variants"]["rope"].update(kwargs={"dtype": "float32"}),
-                                "kernels.variants.rope.kwargs", "dtype"),
-    "baseline is itself": (lambda d: d["cuda"].update(baseline={"version": d["version"]}),
-                           "cuda.baseline.version", "cannot be the version"),
+    "output_root inside a version": (
+        lambda d: d.update(output_root="artifacts/0.1.0"),
+        "output_root",
+        "outputs must go to",
+    ),
+    "unknown kernel option": (
+        lambda d: d["kernels"]["variants"]["attention"]["kwargs"].update(windw=3),
+        "kernels.variants.attention.kwargs.windw",
+        "attn_kernel has no parameter 'windw'",
+    ),
+    "too many args": (
+        lambda d: d["kernels"]["variants"]["rope"].update(args=[4, 32, 8, 128, 7, 9]),
+        "kernels.variants.rope.args",
+        "rope_kernel takes at most",
+    ),
+    "check shape without M": (
+        lambda d: d["cpu_checks"]["shapes"]["gemm_gelu"].append({"L": 3}),
+        "cpu_checks.shapes.gemm_gelu.3",
+        "gemm_kernel checks need M",
+    ),
+    "symbolic attention check without L": (
+        lambda d: d["cpu_checks"]["shapes"]["attention"].append({"B": 2}),
+        "cpu_checks.shapes.attention.2",
+        "attn_kernel checks need L",
+    ),
+    "lens not matching B": (
+        lambda d: d["cpu_checks"]["shapes"]["attention"].append({"B": 2, "L": 8, "lens": [8]}),
+        "cpu_checks.shapes.attention.2.lens",
+        "1 lengths for B=2",
+    ),
+    "checks for a missing variant": (
+        lambda d: d["cpu_checks"]["shapes"].update(nope=[{"M": 1}]),
+        "cpu_checks.shapes.nope",
+        "no kernel variant named 'nope'",
+    ),
+    "variant without checks": (
+        lambda d: d["cpu_checks"]["shapes"].pop("geglu"),
+        "cpu_checks.shapes",
+        "'geglu' has no check shapes",
+    ),
+    "dtype passed as a kwarg": (
+        lambda d: d["kernels"]["variants"]["rope"].update(kwargs={"dtype": "float32"}),
+        "kernels.variants.rope.kwargs",
+        "dtype",
+    ),
+    "baseline is itself": (
+        lambda d: d["cuda"].update(baseline={"version": d["version"]}),
+        "cuda.baseline.version",
+        "cannot be the version",
+    ),
 }
 
 
@@ -82,7 +128,7 @@ def test_bad_config_names_the_key_path(tmp_path, case):
 
 
 def test_duplicate_key_is_refused(tmp_path):
-    text = (ROOT / "pipeline.yaml").read_text() + "\nversion: \"9.9.9\"\n"
+    text = (ROOT / "pipeline.yaml").read_text() + '\nversion: "9.9.9"\n'
     with pytest.raises(config.ConfigError, match="duplicate key 'version'"):
         _load(tmp_path, text=text)
 
@@ -132,15 +178,36 @@ def test_h200_config_is_valid_and_differs_only_where_documented(tmp_path):
     h200 = config.load(ROOT / "pipeline.h200.yaml", root=tmp_path).data
     expected = config.load(ROOT / "pipeline.yaml", root=tmp_path).data
     expected["version"] = "0.1.0-h200"
-    expected["model"]["generate"].update(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
-                                         intermediate_size=2624, max_position_embeddings=8192, local_attention=128)
+    expected["model"]["generate"].update(
+        hidden_size=1024,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        intermediate_size=2624,
+        max_position_embeddings=8192,
+        local_attention=128,
+    )
     expected["package"]["targets"] = ["cuda"]  # only the CUDA package is built
     # a 7-row batch (rows 1..7) and CUDA-graph buckets at the serving shapes and saved batches
-    expected["model"]["inputs"]["batches"].append({"decisions": [
-        "second-charge-hold", "duplicate-likelihood", "forgotten-cancellation", "annual-refund", "urgency",
-        "failed-payment-step", "late-fee-noul"], "tokens": 256})
+    expected["model"]["inputs"]["batches"].append(
+        {
+            "decisions": [
+                "second-charge-hold",
+                "duplicate-likelihood",
+                "forgotten-cancellation",
+                "annual-refund",
+                "urgency",
+                "failed-payment-step",
+                "late-fee-noul",
+            ],
+            "tokens": 256,
+        }
+    )
     expected["export"]["dims"]["rows"]["max"] = 7
-    expected["runtime"]["buckets"]["cuda"] = [{"rows": 1, "tokens": 32}, {"rows": 1, "tokens": 128},
-                                              {"rows": 2, "tokens": 64}, {"rows": 4, "tokens": 512},
-                                              {"rows": 7, "tokens": 256}]
+    expected["runtime"]["buckets"]["cuda"] = [
+        {"rows": 1, "tokens": 32},
+        {"rows": 1, "tokens": 128},
+        {"rows": 2, "tokens": 64},
+        {"rows": 4, "tokens": 512},
+        {"rows": 7, "tokens": 256},
+    ]
     assert h200 == expected

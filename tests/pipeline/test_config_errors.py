@@ -6,6 +6,7 @@ the export ranges and batches of the effective default configuration, the kernel
 parameters and defaults, the schemas' targets and dtypes.  Every case is loaded with
 :func:`laya_build.config.load`; the first case of each class also runs a real ``doit list``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -87,35 +88,60 @@ for dim, (key, scale) in EXPORT_DIMS.items():
     sizes = [s[dim] for s in SHAPES["batches"]]
     if lo + 1 <= hi:
         at_min, at_max = sizes.index(lo * scale), sizes.index(hi * scale)
-        case(f"range:{key}:min above a batch", setting(f"{dims}.min", lo + 1), f"model.inputs.batches.{at_min}",
-             f"{dim} = {lo * scale} is outside the export range {(lo + 1) * scale}..{hi * scale}")
-        case(f"range:{key}:max below a batch", setting(f"{dims}.max", hi - 1), f"model.inputs.batches.{at_max}",
-             f"{dim} = {hi * scale} is outside the export range {lo * scale}..{(hi - 1) * scale}")
+        case(
+            f"range:{key}:min above a batch",
+            setting(f"{dims}.min", lo + 1),
+            f"model.inputs.batches.{at_min}",
+            f"{dim} = {lo * scale} is outside the export range {(lo + 1) * scale}..{hi * scale}",
+        )
+        case(
+            f"range:{key}:max below a batch",
+            setting(f"{dims}.max", hi - 1),
+            f"model.inputs.batches.{at_max}",
+            f"{dim} = {hi * scale} is outside the export range {lo * scale}..{(hi - 1) * scale}",
+        )
 
 # -- the example batch ----------------------------------------------------------------------
 n_batches = len(SHAPES["batches"])
 for index in (n_batches, n_batches + 7):
-    case(f"example_batch:{index} past the last", setting("export.example_batch", index), "export.example_batch",
-         f"batch {index} does not exist: model.inputs.batches has {n_batches}")
+    case(
+        f"example_batch:{index} past the last",
+        setting("export.example_batch", index),
+        "export.example_batch",
+        f"batch {index} does not exist: model.inputs.batches has {n_batches}",
+    )
 for index, shape in enumerate(SHAPES["batches"]):
     if shape["rows"] == 1:
-        case(f"example_batch:{index} has one row", setting("export.example_batch", index), "export.example_batch",
-             "has one row")
+        case(
+            f"example_batch:{index} has one row",
+            setting("export.example_batch", index),
+            "export.example_batch",
+            "has one row",
+        )
 
 
 def _single_slot(batches):
     def mutate(d):
         d["export"]["single_slot"] = True
         d["model"]["inputs"]["single_slot_batches"] = batches
+
     return mutate
 
 
 ONE_OPTION = sorted(n for n, dec in DECISIONS.items() if len(dec.options) == 1)
 SEVERAL = sorted(n for n, dec in DECISIONS.items() if len(dec.options) > 1)
-case("example_batch:single_slot without batches", _single_slot([]), "model.inputs.single_slot_batches",
-     "no single_slot_batches")
-case("example_batch:single_slot batch of one row", _single_slot([{"decisions": ONE_OPTION[:1]}]),
-     "model.inputs.single_slot_batches.0", "has one row")
+case(
+    "example_batch:single_slot without batches",
+    _single_slot([]),
+    "model.inputs.single_slot_batches",
+    "no single_slot_batches",
+)
+case(
+    "example_batch:single_slot batch of one row",
+    _single_slot([{"decisions": ONE_OPTION[:1]}]),
+    "model.inputs.single_slot_batches.0",
+    "has one row",
+)
 
 # -- decision names and the batch layout ----------------------------------------------------
 for bkey in BATCH_KEYS:
@@ -128,16 +154,27 @@ for bkey in BATCH_KEYS:
         if bkey == "single_slot_batches":
             where = f"model.inputs.{bkey}.{i}.decisions.0"
             case(f"decision:{bkey}.{i}:several options", setting(where, SEVERAL[0]), where, "exactly one option")
-            case(f"layout:{bkey}.{i}:slots", setting(f"model.inputs.{bkey}.{i}.slots", 2),
-                 f"model.inputs.{bkey}.{i}.slots", "a single-slot batch has 1 slot")
+            case(
+                f"layout:{bkey}.{i}:slots",
+                setting(f"model.inputs.{bkey}.{i}.slots", 2),
+                f"model.inputs.{bkey}.{i}.slots",
+                "a single-slot batch has 1 slot",
+            )
             continue
         most = max(len(DECISIONS[n].options) for n in batch["decisions"])
-        case(f"layout:{bkey}.{i}:slots too few", setting(f"model.inputs.{bkey}.{i}.slots", most - 1),
-             f"model.inputs.{bkey}.{i}.slots", f"has a row with {most} options; slots={most - 1} is too few")
+        case(
+            f"layout:{bkey}.{i}:slots too few",
+            setting(f"model.inputs.{bkey}.{i}.slots", most - 1),
+            f"model.inputs.{bkey}.{i}.slots",
+            f"has a row with {most} options; slots={most - 1} is too few",
+        )
         if "tokens" in batch:
-            case(f"layout:{bkey}.{i}:tokens not aligned",
-                 setting(f"model.inputs.{bkey}.{i}.tokens", batch["tokens"] + 1),
-                 f"model.inputs.{bkey}.{i}.tokens", "is not a multiple of 16")
+            case(
+                f"layout:{bkey}.{i}:tokens not aligned",
+                setting(f"model.inputs.{bkey}.{i}.tokens", batch["tokens"] + 1),
+                f"model.inputs.{bkey}.{i}.tokens",
+                "is not a multiple of 16",
+            )
 
 # -- kernel factory arguments (the registry's parameters, their defaults' types) -------------
 ZERO_IS_MEANINGFUL = {"window": "0 = full attention", "num_stages": "0 = no software pipelining"}
@@ -145,19 +182,21 @@ ZERO_IS_MEANINGFUL = {"window": "0 = full attention", "num_stages": "0 = no soft
 
 def _variant_arg(variant: str, kernel, param: str, value):
     """Set ``param`` of ``variant`` where the variant gives it (args or kwargs), else as a kwarg."""
+
     def mutate(d):
         v = d["kernels"]["variants"][variant]
         args = v.setdefault("args", [])
-        if param in kernel.positional[:len(args)]:
+        if param in kernel.positional[: len(args)]:
             args[kernel.positional.index(param)] = value
         else:
             v.setdefault("kwargs", {})[param] = value
+
     return mutate
 
 
 def _arg_key(variant: str, kernel, param: str) -> str:
     args = GOOD["kernels"]["variants"][variant].get("args", [])
-    if param in kernel.positional[:len(args)]:
+    if param in kernel.positional[: len(args)]:
         return f"kernels.variants.{variant}.args.{kernel.positional.index(param)}"
     return f"kernels.variants.{variant}.kwargs.{param}"
 
@@ -166,9 +205,10 @@ def _without(variant: str, kernel, param: str):
     def mutate(d):
         v = d["kernels"]["variants"][variant]
         args = v.get("args", [])
-        if param in kernel.positional[:len(args)]:
-            v["args"] = args[:kernel.positional.index(param)]
+        if param in kernel.positional[: len(args)]:
+            v["args"] = args[: kernel.positional.index(param)]
         v.get("kwargs", {}).pop(param, None)
+
     return mutate
 
 
@@ -179,15 +219,27 @@ for variant, spec in GOOD["kernels"]["variants"].items():
     for p in kernel.config_params:
         cid, key = f"kernel:{variant}.{p.name}", _arg_key(variant, kernel, p.name)
         if p.required:
-            case(f"{cid}:missing", _without(variant, kernel, p.name), f"kernels.variants.{variant}.args",
-                 f"{kernel.factory} needs {p.name}")
+            case(
+                f"{cid}:missing",
+                _without(variant, kernel, p.name),
+                f"kernels.variants.{variant}.args",
+                f"{kernel.factory} needs {p.name}",
+            )
         value = bound[p.name]
         if isinstance(value, bool):
-            case(f"{cid}:int for a flag", _variant_arg(variant, kernel, p.name, 1), key,
-                 f"{p.name} must be true or false")
+            case(
+                f"{cid}:int for a flag",
+                _variant_arg(variant, kernel, p.name, 1),
+                key,
+                f"{p.name} must be true or false",
+            )
         elif isinstance(value, str):
-            case(f"{cid}:unknown choice", _variant_arg(variant, kernel, p.name, value + "x"), key,
-                 f"{p.name}={value + 'x'!r} is not supported")
+            case(
+                f"{cid}:unknown choice",
+                _variant_arg(variant, kernel, p.name, value + "x"),
+                key,
+                f"{p.name}={value + 'x'!r} is not supported",
+            )
         elif isinstance(value, float):
             for bad in (0.0, -value):
                 case(f"{cid}:{bad}", _variant_arg(variant, kernel, p.name, bad), key, f"{p.name} must be positive")
@@ -197,29 +249,53 @@ for variant, spec in GOOD["kernels"]["variants"].items():
                 bads.append(None)
             for bad in bads:  # a wrong type in args is the schema's (integer or null), by value
                 wrong_type = isinstance(bad, (bool, float))
-                case(f"{cid}:{bad!r}", _variant_arg(variant, kernel, p.name, bad), key,
-                     repr(bad) if wrong_type else f"{p.name} must be")
-    case(f"kernel:{variant}:unknown keyword", _variant_arg(variant, kernel, "tile_size", 8),
-         f"kernels.variants.{variant}.kwargs.tile_size", f"{kernel.factory} has no parameter 'tile_size'")
-    case(f"kernel:{variant}:too many args",
-         setting(f"kernels.variants.{variant}.args", [1] * (len(kernel.positional) + 1)),
-         f"kernels.variants.{variant}.args", f"{kernel.factory} takes at most {len(kernel.positional)} positional")
+                case(
+                    f"{cid}:{bad!r}",
+                    _variant_arg(variant, kernel, p.name, bad),
+                    key,
+                    repr(bad) if wrong_type else f"{p.name} must be",
+                )
+    case(
+        f"kernel:{variant}:unknown keyword",
+        _variant_arg(variant, kernel, "tile_size", 8),
+        f"kernels.variants.{variant}.kwargs.tile_size",
+        f"{kernel.factory} has no parameter 'tile_size'",
+    )
+    case(
+        f"kernel:{variant}:too many args",
+        setting(f"kernels.variants.{variant}.args", [1] * (len(kernel.positional) + 1)),
+        f"kernels.variants.{variant}.args",
+        f"{kernel.factory} takes at most {len(kernel.positional)} positional",
+    )
     # check shapes: every runtime size is needed, a size the arguments fix cannot change, and
     # a key the kernel does not use is refused
     first = EFFECTIVE["cpu_checks"]["shapes"][variant][0]
     where = f"cpu_checks.shapes.{variant}.0"
     for size in kernel.runtime_sizes(bound):
         rest = {k: v for k, v in first.items() if k != size}
-        case(f"check shape:{variant}:without {size}", setting(where, rest), where,
-             f"{kernel.factory} checks need {size}" if rest else "should be non-empty")
-    for unused in sorted(CHECK_SHAPE_KEYS - set(kernel.runtime_sizes(bound)) - set(kernel.check_extra)
-                         - set(kernel.check_sizes)):
+        case(
+            f"check shape:{variant}:without {size}",
+            setting(where, rest),
+            where,
+            f"{kernel.factory} checks need {size}" if rest else "should be non-empty",
+        )
+    for unused in sorted(
+        CHECK_SHAPE_KEYS - set(kernel.runtime_sizes(bound)) - set(kernel.check_extra) - set(kernel.check_sizes)
+    ):
         value = [1] if CHECK_SHAPE[unused]["type"] == "array" else 3  # valid for the schema
-        case(f"check shape:{variant}:unused {unused}", setting(where, {**first, unused: value}), f"{where}.{unused}",
-             "is not one of them")
+        case(
+            f"check shape:{variant}:unused {unused}",
+            setting(where, {**first, unused: value}),
+            f"{where}.{unused}",
+            "is not one of them",
+        )
     if "lens" in kernel.check_extra and "lens" in first:
-        case(f"check shape:{variant}:lens", setting(f"{where}.lens", first["lens"] + [1]), f"{where}.lens",
-             f"{len(first['lens']) + 1} lengths for B=")
+        case(
+            f"check shape:{variant}:lens",
+            setting(f"{where}.lens", first["lens"] + [1]),
+            f"{where}.lens",
+            f"{len(first['lens']) + 1} lengths for B=",
+        )
 
 # -- thresholds for every target x dtype that is built ---------------------------------------
 for target in SECTIONS["target"]["enum"]:
@@ -230,21 +306,51 @@ for target in SECTIONS["target"]["enum"]:
         def builds(d, target=target, dtype=dtype):
             d["export"]["targets"][target] = [*d["export"]["targets"].get(target, []), dtype]
             d["package"]["targets"] = sorted({*d["package"]["targets"], target})
-        case(f"thresholds:{target}-{dtype}", builds, f"verify.thresholds.{target}.{dtype}",
-             f"no verification thresholds for the {target} {dtype} package")
+
+        case(
+            f"thresholds:{target}-{dtype}",
+            builds,
+            f"verify.thresholds.{target}.{dtype}",
+            f"no verification thresholds for the {target} {dtype} package",
+        )
 
 # -- versions (pipeline.yaml, and the command line below) ------------------------------------
-BAD_VERSIONS = ["0.1.0\n", " 0.1.0", "0.1.0 ", "0.1.0\t", "0.1.0\r", "0.1.0\x00", "0.1.0\x1b", "0.1.0\u00a0",
-                "0.1.0\u200b", "1..2", "v1.2.0", "1.2", "", "../0.1.0", "0.1.0/../x", "0.1.0-", "0.1.0+a b"]
+BAD_VERSIONS = [
+    "0.1.0\n",
+    " 0.1.0",
+    "0.1.0 ",
+    "0.1.0\t",
+    "0.1.0\r",
+    "0.1.0\x00",
+    "0.1.0\x1b",
+    "0.1.0\u00a0",
+    "0.1.0\u200b",
+    "1..2",
+    "v1.2.0",
+    "1.2",
+    "",
+    "../0.1.0",
+    "0.1.0/../x",
+    "0.1.0-",
+    "0.1.0+a b",
+]
 for bad in BAD_VERSIONS:
     case(f"version:{bad!r}", setting("version", bad), "version", "does not match")
-    case(f"version:baseline {bad!r}", setting("cuda.baseline", {"version": bad}), "cuda.baseline.version",
-         "does not match")
+    case(
+        f"version:baseline {bad!r}",
+        setting("cuda.baseline", {"version": bad}),
+        "cuda.baseline.version",
+        "does not match",
+    )
 TEXT = (ROOT / "pipeline.yaml").read_text()
 VERSION_LINE = re.search(r"^version: .*$", TEXT, re.M).group(0)
 for style in ("|", ">", "|+"):
-    case(f"version:block scalar {style}", TEXT.replace(VERSION_LINE, f"version: {style}\n  {GOOD['version']}"),
-         "version", "ends in a newline: a YAML block scalar")
+    case(
+        f"version:block scalar {style}",
+        TEXT.replace(VERSION_LINE, f"version: {style}\n  {GOOD['version']}"),
+        "version",
+        "ends in a newline: a YAML block scalar",
+    )
 
 
 @pytest.mark.parametrize("cid", sorted(CASES))
@@ -294,10 +400,16 @@ FILES = {
     "a list": (b"- 1\n- 2\n", None, "the top level must be a mapping, got list"),
     "duplicate key": ((TEXT + f'\nversion: "{GOOD["version"]}"\n').encode(), None, "duplicate key 'version'"),
     "boolean key": ((TEXT + "\nyes: 1\n").encode(), None, "key True at line"),
-    "number key": (TEXT.replace("  variants:\n", "  variants:\n    7: {factory: rope_kernel}\n").encode(), None,
-                   "key 7 at line"),
-    "timestamp": ((TEXT + "\nmodel:\n  generate:\n    encoder_name: 2024-01-01\n").encode(), None,
-                  "invalid at model.generate.encoder_name"),
+    "number key": (
+        TEXT.replace("  variants:\n", "  variants:\n    7: {factory: rope_kernel}\n").encode(),
+        None,
+        "key 7 at line",
+    ),
+    "timestamp": (
+        (TEXT + "\nmodel:\n  generate:\n    encoder_name: 2024-01-01\n").encode(),
+        None,
+        "invalid at model.generate.encoder_name",
+    ),
     "NaN": (re.sub(r"\batol: [0-9.e-]+", "atol: .nan", TEXT, count=1).encode(), None, "is not a finite number"),
     "infinity": (re.sub(r"\bseed: [0-9]+", "seed: .inf", TEXT, count=1).encode(), None, "is not a finite number"),
     "recursive alias": ((TEXT + "\nextra: &x [1, *x]\n").encode(), None, "invalid at extra.1: a recursive alias"),
@@ -353,8 +465,9 @@ def test_version_from_the_command_line_is_named_when_it_clashes(tmp_path):
     data = copy.deepcopy(BASE)
     data["cuda"]["baseline"] = {"version": "2.0.0"}
     (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(data))
-    with pytest.raises(config.ConfigError,
-                       match=r"invalid at cuda.baseline.version: .*\(2\.0\.0, from doit argument version=2\.0\.0\)"):
+    with pytest.raises(
+        config.ConfigError, match=r"invalid at cuda.baseline.version: .*\(2\.0\.0, from doit argument version=2\.0\.0\)"
+    ):
         config.from_command_line({"version": "2.0.0"}, root=tmp_path)
 
 
@@ -389,8 +502,10 @@ def _doit_fails(project: Project, *args: str) -> str:
 FIRST_OF_EACH_CLASS = sorted({cid.split(":")[0]: cid for cid in sorted(CASES, reverse=True)}.values())
 
 
-@pytest.mark.parametrize("cid", FIRST_OF_EACH_CLASS + ["kernel:rope.Dh:0", "kernel:rope.Dh:-1",
-                                                        "kernel:rope.Dh:missing", "version:block scalar |"])
+@pytest.mark.parametrize(
+    "cid",
+    FIRST_OF_EACH_CLASS + ["kernel:rope.Dh:0", "kernel:rope.Dh:-1", "kernel:rope.Dh:missing", "version:block scalar |"],
+)
 def test_doit_list_refuses_a_bad_config(project, cid):
     mutation, key, fragment = CASES[cid]
     text = mutation if isinstance(mutation, str) else _dump(_mutated(mutation))
@@ -402,8 +517,9 @@ def test_doit_list_refuses_a_bad_config(project, cid):
     assert f"pipeline.yaml: invalid at {key}" in message and fragment in message
 
 
-@pytest.mark.parametrize("cid", ["latin-1 byte", "config= empty", "config= a directory", "config= missing",
-                                 "config= a symlink loop"])
+@pytest.mark.parametrize(
+    "cid", ["latin-1 byte", "config= empty", "config= a directory", "config= missing", "config= a symlink loop"]
+)
 def test_doit_list_refuses_a_bad_file(project, cid):
     content, argument, fragment = FILES[cid]
     if content is not None:
@@ -420,6 +536,7 @@ def test_doit_list_refuses_a_bad_file(project, cid):
 @pytest.mark.parametrize("bad", ["1.0.0\n", "1.0.0 ", "1..2", "1.0.0\t"])
 def test_doit_list_reports_a_bad_version_argument_as_an_argument(project, bad):
     message = _doit_fails(project, f"version={bad}")
-    assert message.startswith(f"laya-build: ConfigError: doit argument version={bad!r}: is not a version") or \
-        message.startswith(f"laya-build: ConfigError: doit argument version={bad}: is not a version"), message
+    assert message.startswith(
+        f"laya-build: ConfigError: doit argument version={bad!r}: is not a version"
+    ) or message.startswith(f"laya-build: ConfigError: doit argument version={bad}: is not a version"), message
     assert "pipeline.yaml" not in message

@@ -3,6 +3,7 @@ default in it, and ``--check`` telling a stale copy from a fresh one.
 
 The key paths are collected here by a walk of the schemas of its own (``$ref`` followed by
 hand), not by the generator's, so that a generator that drops or misnames keys fails."""
+
 from __future__ import annotations
 
 import json
@@ -82,19 +83,25 @@ def _cell_value(text: str):
 
 # ------------------------------------------------------------------------------------ tests
 
+
 def test_committed_document_is_the_generated_one():
     assert DOCUMENT.is_file(), f"{DOCUMENT.relative_to(ROOT)} is missing: run {REGENERATE}"
     assert DOCUMENT.read_text(encoding="utf-8") == reference.render(), (
-        f"{DOCUMENT.relative_to(ROOT)} is out of date: run {REGENERATE}")
+        f"{DOCUMENT.relative_to(ROOT)} is out of date: run {REGENERATE}"
+    )
 
 
 def test_render_is_deterministic_and_imports_no_heavy_module():
-    code = ("import sys, hashlib; from laya_build.config import reference as r; "
-            "print(hashlib.sha256(r.render().encode()).hexdigest()); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'tilelang', 'jsonschema', "
-            "'referencing')))")
-    runs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-            for _ in range(2)]
+    code = (
+        "import sys, hashlib; from laya_build.config import reference as r; "
+        "print(hashlib.sha256(r.render().encode()).hexdigest()); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'tilelang', 'jsonschema', "
+        "'referencing')))"
+    )
+    runs = [
+        subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        for _ in range(2)
+    ]
     digests = [run.splitlines()[0] for run in runs]
     assert digests[0] == digests[1]
     assert digests[0] == __import__("hashlib").sha256(reference.render().encode()).hexdigest()
@@ -110,8 +117,14 @@ def test_every_schema_key_path_has_a_row():
     unknown = sorted(shown - every)
     assert not unknown, f"rows for key paths the schemas do not have: {unknown}"
     # the walk went through maps, lists and cross-file references into the model sections
-    assert {"kernels.variants.<*>.factory", "cpu_checks.shapes.<*>[].lens", "verify.thresholds.cuda.<*>.act.argmax",
-            "runtime.buckets.cpu[].slots", "latency.variants.cuda", "cuda.baseline.git_ref"} <= properties
+    assert {
+        "kernels.variants.<*>.factory",
+        "cpu_checks.shapes.<*>[].lens",
+        "verify.thresholds.cuda.<*>.act.argmax",
+        "runtime.buckets.cpu[].slots",
+        "latency.variants.cuda",
+        "cuda.baseline.git_ref",
+    } <= properties
 
 
 def test_sections_follow_the_schema_and_each_row_is_under_its_own():
@@ -138,18 +151,27 @@ def test_rows_show_types_and_descriptions():
     assert rows["cuda.baseline"]["default"] == "—"
     # descriptions: own, of a $ref's target (cross-file), and both for a $ref with a description beside it
     model = json.loads((SCHEMAS / "model_sections.schema.json").read_text())["$defs"]
-    assert rows["verify.thresholds.cpu.<dtype>.decision.logit_atol"]["description"] == \
-        model["head_thresholds"]["properties"]["logit_atol"]["description"].replace("|", "\\|")
+    assert rows["verify.thresholds.cpu.<dtype>.decision.logit_atol"]["description"] == model["head_thresholds"][
+        "properties"
+    ]["logit_atol"]["description"].replace("|", "\\|")
     assert rows["package.timeout_s"]["description"] == (
-        f"{model['timeout']['description']} {model['package']['properties']['timeout_s']['description']}")
+        f"{model['timeout']['description']} {model['package']['properties']['timeout_s']['description']}"
+    )
     assert rows["latency.timing.cuda"]["description"] == "As `latency.timing.cpu`."
 
 
 def test_every_default_is_next_to_its_key():
     defaults = yaml.safe_load(DEFAULTS.read_text())
     rows = _rows(reference.render())
-    patterns = {key: re.compile("".join("([^.]+)" if re.fullmatch(r"<[a-z_]+>", part) else re.escape(part)
-                                        for part in re.split(r"(<[a-z_]+>)", key))) for key in rows}
+    patterns = {
+        key: re.compile(
+            "".join(
+                "([^.]+)" if re.fullmatch(r"<[a-z_]+>", part) else re.escape(part)
+                for part in re.split(r"(<[a-z_]+>)", key)
+            )
+        )
+        for key in rows
+    }
     checked = []
 
     def check(path: str, value) -> None:
@@ -213,7 +235,8 @@ def test_check_of_the_default_output_names_it_and_the_plain_command(tmp_path, mo
 
 
 def test_check_on_the_committed_document_from_the_command_line():
-    proc = subprocess.run([sys.executable, "-m", "laya_build.config.reference", "--check"], cwd=ROOT,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "laya_build.config.reference", "--check"], cwd=ROOT, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == proc.stderr == ""

@@ -1,4 +1,5 @@
 """cuda_diff against a git revision that changed one kernel reports exactly that kernel."""
+
 from __future__ import annotations
 
 import re
@@ -23,8 +24,9 @@ def project(tmp_path_factory):
     project.edit_config(small)
     base = project.commit("baseline")
     rope = project.path / "kernels" / "rope.py"
-    text, n = re.subn(r"block_M: int = (\d+)", lambda m: f"block_M: int = {int(m.group(1)) * 2}", rope.read_text(),
-                      count=1)
+    text, n = re.subn(
+        r"block_M: int = (\d+)", lambda m: f"block_M: int = {int(m.group(1)) * 2}", rope.read_text(), count=1
+    )
     assert n == 1, "rope_kernel's block_M default not found"
     rope.write_text(text)
     project.commit("rope: larger row tile")
@@ -84,11 +86,13 @@ def test_editing_a_section_reruns_its_stage_and_what_depends_on_it(project):
     run = project.doit("version=0.2.0", "cuda_diff")
     assert run.returncode == 0, run.stdout + run.stderr
     assert sorted(run.executed) == ["cuda_diff:compare"] + [
-        f"cuda_source:{v}.{d}-sm_80" for v in ("add_ln", "geglu", "rope") for d in ("bfloat16", "float16")]
+        f"cuda_source:{v}.{d}-sm_80" for v in ("add_ln", "geglu", "rope") for d in ("bfloat16", "float16")
+    ]
     record = read_record(project.artifacts / "0.2.0" / "cuda_diff" / "cuda_diff.json")
     assert record["summary"] == "6/12 identical"  # 0.1.0 has no sm_80 sources
     assert {f["file"] for f in record["files"] if f.get("note") == "missing in baseline"} == {
-        f"{v}/{d}-sm_80.cu" for v in ("add_ln", "geglu", "rope") for d in ("bfloat16", "float16")}
+        f"{v}/{d}-sm_80.cu" for v in ("add_ln", "geglu", "rope") for d in ("bfloat16", "float16")
+    }
     project.edit_config(lambda c: c["cuda"]["archs"].pop())
 
 

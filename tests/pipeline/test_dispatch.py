@@ -1,5 +1,6 @@
 """The order doit starts ready tasks in (``laya_build.tasks.dispatch``): a task whose dependency
 just finished goes before tasks that were ready all along, so a started chain keeps going."""
+
 from __future__ import annotations
 
 import os
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 
-DODO = '''
+DODO = """
 import os, time
 from pathlib import Path
 if os.environ["UNBLOCKED_FIRST"] == "1":
@@ -38,15 +39,21 @@ def task_chain_2():  # waits for chain_1 (its target is this task's file_dep)
 def task_other():  # ready from the start
     for i in range(OTHERS):
         yield {"name": str(i), "actions": [run(f"other_{i}", 0.3)], "uptodate": [False]}
-'''
+"""
 OTHERS = 10
 
 
 def _order(tmp_path, unblocked_first: bool) -> list[str]:
     (tmp_path / "dodo.py").write_text(DODO.replace("OTHERS", str(OTHERS)))
     env = {**os.environ, "UNBLOCKED_FIRST": "1" if unblocked_first else "0"}
-    run = subprocess.run([sys.executable, "-m", "doit", "-n", "2", "top"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "doit", "-n", "2", "top"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     return (tmp_path / "started.txt").read_text().split()
 

@@ -1,5 +1,6 @@
 """docs/reference/errors.md is generated from laya_build/errors.py and kept current; every
 error says what to do; configuration and command-line errors exit 3, failed tasks 1."""
+
 from __future__ import annotations
 
 import subprocess
@@ -14,9 +15,11 @@ DOCUMENT = ROOT / errors.DOCS
 
 def test_the_committed_reference_is_the_generated_one():
     assert DOCUMENT.read_text() == errors.render_reference(), (
-        f"{errors.DOCS} is out of date: run .venv/bin/python -m laya_build.errors")
-    check = subprocess.run([sys.executable, "-m", "laya_build.errors", "--check"], cwd=ROOT, capture_output=True,
-                           text=True)
+        f"{errors.DOCS} is out of date: run .venv/bin/python -m laya_build.errors"
+    )
+    check = subprocess.run(
+        [sys.executable, "-m", "laya_build.errors", "--check"], cwd=ROOT, capture_output=True, text=True
+    )
     assert check.returncode == 0, check.stderr
 
 

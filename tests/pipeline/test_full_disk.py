@@ -2,6 +2,7 @@
 pipeline.  Each time the build fails with one DiskFullError naming the file (or the filesystem)
 and the cause, leaves no partial file and no record that is not whole; once there is space again
 (the tmpfs is made larger), a plain re-run releases and verifies."""
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,11 @@ def small_disk(tmp_path_factory):
     project.edit_config(small_pipeline)
     project.commit("small pipeline")
     project.artifacts.mkdir()
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FILL_POINTS[0]}", "tmpfs", str(project.artifacts)],
-                           capture_output=True, text=True)
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={FILL_POINTS[0]}", "tmpfs", str(project.artifacts)],
+        capture_output=True,
+        text=True,
+    )
     if mount.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs for artifacts/ (needs root): {mount.stderr.strip()}")
     try:
@@ -41,8 +45,11 @@ def resize(project: Project, size: int) -> None:
 
 
 def leftovers(project: Project) -> list[str]:
-    return sorted(str(p.relative_to(project.artifacts)) for p in project.artifacts.rglob(".*")
-                  if p.is_file() and (p.name.endswith(".tmp") or ".partial." in p.name))
+    return sorted(
+        str(p.relative_to(project.artifacts))
+        for p in project.artifacts.rglob(".*")
+        if p.is_file() and (p.name.endswith(".tmp") or ".partial." in p.name)
+    )
 
 
 def test_each_fill_point_fails_naming_the_disk_then_a_rerun_releases(small_disk):

@@ -1,4 +1,5 @@
 """Building the task graph stays light; records are validated before anything is written."""
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,11 @@ HEAVY = ("torch", "tilelang", "tvm", "transformers")
 
 
 def test_loading_the_task_graph_imports_no_heavy_module():
-    code = ("import sys; sys.argv = ['doit']; import dodo; "
-            "from doit.loader import load_tasks; tasks = load_tasks(vars(dodo)); "
-            f"print(len(tasks)); print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))")
+    code = (
+        "import sys; sys.argv = ['doit']; import dodo; "
+        "from doit.loader import load_tasks; tasks = load_tasks(vars(dodo)); "
+        f"print(len(tasks)); print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     count, heavy = out.splitlines()
     assert int(count) > 50
@@ -28,8 +31,9 @@ def test_loading_the_task_graph_imports_no_heavy_module():
 def test_invalid_record_is_not_written(tmp_path):
     target = tmp_path / "lower_c" / "rope.json"
     bad = {"stage": "lower_c", "variant": "rope"}  # most required fields missing
-    with pytest.raises(records.RecordError,
-                       match=r"lower_c record for .*rope.json: invalid at <root>: '.*' is a required property"):
+    with pytest.raises(
+        records.RecordError, match=r"lower_c record for .*rope.json: invalid at <root>: '.*' is a required property"
+    ):
         records.write_record(target, bad)
     assert not target.exists()
     assert not list(tmp_path.rglob("*.tmp"))

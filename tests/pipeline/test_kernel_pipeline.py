@@ -5,6 +5,7 @@ records for every task, probes that match their pins and CUDA sources identical 
 fresh-process generation; a no-op re-run executes nothing.  (A serial build, ``doit -n 1``,
 gives the same sources and records as a parallel one: tests/small_build/test_robustness.py.)
 """
+
 from __future__ import annotations
 
 import pytest
@@ -58,16 +59,23 @@ def test_every_probe_matches_its_pin(parallel):
     probed = {(r["pin"]["kernel"], r["specialisation"], r["dtype"]) for r in records}
     assert probed == {(k, v, d) for k, variants in pins.items() for v, dtypes in variants.items() for d in dtypes}
     assert {k for k, *_ in probed} == set(PROBE_CASES)
-    differ = [(r["variant"], r["specialisation"], r["dtype"], r["pin"]["status"]) for r in records
-              if r["pin"]["status"] != "matches_pin"]
+    differ = [
+        (r["variant"], r["specialisation"], r["dtype"], r["pin"]["status"])
+        for r in records
+        if r["pin"]["status"] != "matches_pin"
+    ]
     assert not differ, differ
 
 
 def test_cuda_sources_cover_every_variant_dtype_arch(parallel):
     project, _ = parallel
     cfg = project.config
-    expected = {f"cuda/{v}/{d}-{a['arch']}.cu" for v in cfg["kernels"]["variants"] for d in cfg["cuda"]["dtypes"]
-                for a in cfg["cuda"]["archs"]}
+    expected = {
+        f"cuda/{v}/{d}-{a['arch']}.cu"
+        for v in cfg["kernels"]["variants"]
+        for d in cfg["cuda"]["dtypes"]
+        for a in cfg["cuda"]["archs"]
+    }
     assert {k for k in project.generated() if k.startswith("cuda/")} == expected
     for rel in expected:
         record = read_record(project.version_dir() / rel.replace(".cu", ".json"))
@@ -100,8 +108,11 @@ def test_generation_is_independent_of_process_history(parallel):
     project, _ = parallel
     cfg = project.config
     arch = cfg["cuda"]["archs"][0]
-    cases = [(name, v, dtype) for name, v in reversed(list(cfg["kernels"]["variants"].items()))
-             for dtype in reversed(cfg["cuda"]["dtypes"])]
+    cases = [
+        (name, v, dtype)
+        for name, v in reversed(list(cfg["kernels"]["variants"].items()))
+        for dtype in reversed(cfg["cuda"]["dtypes"])
+    ]
     # every variant after the others, then the first again (its PrimFunc name now collides
     # with the one generated before: TileLang renames on a collision)
     for name, v, dtype in cases + cases[:1]:

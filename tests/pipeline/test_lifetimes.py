@@ -2,6 +2,7 @@
 process group (the compilers it started included), and a stage whose parent dies (a doit
 worker killed with SIGKILL) ends with its group, forked from the fork server or fresh.  The
 process table says what is left; a ``sleep`` stands for a compiler."""
+
 from __future__ import annotations
 
 import json
@@ -57,8 +58,10 @@ def test_a_timeout_ends_the_stage_and_what_it_started(tmp_path):
 @pytest.mark.parametrize("fork", [False, True], ids=["fresh", "forked"])
 def test_a_stage_ends_with_its_parent(tmp_path, fork):
     pidfile = tmp_path / "pids"
-    code = ("import sys; from laya_build.runner import Child, run; "
-            f"run({JOB!r}, {{'pidfile': {str(pidfile)!r}}}, Child(fork={fork}))")
+    code = (
+        "import sys; from laya_build.runner import Child, run; "
+        f"run({JOB!r}, {{'pidfile': {str(pidfile)!r}}}, Child(fork={fork}))"
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env)
     try:

@@ -1,5 +1,6 @@
 """The package's shape: no import circle among laya_build's modules (any import, at the top of a
 module or inside a function), and file names of records spelled in layout only."""
+
 from __future__ import annotations
 
 import ast
@@ -58,7 +59,7 @@ def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for dep in sorted(graph.get(node, ())):
             if state.get(dep) == 1 and dep not in _parents(node):
-                return stack[stack.index(dep):] + [dep]
+                return stack[stack.index(dep) :] + [dep]
             if dep not in state and (found := visit(dep)):
                 return found
         stack.pop()
@@ -86,6 +87,10 @@ STAGE_RECORDS = re.compile(r'"(model|export|aoti_package|verify|latency|cuda_dif
 
 
 def test_record_file_names_come_from_layout():
-    spelled = [f"{p.relative_to(ROOT)}:{m.group(0)}" for p in PACKAGE.rglob("*.py") if p.name != "layout.py"
-               for m in STAGE_RECORDS.finditer(p.read_text())]
+    spelled = [
+        f"{p.relative_to(ROOT)}:{m.group(0)}"
+        for p in PACKAGE.rglob("*.py")
+        if p.name != "layout.py"
+        for m in STAGE_RECORDS.finditer(p.read_text())
+    ]
     assert not spelled, f"record file names spelled outside laya_build/layout.py: {spelled}"

@@ -1,6 +1,7 @@
 """One doit run per version at a time in a checkout: a second run of the same version waits,
 saying which process it waits for (or with ``wait=no`` refuses at once); runs of other versions
 go on beside it.  Real doit runs of a small pipeline."""
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,14 @@ class Run:
     def __init__(self, project: Project, *args: str):
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         env.pop("PYTHONPATH", None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "doit", "-n", "1", *args], cwd=project.path, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "doit", "-n", "1", *args],
+            cwd=project.path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.lines: list[tuple[float, str]] = []
         self.ended: float | None = None
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -79,13 +86,19 @@ def test_a_second_run_of_the_same_version_waits_for_the_first(project):
 def test_wait_no_refuses_naming_the_run_it_would_wait_for(project):
     first = Run(project, "version=1.1.0", "tir", "lower_c")
     first.wait_for(".  tir:")
-    refused = subprocess.run([sys.executable, "-m", "doit", "version=1.1.0", "wait=no", "tir"], cwd=project.path,
-                             capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    refused = subprocess.run(
+        [sys.executable, "-m", "doit", "version=1.1.0", "wait=no", "tir"],
+        cwd=project.path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert first.finish() == 0, first.text
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert refused.stderr.startswith(
         "laya-build: BuildBusyError: another doit run in this checkout builds version 1.1.0 "
-        f"(pid {first.proc.pid}, `doit -n 1 version=1.1.0 tir lower_c`, started ")
+        f"(pid {first.proc.pid}, `doit -n 1 version=1.1.0 tir lower_c`, started "
+    )
     assert "not waiting (wait=no)" in refused.stderr and "hint: wait for that run to end" in refused.stderr
     assert "executed" not in refused.stdout and not refused.stdout.strip().startswith(".")
 

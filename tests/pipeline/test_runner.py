@@ -1,5 +1,6 @@
 """The process runner (``laya_build.runner``): fork-server children, what they report, and one
 server per build shared by doit's parallel workers."""
+
 from __future__ import annotations
 
 import json
@@ -64,9 +65,11 @@ def _alive(pid: int) -> bool:
 
 
 def test_the_server_ends_with_the_process_that_started_it():
-    code = ("import json; from laya_build.runner import Child, forkserver, run; "
-            f"print(json.dumps({{**run({JOBS!r} + ':where', {{}}, Child(fork=True), result=True), "
-            "'folder': str(forkserver._PLACE.folder)}))")
+    code = (
+        "import json; from laya_build.runner import Child, forkserver, run; "
+        f"print(json.dumps({{**run({JOBS!r} + ':where', {{}}, Child(fork=True), result=True), "
+        "'folder': str(forkserver._PLACE.folder)}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     seen = json.loads(out.stdout.splitlines()[-1])
     deadline = time.monotonic() + 30
@@ -76,7 +79,7 @@ def test_the_server_ends_with_the_process_that_started_it():
     assert not Path(seen["folder"]).exists()
 
 
-DODO = '''
+DODO = """
 import json, os
 from laya_build.runner import Child, run
 if os.environ["SHARE"] == "1":
@@ -95,15 +98,21 @@ def where(name):
 def task_job():
     for name in ("a", "b"):
         yield {"name": name, "actions": [where(name)], "uptodate": [False]}
-'''
+"""
 
 
 @pytest.mark.parametrize("share", [True, False], ids=["laya-build", "doit-alone"])
 def test_parallel_workers_share_one_fork_server(tmp_path, share):
     (tmp_path / "dodo.py").write_text(DODO)
     env = {**os.environ, "SHARE": "1" if share else "0", "PYTHONPATH": str(ROOT)}
-    run = subprocess.run([sys.executable, "-m", "doit", "-n", "2", "job"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "doit", "-n", "2", "job"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("a", "b"))
     assert a["worker"] != b["worker"], "each worker ran one of the two tasks"

@@ -1,5 +1,6 @@
 """doit's task state across a killed build (``laya_build.tasks.state``): a task that finished
 before the kill stays done; with doit's own sqlite3 backend the next run does it again."""
+
 from __future__ import annotations
 
 import os
@@ -13,7 +14,7 @@ import pytest
 from laya_build.tasks import doit_config, load_pipeline, state
 from tests.pipeline.project import DoitRun
 
-DODO = '''
+DODO = """
 import os, time
 from pathlib import Path
 
@@ -34,13 +35,20 @@ def task_second():  # started, then killed (its marker says when); quick on the 
         time.sleep(float(os.environ["SECOND_SECONDS"]))
         Path("second.out").write_text(Path("first.out").read_text())
     return {"actions": [act], "file_dep": ["first.out"], "targets": ["second.out"]}
-'''
+"""
 
 
 def _doit(path, commit_each_task: bool, seconds: float, *args: str) -> subprocess.Popen:
     env = {**os.environ, "COMMIT_EACH_TASK": "1" if commit_each_task else "0", "SECOND_SECONDS": str(seconds)}
-    return subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "doit", *args],
+        cwd=path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.parametrize("commit_each_task", [True, False], ids=["laya-build", "doit-alone"])

@@ -2,6 +2,7 @@
 quickstart`` block, in order, in a fresh copy of the project, each through ``bash -c`` from the
 project root (the scratch folder ``/tmp/elsewhere`` is this test's own).  Then what the README
 says each leaves where."""
+
 from __future__ import annotations
 
 import hashlib
@@ -27,8 +28,11 @@ def quickstart_lines() -> list[str]:
 
 
 def tree(folder: Path) -> dict[str, str]:
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_the_quickstart_block_is_what_the_readme_promises():
@@ -49,8 +53,9 @@ def test_the_readme_quickstart_runs(tmp_path):
         command = line.replace(SCRATCH, str(scratch))
         if "verify release=" in command:
             copied = tree(scratch / "0.1.0")
-        run = subprocess.run(["bash", "-c", command], cwd=project.path, env=env, capture_output=True, text=True,
-                             timeout=1800)
+        run = subprocess.run(
+            ["bash", "-c", command], cwd=project.path, env=env, capture_output=True, text=True, timeout=1800
+        )
         assert run.returncode == 0, f"{line}\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
 
     artifacts = project.artifacts
@@ -68,5 +73,9 @@ def test_the_readme_quickstart_runs(tmp_path):
     diff = artifacts / "release_diff" / "0.1.0..0.2.0"
     assert (diff / "release_diff.md").read_text().startswith("# Release diff 0.1.0 → 0.2.0")
     assert json.loads((diff / "release_diff.json").read_text())["stage"] == "release_diff"
-    assert subprocess.run(["git", "status", "--porcelain"], cwd=project.path, capture_output=True,
-                          text=True).stdout.strip() == "", "the quick start leaves the checkout clean"
+    assert (
+        subprocess.run(
+            ["git", "status", "--porcelain"], cwd=project.path, capture_output=True, text=True
+        ).stdout.strip()
+        == ""
+    ), "the quick start leaves the checkout clean"

@@ -19,6 +19,7 @@ in, as a release engineer compares a release built elsewhere).
 One fixture runs both so that they really overlap (a second checkout building from scratch
 all along the kills), and the small pipeline is built from scratch twice, not four times.
 """
+
 from __future__ import annotations
 
 import json
@@ -72,17 +73,36 @@ class Stop:
     output: str
     had_running: list[str]  # the build's processes when it was stopped (names)
     left: list[str]  # ... and those still running after doit exited
+
+
 # the killed checkout builds and releases the project's version; the traced one builds the next
 # (test_release makes it a release with one kernel changed, to diff against the killed one's)
 KILLED_VERSION, TRACED_VERSION = "0.1.0", "0.2.0"
 # outputs compared between the two checkouts
-COMPARED = ("export/cpu-float32/eager.pt", "aoti_package/cpu-float32/decision.pt2", "lower_c/rope.c",
-            "cuda/rope/bfloat16-sm_90.cu", "model/inputs.pt")
+COMPARED = (
+    "export/cpu-float32/eager.pt",
+    "aoti_package/cpu-float32/decision.pt2",
+    "lower_c/rope.c",
+    "cuda/rope/bfloat16-sm_90.cu",
+    "model/inputs.pt",
+)
 
 
 def _order(name: str) -> int:
-    stages = ("tir", "probe_c", "lower_c", "cuda_source", "cuda_diff:baseline_kernels", "cuda_diff:baseline",
-              "cuda_diff", "model", "export", "aoti_package", "verify", "latency")
+    stages = (
+        "tir",
+        "probe_c",
+        "lower_c",
+        "cuda_source",
+        "cuda_diff:baseline_kernels",
+        "cuda_diff:baseline",
+        "cuda_diff",
+        "model",
+        "export",
+        "aoti_package",
+        "verify",
+        "latency",
+    )
     return next(i for i, s in enumerate(stages) if name.startswith(s))
 
 
@@ -91,8 +111,15 @@ def start(project: Project, *args: str, env: dict | None = None) -> subprocess.P
     full = {**os.environ, "HF_HUB_OFFLINE": "1"}
     full.pop("PYTHONPATH", None)
     full.update(env or {})
-    return subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=project.path, env=full,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "doit", *args],
+        cwd=project.path,
+        env=full,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def build_processes(doit_pid: int) -> list[str]:
@@ -148,8 +175,16 @@ def stop_when(proc: subprocess.Popen, reached, point: str, timeout: float = 900)
                     break
                 time.sleep(0.1)
                 left = build_processes(proc.pid)
-            return list(started), Stop(point, sig.name, to, proc.returncode, exit_s, "".join(lines),
-                                       [r.split(" ", 1)[1] for r in running], left)
+            return list(started), Stop(
+                point,
+                sig.name,
+                to,
+                proc.returncode,
+                exit_s,
+                "".join(lines),
+                [r.split(" ", 1)[1] for r in running],
+                left,
+            )
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     raise AssertionError("the build reached no kill point in time")
@@ -158,11 +193,16 @@ def stop_when(proc: subprocess.Popen, reached, point: str, timeout: float = 900)
 def running_for(task: str, seconds: float, compiling: bool = False):
     """Kill point: ``task`` started ``seconds`` ago (each of these runs for longer); with
     ``compiling``, not before the C++ compiler runs (or a minute has passed)."""
+
     def reached(started, pid):
         if task not in started or time.monotonic() - started[task] <= seconds:
             return False
-        return not compiling or time.monotonic() - started[task] > 60 or any(
-            p.endswith(" cc1plus") for p in build_processes(pid))
+        return (
+            not compiling
+            or time.monotonic() - started[task] > 60
+            or any(p.endswith(" cc1plus") for p in build_processes(pid))
+        )
+
     return reached
 
 
@@ -219,8 +259,9 @@ def small_builds(tmp_path_factory) -> SmallBuilds:
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.append(proc.communicate()[0]))
     reader.start()
-    builds = SmallBuilds(traced=traced, graph=graph, trace_dir=trace_dir, traced_run=None,
-                         traced_digests={}, killed=killed)
+    builds = SmallBuilds(
+        traced=traced, graph=graph, trace_dir=trace_dir, traced_run=None, traced_digests={}, killed=killed
+    )
     try:
         for point, (task, after) in KILL_POINTS.items():
             workers = STOPS[point][2]
@@ -239,6 +280,8 @@ def small_builds(tmp_path_factory) -> SmallBuilds:
     builds.traced_run = DoitRun(proc.returncode, out[0], "")
     if proc.returncode == 0:
         builds.traced_digests = digests(traced)
-    builds.kernel_outputs = {name: (project.generated(), project.kernel_records())
-                             for name, project in (("traced", traced), ("killed", killed))}
+    builds.kernel_outputs = {
+        name: (project.generated(), project.kernel_records())
+        for name, project in (("traced", traced), ("killed", killed))
+    }
     return builds

@@ -16,6 +16,7 @@ Then:
   ``doit info`` names the change;
 * the version: one version's task state never answers for another's.
 """
+
 from __future__ import annotations
 
 import json
@@ -98,8 +99,9 @@ def test_nothing_runs_again_after_a_build(built):
 
 
 def _project_files(project: Project) -> list[Path]:
-    return sorted(p for d in PROJECT_DIRS for p in (project.path / d).rglob("*")
-                  if p.is_file() and "__pycache__" not in p.parts)
+    return sorted(
+        p for d in PROJECT_DIRS for p in (project.path / d).rglob("*") if p.is_file() and "__pycache__" not in p.parts
+    )
 
 
 def test_every_project_file_reruns_exactly_the_tasks_that_read_it(built):
@@ -112,8 +114,7 @@ def test_every_project_file_reruns_exactly_the_tasks_that_read_it(built):
     for name, task in graph.items():
         for dep in _rel(project, task["file_dep"]):
             users[dep].add(name)
-    edits = [(path, "\n# an edit\n" if path.suffix in (".py", ".yaml") else "\n")
-             for path in _project_files(project)]
+    edits = [(path, "\n# an edit\n" if path.suffix in (".py", ".yaml") else "\n") for path in _project_files(project)]
     statuses = project.status_after_each_edit([(p, e.encode()) for p, e in edits])
     outside = []
     for (path, _), status in zip(edits, statuses, strict=True):
@@ -124,8 +125,11 @@ def test_every_project_file_reruns_exactly_the_tasks_that_read_it(built):
         if not users[rel]:
             outside.append(rel)
     assert outside, "some project files (the task graph, reports) are read by no stage"
-    sample = [edits[0], next(e for e in edits if e[0].name == "lower_c.py"),
-              next(e for e in edits if e[0].relative_to(project.path).as_posix() == outside[0])]
+    sample = [
+        edits[0],
+        next(e for e in edits if e[0].name == "lower_c.py"),
+        next(e for e in edits if e[0].relative_to(project.path).as_posix() == outside[0]),
+    ]
     for path, extra in sample:  # the CLI, one process per edit, agrees
         original = path.read_bytes()
         path.write_bytes(original + extra.encode())
@@ -162,8 +166,10 @@ def _outputs_by_task(project: Project, graph: dict) -> dict[str, list[Path]]:
     for path in sorted(vdir.rglob("*")):
         if not path.is_file():
             continue
-        owner = owners.get(path) or next((owners[t] for t in owners if t.name.endswith(".json")
-                                          and t.parent in path.parents and t.parent != vdir), None)
+        owner = owners.get(path) or next(
+            (owners[t] for t in owners if t.name.endswith(".json") and t.parent in path.parents and t.parent != vdir),
+            None,
+        )
         assert owner, f"{path} belongs to no task"
         out[owner].append(path)
     return out
@@ -269,11 +275,14 @@ def _fake_dist(tmp_path: Path, name: str, version: str) -> Path:
     return site
 
 
-@pytest.mark.parametrize("dist, must, must_not", [
-    ("tokenizers", {"model:build"}, {"tir:", "probe_c:", "lower_c:", "cuda_source:"}),
-    ("apache-tvm-ffi", {"tir:", "probe_c:", "lower_c:", "cuda_source:"}, {"model:build", "export:"}),
-    ("sympy", {"tir:", "export:", "aoti_package:"}, set()),
-])
+@pytest.mark.parametrize(
+    "dist, must, must_not",
+    [
+        ("tokenizers", {"model:build"}, {"tir:", "probe_c:", "lower_c:", "cuda_source:"}),
+        ("apache-tvm-ffi", {"tir:", "probe_c:", "lower_c:", "cuda_source:"}, {"model:build", "export:"}),
+        ("sympy", {"tir:", "export:", "aoti_package:"}, set()),
+    ],
+)
 def test_another_installed_version_reruns_exactly_its_users(built, tmp_path, dist, must, must_not):
     project, graph, _ = built
     always = {n for n, t in graph.items() if t["always"]}

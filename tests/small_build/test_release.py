@@ -1,6 +1,7 @@
 """Versioned releases: manifest, report, immutability, the runtime, verification of a copied or
 tampered release, release_diff against a second release.  The release is the small pipeline's
 (``conftest.py``), released by ``doit release`` after its build was killed at several points."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,11 @@ def released(small_builds):
 
 
 def _snapshot(vdir):
-    return {p.relative_to(vdir).as_posix(): (p.stat().st_mtime_ns, sha256_file(p))
-            for p in sorted(vdir.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(vdir).as_posix(): (p.stat().st_mtime_ns, sha256_file(p))
+        for p in sorted(vdir.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_manifest_is_valid_and_every_hash_right(released):
@@ -63,13 +67,22 @@ def test_manifest_is_valid_and_every_hash_right(released):
 def test_report_is_readable(released):
     project, _ = released
     report = (project.version_dir() / "REPORT.md").read_text()
-    for heading in ("# Release 0.1.0", "## Stages", "## CPU (C target) numerical checks", "## AOTInductor packages",
-                    "## Fresh-process verification", "## Runtime runner vs eager.pt", "## Latency cpu (median ms"):
+    for heading in (
+        "# Release 0.1.0",
+        "## Stages",
+        "## CPU (C target) numerical checks",
+        "## AOTInductor packages",
+        "## Fresh-process verification",
+        "## Runtime runner vs eager.pt",
+        "## Latency cpu (median ms",
+    ):
         assert heading in report
     assert "Fresh verification process, time to its first answer" in report
     assert re.search(r"\| cpu-float32 \| padded_calls \| 1×32×8, 4×128×8 \| 0 \|", report)
-    assert ("| batch | rows×tokens×slots | eager_amp | eager_bf16 | package (float32) | package_graphed (float32) |"
-            in report)
+    assert (
+        "| batch | rows×tokens×slots | eager_amp | eager_bf16 | package (float32) | package_graphed (float32) |"
+        in report
+    )
     assert re.search(r"## Latency cuda\n\nskipped: target cuda: .*CUDA", report)
     assert re.search(r"Each figure rests on \d+ to \d+ timed calls", report)
     assert re.search(r"\| rope \| 2 \| [0-9.e-]+ \| 2e-06 \| exact \| pass \|", report)
@@ -150,8 +163,11 @@ def test_the_runtime_opens_a_release_and_refuses_a_tampered_one(released, tmp_pa
     copy = shutil.copytree(project.version_dir(), tmp_path / "0.1.0")
     record = copy / "aoti_package" / "cpu-float32" / "aoti_package.json"
     record.write_text(record.read_text() + " ")  # same JSON, other bytes
-    with pytest.raises(PackageIntegrityError, match=r"aoti_package\.json: sha256 \w+ does not match the release "
-                                                    r"manifest's"):
+    with pytest.raises(
+        PackageIntegrityError,
+        match=r"aoti_package\.json: sha256 \w+ does not match the release "
+        r"manifest's",
+    ):
         runtime.open_release(copy, "cpu-float32")
     with pytest.raises(PackageIntegrityError, match=r"aoti_package/cuda-bfloat16/aoti_package\.json.*skipped"):
         runtime.open_release(project.version_dir(), "cuda-bfloat16")
@@ -263,8 +279,9 @@ def test_release_diff_lists_exactly_the_changed_kernel(released, small_builds):
     old, _ = released
     project = small_builds.traced
     rope = project.path / "kernels" / "rope.py"
-    text, n = re.subn(r"block_M: int = (\d+)", lambda m: f"block_M: int = {int(m.group(1)) * 2}", rope.read_text(),
-                      count=1)
+    text, n = re.subn(
+        r"block_M: int = (\d+)", lambda m: f"block_M: int = {int(m.group(1)) * 2}", rope.read_text(), count=1
+    )
     assert n == 1
     rope.write_text(text)
     project.commit("rope: larger row tile")
@@ -287,8 +304,13 @@ def test_release_diff_lists_exactly_the_changed_kernel(released, small_builds):
     # a kernel change leaves the model alone: the same exported programs and, built with a
     # fixed hash seed and a stable Inductor cache path, byte-identical CPU packages, though
     # built in two checkouts (paths in exported programs are import-relative)
-    assert all(r["exported_identical"] and r["old_exported_sha256"] == r["new_exported_sha256"]
-               and r["identical"] and r["old_sha256"] == r["new_sha256"] for r in packages.values()), packages
+    assert all(
+        r["exported_identical"]
+        and r["old_exported_sha256"] == r["new_exported_sha256"]
+        and r["identical"]
+        and r["old_sha256"] == r["new_sha256"]
+        for r in packages.values()
+    ), packages
     md = (out / "release_diff.md").read_text()
     assert "CUDA sources changed: cuda/rope/bfloat16-sm_90.cu" in md
     assert "## Verification deltas" in md and "## Latency" in md

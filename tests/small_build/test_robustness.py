@@ -10,6 +10,7 @@ nothing is accepted that is not complete, and a plain
 builds from scratch all along (shared compiler-cache paths and locks, one user); the release
 verifies, and its packages are byte-identical to the other checkout's.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -29,9 +30,11 @@ def test_every_kill_point_was_reached(small_builds):
 
 def test_every_stop_was_made_as_planned(small_builds):
     assert [(s.point, s.signal, s.to) for s in small_builds.stops] == [
-        (point, sig.name, to) for point, (sig, to, _) in STOPS.items()]
-    assert any(s.signal == "SIGINT" and "cc1plus" in s.had_running for s in small_builds.stops), \
+        (point, sig.name, to) for point, (sig, to, _) in STOPS.items()
+    ]
+    assert any(s.signal == "SIGINT" and "cc1plus" in s.had_running for s in small_builds.stops), (
         "a Ctrl-C reached the build while the C++ compiler ran"
+    )
 
 
 @pytest.mark.parametrize("point", list(KILL_POINTS))
@@ -51,8 +54,10 @@ def test_an_interrupted_build_says_so_and_exits_at_once(small_builds, point):
     assert stop.returncode == 128 + number, stop.output[-2000:]
     assert stop.exit_s < 15, stop.exit_s
     said = [line for line in stop.output.splitlines() if "interrupted" in line]
-    assert said == [f"laya-build: build interrupted by {stop.signal}: stopping every process of the build; what it "
-                    "left unfinished is not taken as built, and a re-run goes on from the tasks that finished"]
+    assert said == [
+        f"laya-build: build interrupted by {stop.signal}: stopping every process of the build; what it "
+        "left unfinished is not taken as built, and a re-run goes on from the tasks that finished"
+    ]
     assert "Traceback" not in stop.output and "KeyboardInterrupt" not in stop.output
 
 
@@ -88,7 +93,8 @@ def test_a_serial_build_matches_a_parallel_one(small_builds):
     checkout's in one ``doit`` on every core: the same sources, byte for byte, and the same
     records but for timings and each checkout's own commit."""
     (traced_sources, traced_records), (killed_sources, killed_records) = (
-        small_builds.kernel_outputs[name] for name in ("traced", "killed"))
+        small_builds.kernel_outputs[name] for name in ("traced", "killed")
+    )
     assert killed_sources and killed_sources == traced_sources
     assert {r.split("/")[0] for r in killed_records} == {"tir", "probe_c", "lower_c", "cuda", "cuda_diff"}
     assert killed_records == traced_records

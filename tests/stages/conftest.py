@@ -1,4 +1,5 @@
 """Session fixtures of the stage tests (see ``stage_build``)."""
+
 from __future__ import annotations
 
 import pytest

@@ -4,6 +4,7 @@
 The float32 export also carries the single-slot program, so its package and fresh-process
 verification cover the one-slot branch as well.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -39,7 +40,8 @@ def make_build(root: Path) -> Build:
     b = Build(root=root, checkpoint=root / "model" / "checkpoint", inputs=root / "model" / "inputs.pt")
     b.records["model"] = run_model({}, root / "model")
     for dtype in DTYPES:
-        b.records[f"export-{dtype}"] = run_export({"single_slot": dtype == "float32"}, b.checkpoint,
-                                                  b.inputs, b.export_dir(dtype), "cpu", dtype)
+        b.records[f"export-{dtype}"] = run_export(
+            {"single_slot": dtype == "float32"}, b.checkpoint, b.inputs, b.export_dir(dtype), "cpu", dtype
+        )
         b.records[f"package-{dtype}"] = run_package({}, b.export_dir(dtype), b.package_dir(dtype), "cpu")
     return b

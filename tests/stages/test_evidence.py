@@ -6,6 +6,7 @@ the current verify thresholds of ``pipeline.h200.yaml`` with the current parity 
 the first run's raw result still fails the threshold it failed on the GPU, with the message
 docs/measurements/aoti-h200.md quotes.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,7 @@ from laya_build.stages.verify import check_parity
 
 ROOT = Path(__file__).resolve().parents[2]
 EVIDENCE = ROOT / "docs" / "measurements" / "data"
-RECORDS = ["2026-11-29-h200-aoti_package.json", "2026-11-29-h200-verify.json",
-           "2026-11-29-h200-latency.json"]
+RECORDS = ["2026-11-29-h200-aoti_package.json", "2026-11-29-h200-verify.json", "2026-11-29-h200-latency.json"]
 
 
 def load(name: str) -> dict:
@@ -54,8 +54,10 @@ def test_h200_verification_passes_todays_thresholds_and_rules():
 def test_first_h200_run_fails_the_threshold_it_failed_on_the_gpu():
     child = load("2026-11-29-h200-verify-child-failed-at-prob-atol-0.02.json")
     old = {head: {**limits, "prob_atol": 0.02} for head, limits in h200_thresholds().items()}
-    with pytest.raises(ProbabilityParityError,
-                       match=r"act probabilities of batch 2 row 1 differ by 0\.0276 > atol 0\.02 "
-                             r"\(evidence\); 2 more: .*row 2 differ by 0\.0235.*row 3 differ by 0\.0205"):
+    with pytest.raises(
+        ProbabilityParityError,
+        match=r"act probabilities of batch 2 row 1 differ by 0\.0276 > atol 0\.02 "
+        r"\(evidence\); 2 more: .*row 2 differ by 0\.0235.*row 3 differ by 0\.0205",
+    ):
         check_parity(child["programs"], old, "evidence")
     check_parity(child["programs"], h200_thresholds(), "evidence")  # today's threshold passes it

@@ -1,5 +1,6 @@
 """CPU end to end: export -> AOTInductor package -> fresh-process verification, and the ways
 verification must fail (tampered package, mismatched inputs, a crashing child)."""
+
 from __future__ import annotations
 
 import json
@@ -49,16 +50,22 @@ def test_fresh_process_verification_passes(build, dtype, tmp_path, verify_cfg):
     assert names == (["decision", "decision_single_slot"] if dtype == "float32" else ["decision"])
     main = record["programs"][0]
     assert [b["shape"] for b in main["batches"]] == [
-        {"rows": 1, "tokens": 32, "slots": 2}, {"rows": 2, "tokens": 64, "slots": 3},
-        {"rows": 4, "tokens": 512, "slots": 8}]
+        {"rows": 1, "tokens": 32, "slots": 2},
+        {"rows": 2, "tokens": 64, "slots": 3},
+        {"rows": 4, "tokens": 512, "slots": 8},
+    ]
     for head in ("decision", "act"):
         assert main["summary"][head]["argmax_agree"] == main["summary"][head]["rows"] == 7
         assert main["summary"][head]["max_logit_delta"] <= record["thresholds"][head]["logit_atol"]
     child = record["child"]
     assert child["forbidden_modules_loaded"] == [] and child["aoti_runtime_check_inputs"] == "1"
-    assert set(child["masked"]) == {"torch.compile", "torch.export.export",
-                                    "torch._inductor.aoti_compile_and_package", "torch._export.aot_compile",
-                                    "torch._inductor.cpp_builder.CppBuilder.build"}
+    assert set(child["masked"]) == {
+        "torch.compile",
+        "torch.export.export",
+        "torch._inductor.aoti_compile_and_package",
+        "torch._export.aot_compile",
+        "torch._inductor.cpp_builder.CppBuilder.build",
+    }
     # the CPU-ISA question was answered from the package: nothing was compiled or cached
     assert record["inductor_cache"] == {"initial": [], "after_run": [], "removed": True}
     assert all(p["cache_during_load"] == [] for p in record["programs"])
@@ -69,7 +76,10 @@ def test_fresh_process_verification_passes(build, dtype, tmp_path, verify_cfg):
     # the runtime's runner (default cpu buckets 1x32, 4x128) against eager.pt
     runner = main["runner"]
     assert [b["bucket"] for b in runner["batches"]] == [
-        {"rows": 1, "tokens": 32, "slots": 8}, {"rows": 4, "tokens": 128, "slots": 8}, None]
+        {"rows": 1, "tokens": 32, "slots": 8},
+        {"rows": 4, "tokens": 128, "slots": 8},
+        None,
+    ]
     assert all(b["replay_vs_plain"] is None for b in runner["batches"])  # no graphs on the CPU
     for head in ("decision", "act"):
         assert runner["summary"][head]["argmax_agree"] == 7
@@ -114,8 +124,11 @@ def test_exported_program_round_trips(build):
 def test_exported_programs_name_no_folder_of_the_machine_that_built_them(build):
     """Stack traces stay in ``exported.pt2`` (debug info), naming files import-relative: the
     same bytes from any checkout and environment (release_diff compares them across builds)."""
-    for dtype, name in (("float32", "exported.pt2"), ("float32", "exported_single_slot.pt2"),
-                        ("bfloat16", "exported.pt2")):
+    for dtype, name in (
+        ("float32", "exported.pt2"),
+        ("float32", "exported_single_slot.pt2"),
+        ("bfloat16", "exported.pt2"),
+    ):
         with zipfile.ZipFile(build.export_dir(dtype) / name) as archive:
             model = next(archive.read(n).decode() for n in archive.namelist() if n.endswith("models/model.json"))
         for folder in {str(ROOT), sys.prefix, str(build.root)}:
@@ -157,8 +170,11 @@ def test_changed_eager_tensor_names_batch_row_and_head(build, tmp_path, verify_c
     with pytest.raises(LogitParityError) as err:
         run_verify(verify_cfg, build.package_record("float32"), build.inputs, changed, tmp_path / "v")
     message = str(err.value)
-    assert re.match(r"decision logits of batch 2 row 1 differ by 0\.5 > atol 0\.0001 \(package .*decision\.pt2 "
-                    r"vs .*eager\.pt\)", message), message
+    assert re.match(
+        r"decision logits of batch 2 row 1 differ by 0\.5 > atol 0\.0001 \(package .*decision\.pt2 "
+        r"vs .*eager\.pt\)",
+        message,
+    ), message
     assert not (tmp_path / "v" / "verify.json").exists()
 
 
@@ -184,14 +200,17 @@ def test_cuda_target_gives_skip_records(build, tmp_path, verify_cfg):
         pytest.skip("this machine has CUDA")
     exp = run_export({}, build.checkpoint, build.inputs, tmp_path / "e", "cuda", "bfloat16")
     pkg = run_package({}, tmp_path / "e", tmp_path / "p", "cuda")
-    ver = run_verify(verify_cfg, tmp_path / "p" / "aoti_package.json", build.inputs, tmp_path / "e" / "eager.pt",
-                     tmp_path / "v")
-    lat = run_latency({}, build.checkpoint, build.inputs, [tmp_path / "p" / "aoti_package.json"], tmp_path / "l",
-                      "cuda")
+    ver = run_verify(
+        verify_cfg, tmp_path / "p" / "aoti_package.json", build.inputs, tmp_path / "e" / "eager.pt", tmp_path / "v"
+    )
+    lat = run_latency(
+        {}, build.checkpoint, build.inputs, [tmp_path / "p" / "aoti_package.json"], tmp_path / "l", "cuda"
+    )
     for record, stage in ((exp, "export"), (pkg, "aoti_package"), (ver, "verify"), (lat, "latency")):
         assert record["status"] == "skipped" and record["target"] == "cuda" and "CUDA" in record["reason"]
-        assert record == read_record(tmp_path / {"export": "e", "aoti_package": "p", "verify": "v",
-                                                 "latency": "l"}[stage] / f"{stage}.json")
+        assert record == read_record(
+            tmp_path / {"export": "e", "aoti_package": "p", "verify": "v", "latency": "l"}[stage] / f"{stage}.json"
+        )
     assert "dtype" not in lat  # one latency record for the whole target
     assert not (tmp_path / "e" / "exported.pt2").exists()
 
@@ -205,8 +224,11 @@ def test_missing_compiler_gives_a_skip_record(build, tmp_path, monkeypatch):
 
 def test_an_unknown_inductor_option_is_a_config_error_before_compiling(build, tmp_path):
     configs = {"aot_inductor.check_lowerbound": False, "no_such_inductor_option": 1, "aot_inductor.no_such": 2}
-    with pytest.raises(ConfigError, match=r"^package\.inductor_configs\.aot_inductor\.no_such: not an Inductor "
-                                          r"option of torch 2\.\S+ \(nor no_such_inductor_option\)$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^package\.inductor_configs\.aot_inductor\.no_such: not an Inductor "
+        r"option of torch 2\.\S+ \(nor no_such_inductor_option\)$",
+    ):
         run_package({"inductor_configs": configs}, build.export_dir("bfloat16"), tmp_path / "p", "cpu")
     assert not (tmp_path / "p").exists(), "nothing compiled, nothing written"
 
@@ -233,8 +255,15 @@ def target_latency(build, tmp_path_factory):
     """``latency`` of target cpu over both session packages with the default (cpu) variants."""
     out = tmp_path_factory.mktemp("latency-cpu")
     runtime_cfg = {"buckets": {"cpu": [{"rows": 2, "tokens": 64, "slots": 3}]}}
-    record = run_latency({"timing": dict(FAST_TIMING)}, build.checkpoint, build.inputs,
-                         [build.package_record(d) for d in DTYPES], out, "cpu", runtime_cfg=runtime_cfg)
+    record = run_latency(
+        {"timing": dict(FAST_TIMING)},
+        build.checkpoint,
+        build.inputs,
+        [build.package_record(d) for d in DTYPES],
+        out,
+        "cpu",
+        runtime_cfg=runtime_cfg,
+    )
     return out, record
 
 
@@ -246,9 +275,13 @@ def test_latency_stage(build, target_latency):
     assert record == read_record(out / "latency.json")
     assert record["target"] == "cpu" and "dtype" not in record and record["skipped_packages"] == []
     assert [(v["name"], v.get("dtype")) for v in record["variants"]] == [
-        ("eager_amp", None), ("eager_bf16", None),
-        ("package", "float32"), ("package_graphed", "float32"),
-        ("package", "bfloat16"), ("package_graphed", "bfloat16")]
+        ("eager_amp", None),
+        ("eager_bf16", None),
+        ("package", "float32"),
+        ("package_graphed", "float32"),
+        ("package", "bfloat16"),
+        ("package_graphed", "bfloat16"),
+    ]
     packages = {d: build.package_dir(d) / "decision.pt2" for d in DTYPES}
     assert record["packages"] == [{"dtype": d, "sha256": sha256_file(packages[d])} for d in DTYPES]
     assert record["variants"][0]["parity_vs_eager_amp"] is None
@@ -264,8 +297,10 @@ def test_latency_stage(build, target_latency):
         assert graphed["runner"]["mode"] == "padded_calls" and graphed["runner"]["capture_s"] == 0
         assert [b["bucket"] for b in graphed["batches"]] == [{"rows": 2, "tokens": 64, "slots": 3}] * 2 + [None]
         for head in ("decision", "act"):  # padding changes nothing the argmax can see
-            assert (graphed["parity_vs_eager_amp"][head]["argmax_agree"]
-                    == package["parity_vs_eager_amp"][head]["argmax_agree"])
+            assert (
+                graphed["parity_vs_eager_amp"][head]["argmax_agree"]
+                == package["parity_vs_eager_amp"][head]["argmax_agree"]
+            )
     assert record["timing"] == FAST_TIMING["cpu"]
     table = (out / "latency.md").read_text()
     assert table.startswith("# Latency: cpu\n")
@@ -288,10 +323,12 @@ def test_compiled_bf16_when_listed(build, tmp_path):
     torch.save(inputs, one_batch)
     # static shapes (latency.compile.dynamic, honoured): one Inductor compilation of ~15 s
     # instead of ~30 s for the dynamic one that cuda uses by default
-    cfg = {"timing": dict(FAST_TIMING), "variants": {"cpu": ["eager_amp", "compiled_bf16"]},
-           "compile": {"dynamic": False}}
-    record = run_latency(cfg, build.checkpoint, one_batch, [build.package_record("float32")], tmp_path / "out",
-                         "cpu")
+    cfg = {
+        "timing": dict(FAST_TIMING),
+        "variants": {"cpu": ["eager_amp", "compiled_bf16"]},
+        "compile": {"dynamic": False},
+    }
+    record = run_latency(cfg, build.checkpoint, one_batch, [build.package_record("float32")], tmp_path / "out", "cpu")
     assert record == read_record(tmp_path / "out" / "latency.json")
     amp, compiled = record["variants"]
     assert (amp["name"], compiled["name"]) == ("eager_amp", "compiled_bf16") and record["packages"] == []
@@ -316,19 +353,30 @@ def test_latency_lists_skipped_packages_and_skips_a_target_without_any(build, tm
     record = run_latency(cfg, build.checkpoint, build.inputs, records, tmp_path / "some", "cpu")
     assert record == read_record(tmp_path / "some" / "latency.json")
     assert [(v["name"], v.get("dtype")) for v in record["variants"]] == [
-        ("eager_amp", None), ("package", "float32"), ("package_graphed", "float32")]
+        ("eager_amp", None),
+        ("package", "float32"),
+        ("package_graphed", "float32"),
+    ]
     assert [p["dtype"] for p in record["packages"]] == ["float32"]
     reason = f"aoti_package skipped: {skipped['bfloat16']['reason']}"
     assert record["skipped_packages"] == [{"dtype": "bfloat16", "reason": reason}]
     assert "no C++ compiler" in reason
     assert f"Not measured: the bfloat16 package ({reason})." in (tmp_path / "some" / "latency.md").read_text()
 
-    none = run_latency(cfg, build.checkpoint, build.inputs, [tmp_path / f"skipped-{d}" / "aoti_package.json"
-                                                             for d in DTYPES], tmp_path / "none", "cpu")
+    none = run_latency(
+        cfg,
+        build.checkpoint,
+        build.inputs,
+        [tmp_path / f"skipped-{d}" / "aoti_package.json" for d in DTYPES],
+        tmp_path / "none",
+        "cpu",
+    )
     assert none == read_record(tmp_path / "none" / "latency.json")
     assert none["status"] == "skipped" and none["target"] == "cpu" and "dtype" not in none
-    assert none["reason"] == (f"every package of target cpu was skipped: float32: aoti_package skipped: "
-                              f"{skipped['float32']['reason']}; bfloat16: {reason}")
+    assert none["reason"] == (
+        f"every package of target cpu was skipped: float32: aoti_package skipped: "
+        f"{skipped['float32']['reason']}; bfloat16: {reason}"
+    )
     assert sorted(p.name for p in (tmp_path / "none").iterdir()) == ["latency.json"]
 
 
@@ -337,8 +385,13 @@ def test_latency_variants_per_target():
     compiled_bf16, cuda with it); a wrong name is named with its key path."""
     defaults = section("latency", {})
     assert target_variants(defaults, "cpu") == ["eager_amp", "eager_bf16", "package", "package_graphed"]
-    assert target_variants(defaults, "cuda") == ["eager_amp", "eager_bf16", "compiled_bf16", "package",
-                                                  "package_graphed"]
+    assert target_variants(defaults, "cuda") == [
+        "eager_amp",
+        "eager_bf16",
+        "compiled_bf16",
+        "package",
+        "package_graphed",
+    ]
     listed = section("latency", {"variants": ["eager_amp", "package"]})
     assert target_variants(listed, "cpu") == target_variants(listed, "cuda") == ["eager_amp", "package"]
     cpu_only = section("latency", {"variants": {"cpu": ["package"]}})
@@ -365,10 +418,12 @@ def test_latency_refuses_packages_it_cannot_measure(build, tmp_path):
     data = bytearray(package.read_bytes())
     data[len(data) // 2] ^= 0xFF
     package.write_bytes(bytes(data))
-    with pytest.raises(PackageIntegrityError, match=rf"{re.escape(str(package))}: sha256 {sha256_file(package)} "
-                                                    r"does not match the package record's \w+; refusing to load it"):
-        run_latency({}, *args, [build.package_record("float32"), pkg_dir / "aoti_package.json"], tmp_path / "d",
-                    "cpu")
+    with pytest.raises(
+        PackageIntegrityError,
+        match=rf"{re.escape(str(package))}: sha256 {sha256_file(package)} "
+        r"does not match the package record's \w+; refusing to load it",
+    ):
+        run_latency({}, *args, [build.package_record("float32"), pkg_dir / "aoti_package.json"], tmp_path / "d", "cpu")
     for name in "abcd":
         assert not (tmp_path / name / "latency.json").exists()
     assert not (tmp_path / "d" / "latency_child.log").exists()  # nothing was started
@@ -379,10 +434,20 @@ def per_build_records(record: dict) -> list[dict]:
     the shared variants again in each, the package variants without a dtype of their own."""
     common = {k: v for k, v in record.items() if k not in ("packages", "skipped_packages", "variants")}
     shared = [v for v in record["variants"] if "dtype" not in v]
-    return [{**common, "dtype": p["dtype"], "package": {"sha256": p["sha256"]},
-             "variants": shared + [{k: v for k, v in var.items() if k != "dtype"}
-                                   for var in record["variants"] if var.get("dtype") == p["dtype"]]}
-            for p in record["packages"]]
+    return [
+        {
+            **common,
+            "dtype": p["dtype"],
+            "package": {"sha256": p["sha256"]},
+            "variants": shared
+            + [
+                {k: v for k, v in var.items() if k != "dtype"}
+                for var in record["variants"]
+                if var.get("dtype") == p["dtype"]
+            ],
+        }
+        for p in record["packages"]
+    ]
 
 
 def test_reports_read_releases_made_before_latency_was_per_target(target_latency):
@@ -398,8 +463,11 @@ def test_reports_read_releases_made_before_latency_was_per_target(target_latency
     diff = model_report.diff(old_recs, new_recs)
     rows = {(r["target"], r["variant"], r["batch"]): (r["old_ms"], r["new_ms"]) for r in diff["latency"]}
     assert {t for t, _, _ in rows} == {"cpu"}
-    ms = {(model_report.variant_label(v), b["batch"]): b["latency"]["median_ms"]
-          for v in record["variants"] for b in v["batches"]}
+    ms = {
+        (model_report.variant_label(v), b["batch"]): b["latency"]["median_ms"]
+        for v in record["variants"]
+        for b in v["batches"]
+    }
     for dtype in DTYPES:
         for name in ("package", "package_graphed"):
             for batch in range(3):  # the same measurement on both sides
@@ -419,8 +487,10 @@ def test_reports_read_releases_made_before_latency_was_per_target(target_latency
     report = "\n".join(model_report.sections(old_recs))
     assert "## Latency cpu-float32 (median ms" in report and "## Latency cpu-bfloat16 (median ms" in report
     assert "| eager_amp (bfloat16) | eager_bf16 (bfloat16) | package (bfloat16) |" in report
-    evidence = [json.loads((EVIDENCE / name).read_text()) for name in
-                ("2026-11-29-h200-latency.json", "2026-11-30-h200-runtime/latency.json")]
+    evidence = [
+        json.loads((EVIDENCE / name).read_text())
+        for name in ("2026-11-29-h200-latency.json", "2026-11-30-h200-runtime/latency.json")
+    ]
     report = "\n".join(model_report.sections({"latency": [(f"e{i}", r) for i, r in enumerate(evidence)]}))
     assert report.count("## Latency cuda-bfloat16 (median ms") == 2
     assert "| compiled_bf16 (bfloat16) |" in report and "package_graphed (bfloat16): cuda_graphs" in report

@@ -1,5 +1,6 @@
 """laya_build.runtime on the session's CPU packages: padded calls equal the plain package on the
 real rows, integrity and ISA checks come before loading, bad calls name what is wrong."""
+
 from __future__ import annotations
 
 import json
@@ -80,12 +81,12 @@ def test_bucket_boundaries(runner, dtype, inputs):
     assert max(b0["valid_tokens"]) <= 29 and max(b1["valid_tokens"]) <= 117  # cuts keep every real token
     ref0, ref1 = runner.plain(*args_of(b0, inputs)), runner.plain(*args_of(b1, inputs))
     cases = [  # (call, bucket it must take, reference)
-        (args_of(b0, inputs, tokens=29), Bucket(1, 32, 2), ref0),      # 29 tokens (not a multiple of 16)
-        (args_of(b0, inputs, tokens=48), Bucket(4, 128, 8), ref0),     # one 16-step past bucket 0's tokens
-        (args_of(b1, inputs, tokens=128), Bucket(4, 128, 8), ref1),    # exactly bucket 1
-        (args_of(b1, inputs, tokens=117), Bucket(4, 128, 8), ref1),    # inside bucket 1
-        (args_of(b1, inputs, tokens=144), None, ref1),                 # past every bucket: the plain package
-        (args_of(b1, inputs, tokens=129), None, ref1),                 # plain, 129 tokens padded to 144
+        (args_of(b0, inputs, tokens=29), Bucket(1, 32, 2), ref0),  # 29 tokens (not a multiple of 16)
+        (args_of(b0, inputs, tokens=48), Bucket(4, 128, 8), ref0),  # one 16-step past bucket 0's tokens
+        (args_of(b1, inputs, tokens=128), Bucket(4, 128, 8), ref1),  # exactly bucket 1
+        (args_of(b1, inputs, tokens=117), Bucket(4, 128, 8), ref1),  # inside bucket 1
+        (args_of(b1, inputs, tokens=144), None, ref1),  # past every bucket: the plain package
+        (args_of(b1, inputs, tokens=129), None, ref1),  # plain, 129 tokens padded to 144
     ]
     for args, bucket, ref in cases:
         assert runner.bucket_for(*runner.shape(args)) == bucket
@@ -102,8 +103,9 @@ def test_one_option_rows_padded_to_two_slots_equal_the_single_slot_program(build
     which must give what the separately exported one-slot branch gives."""
     record = read_record(build.package_record("float32"))
     single = next(p for p in record["programs"] if p["name"] == "decision_single_slot")
-    package = runtime.load_package(build.package_dir("float32") / single["package"]["path"],
-                                   single["package"]["sha256"])
+    package = runtime.load_package(
+        build.package_dir("float32") / single["package"]["path"], single["package"]["sha256"]
+    )
     runner = runtime.open_build(build.package_record("float32"), buckets=BUCKETS)
     for batch in inputs["single_slot_batches"]:
         args = args_of(batch, inputs)
@@ -135,15 +137,19 @@ def test_tampered_package_is_refused_before_loading(build, tmp_path):
     data[len(data) // 3] ^= 0x01
     package.write_bytes(bytes(data))
     expected = read_record(pkg_dir / "aoti_package.json")["programs"][0]["package"]["sha256"]
-    with pytest.raises(PackageIntegrityError, match=rf"decision\.pt2: sha256 \w+ does not match the package "
-                                                    rf"record's {expected}; refusing to load it"):
+    with pytest.raises(
+        PackageIntegrityError,
+        match=rf"decision\.pt2: sha256 \w+ does not match the package "
+        rf"record's {expected}; refusing to load it",
+    ):
         runtime.open_build(pkg_dir / "aoti_package.json", buckets=BUCKETS)
 
 
 def test_a_skipped_build_and_a_missing_program_are_named(build, tmp_path):
     skipped = tmp_path / "aoti_package.json"
-    skipped.write_text(json.dumps({"stage": "aoti_package", "status": "skipped", "reason": "target cuda: no CUDA",
-                                   "target": "cuda"}))
+    skipped.write_text(
+        json.dumps({"stage": "aoti_package", "status": "skipped", "reason": "target cuda: no CUDA", "target": "cuda"})
+    )
     with pytest.raises(PackageIntegrityError, match=r"the build was skipped \(target cuda: no CUDA\)"):
         runtime.open_build(skipped)
     with pytest.raises(PackageIntegrityError, match=r"no program 'decision_single_slot' \(has decision\)"):
@@ -186,8 +192,11 @@ def test_a_cpu_without_the_packages_isa_is_refused(build, monkeypatch):
     sha = read_record(build.package_record("float32"))["programs"][0]["package"]["sha256"]
     first = next(f for f in recorded.lower().split() if f not in runtime.cpu_isa_flags())
     for loader in runtime.LOADERS:
-        with pytest.raises(PackageIsaError, match=rf"built for the CPU vector ISA {recorded}, but this CPU lacks "
-                                                  rf"{first}.*refusing to load it"):
+        with pytest.raises(
+            PackageIsaError,
+            match=rf"built for the CPU vector ISA {recorded}, but this CPU lacks "
+            rf"{first}.*refusing to load it",
+        ):
             runtime.load_package(path, sha, loader=loader)
 
 
@@ -214,30 +223,63 @@ def test_a_fresh_process_answers_without_importing_inductor(build, inputs, tmp_p
 
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "runtime_bench.py"
     out = tmp_path / "fresh.json"
-    proc = subprocess.run([sys.executable, str(script), "fresh-load", str(build.package_record("bfloat16")),
-                           "--inputs", str(build.inputs), "--buckets", json.dumps(BUCKETS), "--loader", "direct",
-                           "--repeat", "1", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "fresh-load",
+            str(build.package_record("bfloat16")),
+            "--inputs",
+            str(build.inputs),
+            "--buckets",
+            json.dumps(BUCKETS),
+            "--loader",
+            "direct",
+            "--repeat",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = json.loads(out.read_text())["runs"][0]
     assert run["ended"] == "exit 0" and run["inductor_imported"] is False and run["loader"] == "direct"
-    assert set(run["phases"]) == {"import_torch_s", "preload_s", "import_loader_s", "sha256_s", "probe_s",
-                                  "load_s", "capture_s", "first_call_s", "total_s"}
+    assert set(run["phases"]) == {
+        "import_torch_s",
+        "preload_s",
+        "import_loader_s",
+        "sha256_s",
+        "probe_s",
+        "load_s",
+        "capture_s",
+        "first_call_s",
+        "total_s",
+    }
     assert run["runner"]["mode"] == "padded_calls"
     record = read_record(build.package_record("bfloat16"))
-    package = runtime.load_package(build.package_dir("bfloat16") / "decision.pt2",
-                                   record["programs"][0]["package"]["sha256"])
+    package = runtime.load_package(
+        build.package_dir("bfloat16") / "decision.pt2", record["programs"][0]["package"]["sha256"]
+    )
     decision, _ = package(*args_of(inputs["batches"][0], inputs))
     assert run["answer"] == int(decision[0].argmax())
 
 
-@pytest.mark.parametrize("entries, message", [
-    ([{"rows": 5, "tokens": 64}], r"invalid at b\.0\.rows: 5 is outside the export range 1\.\.4"),
-    ([{"rows": 1, "tokens": 16}], r"invalid at b\.0\.tokens: 16 is outside the export range 32\.\.512"),
-    ([{"rows": 1, "tokens": 40}], r"invalid at b\.0\.tokens: 40 is not a multiple of 16"),
-    ([{"rows": 1, "tokens": 32, "slots": 9}], r"invalid at b\.0\.slots: 9 is outside the export range 2\.\.8"),
-    ([{"rows": 1, "tokens": 32}, {"rows": 1, "tokens": 32, "slots": 8}],
-     r"invalid at b\.1: bucket 1x32x8 repeats b\.0"),
-])
+@pytest.mark.parametrize(
+    "entries, message",
+    [
+        ([{"rows": 5, "tokens": 64}], r"invalid at b\.0\.rows: 5 is outside the export range 1\.\.4"),
+        ([{"rows": 1, "tokens": 16}], r"invalid at b\.0\.tokens: 16 is outside the export range 32\.\.512"),
+        ([{"rows": 1, "tokens": 40}], r"invalid at b\.0\.tokens: 40 is not a multiple of 16"),
+        ([{"rows": 1, "tokens": 32, "slots": 9}], r"invalid at b\.0\.slots: 9 is outside the export range 2\.\.8"),
+        (
+            [{"rows": 1, "tokens": 32}, {"rows": 1, "tokens": 32, "slots": 8}],
+            r"invalid at b\.1: bucket 1x32x8 repeats b\.0",
+        ),
+    ],
+)
 def test_buckets_must_lie_inside_the_export_ranges(entries, message):
     dims = {"rows": {"min": 1, "max": 4}, "tokens16": {"min": 2, "max": 32}, "slots": {"min": 2, "max": 8}}
     with pytest.raises(ConfigError, match=message):
@@ -245,10 +287,13 @@ def test_buckets_must_lie_inside_the_export_ranges(entries, message):
 
 
 def test_the_cheapest_holding_bucket_is_chosen():
-    dims = ExportDims.from_dims({"rows": {"min": 1, "max": 8}, "tokens16": {"min": 2, "max": 32},
-                                 "slots": {"min": 2, "max": 8}})
-    buckets = parse_buckets([{"rows": 8, "tokens": 64}, {"rows": 1, "tokens": 256}, {"rows": 2, "tokens": 128},
-                             {"rows": 4, "tokens": 64}], dims)
+    dims = ExportDims.from_dims(
+        {"rows": {"min": 1, "max": 8}, "tokens16": {"min": 2, "max": 32}, "slots": {"min": 2, "max": 8}}
+    )
+    buckets = parse_buckets(
+        [{"rows": 8, "tokens": 64}, {"rows": 1, "tokens": 256}, {"rows": 2, "tokens": 128}, {"rows": 4, "tokens": 64}],
+        dims,
+    )
     # by positions (rows x tokens), then fewer tokens (attention grows with tokens squared)
     assert [str(b) for b in buckets] == ["4x64x8", "2x128x8", "1x256x8", "8x64x8"]
     assert smallest_holding(buckets, 1, 64, 3) == Bucket(4, 64, 8)
@@ -259,8 +304,9 @@ def test_the_cheapest_holding_bucket_is_chosen():
     assert dims.fitted(1, 20, 1) == Bucket(1, 32, 2)
 
 
-@pytest.mark.parametrize("timing", [{"warmup": 2, "min_run_time_s": 0.02},
-                                    {"warmup": 0, "min_run_time_s": 0.02, "max_run_time_s": 2.0}])
+@pytest.mark.parametrize(
+    "timing", [{"warmup": 2, "min_run_time_s": 0.02}, {"warmup": 0, "min_run_time_s": 0.02, "max_run_time_s": 2.0}]
+)
 def test_timing_to_a_budget_says_what_each_figure_rests_on(timing):
     from laya_build.runtime.timing import time_calls
 
@@ -284,8 +330,12 @@ def test_a_graph_replay_that_differs_from_the_plain_call_fails_verify():
 
     same = program({"decision": 0.0, "act": 0.0})
     assert runner_checks([same, {"name": "decision_single_slot"}]) == [
-        {"name": "decision runner", "batches": same["runner"]["batches"]}]
+        {"name": "decision runner", "batches": same["runner"]["batches"]}
+    ]
     assert runner_checks([program(None)])[0]["name"] == "decision runner"  # no graph: nothing to compare
-    with pytest.raises(GraphReplayMismatchError, match=r"decision: the CUDA graph of bucket .*'tokens': 128.* replayed "
-                                                       r"batch 1 with max \|difference\| .*'act': 0\.001"):
+    with pytest.raises(
+        GraphReplayMismatchError,
+        match=r"decision: the CUDA graph of bucket .*'tokens': 128.* replayed "
+        r"batch 1 with max \|difference\| .*'act': 0\.001",
+    ):
         runner_checks([program({"decision": 0.0, "act": 0.001})])

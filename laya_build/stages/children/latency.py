@@ -20,6 +20,7 @@ with ``eager_amp`` (decision probabilities calibrated as upstream Laya publishes
 ``laya_build.runtime.parity.decision_probabilities``), then warm-ups and the budgeted timing of
 :func:`aoti.time_calls`.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -46,6 +47,7 @@ def make_variant(name: str, job: dict, model, package: dict | None = None):
         def amp(*args):
             with torch.autocast(device_type=device, dtype=amp_dtype):
                 return fp32(*args)
+
         return amp
     if name == "eager_bf16":
         return eval_copy(model, torch.bfloat16, device)
@@ -53,17 +55,20 @@ def make_variant(name: str, job: dict, model, package: dict | None = None):
         if device == "cpu":
             check_vec_isas(job["vec_isa_root"])
         mode = job["compile"].get("mode", "default")
-        return torch.compile(eval_copy(model, torch.bfloat16, device),
-                             dynamic=job["compile"].get("dynamic", True),
-                             mode=None if mode == "default" else mode)
+        return torch.compile(
+            eval_copy(model, torch.bfloat16, device),
+            dynamic=job["compile"].get("dynamic", True),
+            mode=None if mode == "default" else mode,
+        )
     if name in ("package", "package_graphed"):
         preload_modules(job["preload"])
         loaded = runtime.load_package(package["path"], package["sha256"], single_threaded=name == "package_graphed")
         if name == "package":
             return loaded
         spec = job["runtime"]
-        return runtime.DecisionRunner(loaded, dims=package["dims"], buckets=spec["buckets"],
-                                      capture_warmup=spec["capture_warmup"])
+        return runtime.DecisionRunner(
+            loaded, dims=package["dims"], buckets=spec["buckets"], capture_warmup=spec["capture_warmup"]
+        )
     raise ValueError(f"unknown latency variant {name!r}")
 
 
@@ -83,11 +88,20 @@ def measure(name: str, job: dict, model, inputs: dict, reference, package: dict 
             bucket = fn.bucket_for(*fn.shape(args))
             row["bucket"] = bucket and bucket.as_dict()
         timed.append(row)
-    parity = None if reference is None else summarize(
-        [compare_heads(r, o, b, inputs["calibration"])
-         for r, o, b in zip(reference, outputs, batches)])
-    result = {"name": name, **({"dtype": package["dtype"]} if package else {}), "setup_s": setup_s,
-              "first_calls_s": first_call_s, "batches": timed, "parity_vs_eager_amp": parity, "_outputs": outputs}
+    parity = (
+        None
+        if reference is None
+        else summarize([compare_heads(r, o, b, inputs["calibration"]) for r, o, b in zip(reference, outputs, batches)])
+    )
+    result = {
+        "name": name,
+        **({"dtype": package["dtype"]} if package else {}),
+        "setup_s": setup_s,
+        "first_calls_s": first_call_s,
+        "batches": timed,
+        "parity_vs_eager_amp": parity,
+        "_outputs": outputs,
+    }
     if isinstance(fn, runtime.DecisionRunner):
         described = fn.describe()
         result["runner"] = {k: described[k] for k in ("mode", "buckets", "capture_s", "captures")}

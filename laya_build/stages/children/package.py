@@ -6,6 +6,7 @@ calls ``torch._inductor.aoti_compile_and_package`` and loads the package back (a
 importing the ``preload`` modules, see :func:`laya_build.runtime.serving.preload_modules`), reporting
 compile and load times (parity is the fresh-process verify stage's job).
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -32,9 +33,16 @@ def restore_symbol_hints(ep) -> list[str]:
     """
     import sympy
 
-    shape_env = next((d.node.shape_env for n in ep.graph.nodes if n.op == "placeholder"
-                      for d in getattr(n.meta.get("val"), "shape", ()) if isinstance(d, torch.SymInt)),
-                     None)
+    shape_env = next(
+        (
+            d.node.shape_env
+            for n in ep.graph.nodes
+            if n.op == "placeholder"
+            for d in getattr(n.meta.get("val"), "shape", ())
+            if isinstance(d, torch.SymInt)
+        ),
+        None,
+    )
     if shape_env is None:
         return []
     backed = hasattr(shape_env, "backed_var_to_val")  # torch >= 2.11 deprecates var_to_val
@@ -59,14 +67,14 @@ def compile_program(program: dict, job: dict) -> dict:
     restored = restore_symbol_hints(ep)
     start = time.perf_counter()
     path = torch._inductor.aoti_compile_and_package(
-        ep, package_path=program["package_tmp"], inductor_configs=job["inductor_configs"] or None)
+        ep, package_path=program["package_tmp"], inductor_configs=job["inductor_configs"] or None
+    )
     package_s = time.perf_counter() - start
     print(f"compiled {path} in {package_s:.1f} s; loading it", flush=True)
     start = time.perf_counter()
     torch._inductor.aoti_load_package(path)
     load_s = time.perf_counter() - start
-    return {"name": program["name"], "package_s": package_s, "load_s": load_s,
-            "restored_hints": restored}
+    return {"name": program["name"], "package_s": package_s, "load_s": load_s, "restored_hints": restored}
 
 
 def compile_packages(job: dict) -> dict:
@@ -75,5 +83,9 @@ def compile_packages(job: dict) -> dict:
     check_vec_isas(job["vec_isa_root"])
     programs = [compile_program(p, job) for p in job["programs"]]
     cache = list_tree(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-    return {"programs": programs, "env_info": env_info(), "preload": preloaded,
-            "cache": {"files": len(cache), "bytes": sum(f["bytes"] for f in cache)}}
+    return {
+        "programs": programs,
+        "env_info": env_info(),
+        "preload": preloaded,
+        "cache": {"files": len(cache), "bytes": sum(f["bytes"] for f in cache)},
+    }

@@ -28,8 +28,12 @@ def _compiler_identity() -> str:
 def vec_isa_key() -> str:
     """What Inductor's answer to "which CPU vector ISAs can be built and loaded here" depends
     on: torch, the C++ compiler, the CPU's vector features and the architecture."""
-    facts = {"torch": torch.__version__, "cxx": _compiler_identity(), "cpu": cpu_isa_flags(),
-             "machine": platform.machine()}
+    facts = {
+        "torch": torch.__version__,
+        "cxx": _compiler_identity(),
+        "cpu": cpu_isa_flags(),
+        "machine": platform.machine(),
+    }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:24]
 
 

@@ -39,6 +39,7 @@ the parent reports as a failure naming the signal.  For tests
 only, ``LAYA_VERIFY_CHILD_CRASH=SIGSEGV`` (any signal name) makes the process kill itself
 with that signal just before loading, to simulate the GPU image's crash on any machine.
 """
+
 from __future__ import annotations
 
 import os
@@ -78,38 +79,61 @@ CRASH_ENV = "LAYA_VERIFY_CHILD_CRASH"
 # The runtime layer of laya_build (torch + stdlib); any other laya_build module, or
 # transformers, in this process would mean it ran more than the package.
 RUNTIME_PACKAGES = ("laya_build.runtime", "laya_build.runner")  # with their modules
-RUNTIME_MODULES = {"laya_build", "laya_build.errors", "laya_build.layout", "laya_build.stages",
-                   "laya_build.stages.children", "laya_build.stages.children.verify"}
+RUNTIME_MODULES = {
+    "laya_build",
+    "laya_build.errors",
+    "laya_build.layout",
+    "laya_build.stages",
+    "laya_build.stages.children",
+    "laya_build.stages.children.verify",
+}
 
 
 def check_inputs(job: dict, inputs: dict, eagers: list[dict]) -> None:
     actual = sha256_file(job["inputs"])
     if actual != job["inputs_sha256"]:
-        raise InputsMismatchError(f"{job['inputs']}: sha256 {actual} is not that of the "
-                                     f"inputs the package was exported with ({job['inputs_sha256']})")
+        raise InputsMismatchError(
+            f"{job['inputs']}: sha256 {actual} is not that of the "
+            f"inputs the package was exported with ({job['inputs_sha256']})"
+        )
     for p, eager in zip(job["programs"], eagers):
-        expected = {"program": p["name"], "target": job["target"], "dtype": job["dtype"],
-                    "inputs_sha256": job["inputs_sha256"], "batches_key": p["batches_key"]}
+        expected = {
+            "program": p["name"],
+            "target": job["target"],
+            "dtype": job["dtype"],
+            "inputs_sha256": job["inputs_sha256"],
+            "batches_key": p["batches_key"],
+        }
         for field, want in expected.items():
             if eager.get(field) != want:
-                raise InputsMismatchError(f"{p['eager']}: {field} is {eager.get(field)!r} but the "
-                                             f"package {p['package']} needs {want!r}")
+                raise InputsMismatchError(
+                    f"{p['eager']}: {field} is {eager.get(field)!r} but the package {p['package']} needs {want!r}"
+                )
         batches = inputs[p["batches_key"]]
         if len(eager["outputs"]) != len(batches):
-            raise InputsMismatchError(f"{p['eager']}: {len(eager['outputs'])} batches of outputs "
-                                         f"for {len(batches)} saved batches")
+            raise InputsMismatchError(
+                f"{p['eager']}: {len(eager['outputs'])} batches of outputs for {len(batches)} saved batches"
+            )
         for b, (batch, out) in enumerate(zip(batches, eager["outputs"])):
             rows, slots = batch["marker_pos"].shape
             if tuple(out["decision"].shape) != (rows, slots) or out["act"].shape[0] != rows:
                 raise InputsMismatchError(
                     f"{p['eager']}: batch {b} outputs have decision {tuple(out['decision'].shape)} / "
-                    f"act {tuple(out['act'].shape)} for a batch of {rows} rows x {slots} slots")
+                    f"act {tuple(out['act'].shape)} for a batch of {rows} rows x {slots} slots"
+                )
 
 
 def forbidden_modules() -> list[str]:
-    return sorted(m for m in sys.modules if m.split(".")[0] == "transformers"
-                  or (m.split(".")[0] == "laya_build" and m not in RUNTIME_MODULES
-                      and not any(m == p or m.startswith(p + ".") for p in RUNTIME_PACKAGES)))
+    return sorted(
+        m
+        for m in sys.modules
+        if m.split(".")[0] == "transformers"
+        or (
+            m.split(".")[0] == "laya_build"
+            and m not in RUNTIME_MODULES
+            and not any(m == p or m.startswith(p + ".") for p in RUNTIME_PACKAGES)
+        )
+    )
 
 
 def mask_compilers() -> list[str]:
@@ -117,14 +141,20 @@ def mask_compilers() -> list[str]:
     import torch._inductor
     from torch._inductor.cpp_builder import CppBuilder
 
-    targets = [("torch.compile", torch, "compile"), ("torch.export.export", torch.export, "export"),
-               ("torch._inductor.aoti_compile_and_package", torch._inductor, "aoti_compile_and_package"),
-               ("torch._export.aot_compile", torch._export, "aot_compile"),
-               ("torch._inductor.cpp_builder.CppBuilder.build", CppBuilder, "build")]
+    targets = [
+        ("torch.compile", torch, "compile"),
+        ("torch.export.export", torch.export, "export"),
+        ("torch._inductor.aoti_compile_and_package", torch._inductor, "aoti_compile_and_package"),
+        ("torch._export.aot_compile", torch._export, "aot_compile"),
+        ("torch._inductor.cpp_builder.CppBuilder.build", CppBuilder, "build"),
+    ]
     for name, owner, attr in targets:
+
         def blocked(*args, _name=name, **kwargs):
-            raise RuntimeError(f"{_name} is disabled in the verification process: it may only "
-                               "load the package, never compile or export")
+            raise RuntimeError(
+                f"{_name} is disabled in the verification process: it may only "
+                "load the package, never compile or export"
+            )
 
         setattr(owner, attr, blocked)
     return [name for name, _, _ in targets]
@@ -143,8 +173,7 @@ def load(p: dict):
     except (PackageIntegrityError, PackageIsaError):
         raise
     except Exception as exc:
-        raise VerificationError(f"{p['package']}: aoti_load_package failed: "
-                                f"{type(exc).__name__}: {exc}") from exc
+        raise VerificationError(f"{p['package']}: aoti_load_package failed: {type(exc).__name__}: {exc}") from exc
 
 
 def call(fn, args, what: str):
@@ -164,11 +193,14 @@ def run_runner(p: dict, package, job: dict, batches: list, refs: list, calibrati
     against eager (and, with CUDA graphs, against the plain call on the same padded inputs)."""
     start = time.perf_counter()
     try:
-        runner = runtime.DecisionRunner(package, dims=job["dims"], buckets=job["buckets"],
-                                        capture_warmup=job["capture_warmup"])
+        runner = runtime.DecisionRunner(
+            package, dims=job["dims"], buckets=job["buckets"], capture_warmup=job["capture_warmup"]
+        )
     except Exception as exc:
-        raise VerificationError(f"{p['package']}: the runner could not be set up "
-                                      f"({len(job['buckets'])} buckets): {type(exc).__name__}: {exc}") from exc
+        raise VerificationError(
+            f"{p['package']}: the runner could not be set up "
+            f"({len(job['buckets'])} buckets): {type(exc).__name__}: {exc}"
+        ) from exc
     setup_s = time.perf_counter() - start
     arg_lists = [batch_args(b, job["arg_names"], job["device"]) for b in batches]
     start = time.perf_counter()
@@ -186,13 +218,19 @@ def run_runner(p: dict, package, job: dict, batches: list, refs: list, calibrati
             rows_, _, slots_ = shape
             plain = {"decision": plain["decision"][:rows_, :slots_], "act": plain["act"][:rows_]}
             replay = max_abs(got, plain)
-        rows.append({"batch": b, "bucket": bucket and bucket.as_dict(),
-                     "compare": compare_heads(ref, got, batches[b], calibration),
-                     "replay_vs_plain": replay})
+        rows.append(
+            {
+                "batch": b,
+                "bucket": bucket and bucket.as_dict(),
+                "compare": compare_heads(ref, got, batches[b], calibration),
+                "replay_vs_plain": replay,
+            }
+        )
     described = runner.describe()
-    return ({**described, "setup_s": setup_s, "batches": rows,
-             "summary": summarize([r["compare"] for r in rows])},
-            {"capture_s": described["capture_s"], "first_call_s": first_call_s})
+    return (
+        {**described, "setup_s": setup_s, "batches": rows, "summary": summarize([r["compare"] for r in rows])},
+        {"capture_s": described["capture_s"], "first_call_s": first_call_s},
+    )
 
 
 def verify(job: dict) -> dict:
@@ -228,20 +266,34 @@ def verify(job: dict) -> dict:
             args = batch_args(batch, inputs["arg_names"], job["device"])
             got = call(package, args, f"{p['package']}: batch {b}")
             rows_, tokens = batch["input_ids"].shape
-            rows.append({
-                "batch": b, "shape": {"rows": rows_, "tokens": tokens, "slots": batch["marker_pos"].shape[1]},
-                "compare": compare_heads(ref, got, batch, inputs["calibration"]),
-                "latency": time_calls(package, args, job["timing"], job["device"]),
-            })
-        results.append({"name": p["name"], "load_s": package.timings["load_s"],
-                        "cache_during_load": [f for f in cache_after_load if f not in cache_before],
-                        "batches": rows, **({"runner": runner} if runner else {})})
+            rows.append(
+                {
+                    "batch": b,
+                    "shape": {"rows": rows_, "tokens": tokens, "slots": batch["marker_pos"].shape[1]},
+                    "compare": compare_heads(ref, got, batch, inputs["calibration"]),
+                    "latency": time_calls(package, args, job["timing"], job["device"]),
+                }
+            )
+        results.append(
+            {
+                "name": p["name"],
+                "load_s": package.timings["load_s"],
+                "cache_during_load": [f for f in cache_after_load if f not in cache_before],
+                "batches": rows,
+                **({"runner": runner} if runner else {}),
+            }
+        )
     return {
-        "programs": results, "fresh_load": fresh_load,
-        "cache_initial": cache_initial, "cache_after_run": list_tree(cache_dir),
+        "programs": results,
+        "fresh_load": fresh_load,
+        "cache_initial": cache_initial,
+        "cache_after_run": list_tree(cache_dir),
         "child": {
-            "pid": os.getpid(), "python": sys.version.split()[0], "torch": torch.__version__,
-            "preload": preloaded, "masked": masked,
+            "pid": os.getpid(),
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "preload": preloaded,
+            "masked": masked,
             "aoti_runtime_check_inputs": os.environ.get("AOTI_RUNTIME_CHECK_INPUTS"),
             "forbidden_modules_loaded": forbidden_modules(),
         },

@@ -7,6 +7,7 @@ opened file to ``<LAYA_TRACE_DIR>/<pid>.txt``, as ``<argv0>\\t<path>\\t<task>``,
 ``<task>`` is the doit task the process serves (``LAYA_TASK``, set by the process runner
 and inherited by the stage's own children; empty in doit and the fork server).
 """
+
 import os
 import sys
 
