@@ -94,3 +94,13 @@ def test_record_file_names_come_from_layout():
         for m in STAGE_RECORDS.finditer(p.read_text())
     ]
     assert not spelled, f"record file names spelled outside laya_build/layout.py: {spelled}"
+
+
+def test_the_tree_is_linted_and_formatted():
+    """``ruff check`` and ``ruff format --check`` (configured in pyproject.toml) find nothing."""
+    import subprocess
+    import sys
+
+    for args in (["check", "."], ["format", "--check", "."]):
+        run = subprocess.run([sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True, text=True)
+        assert run.returncode == 0, f"ruff {' '.join(args)}:\n{run.stdout}{run.stderr}"
