@@ -178,19 +178,14 @@ def tool_line(role: str) -> str | None:
     return lines[-1] if role == "nvcc" else lines[0]
 
 
-def snapshot() -> dict:
-    """The build environment a release's manifest records: torch's own ``collect_env`` plus
-    TileLang/TVM, the compilers (found as the up-to-date checks find them) and the GPU."""
+def snapshot(tvm_version: str | None = None) -> dict:
+    """The build environment a release's manifest records: torch's own ``collect_env``, the
+    versions of the stack, TVM's (``tvm_version``: the caller imports TileLang's TVM to ask it,
+    so that no stage that snapshots its environment depends on TileLang), the compilers (found
+    as the up-to-date checks find them) and the GPU."""
     from torch.utils import collect_env
 
     env = dict(collect_env.get_env_info()._asdict())
-    try:
-        import tilelang  # noqa: F401
-        import tvm
-
-        tvm_version = getattr(tvm, "__version__", None)
-    except ImportError:
-        tvm_version = None
     return {
         "collect_env": env,
         "python": platform.python_version(),

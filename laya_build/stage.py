@@ -38,7 +38,7 @@ class Stage:
     schemas: tuple[str, ...] = ()  # schemas of the records it writes and reads
     config: dict = field(default_factory=dict)  # the configuration slice its up-to-date check compares
     code: tuple[str, ...] = ()  # modules beyond ``entry`` whose import closure it depends on
-    code_excluded: tuple[Path, ...] = ()  # project folders its code dependencies leave out
+    code_excluded: tuple[str, ...] = ()  # project packages its code dependencies leave out (``kernels``)
     sys_path: tuple[str, ...] = ()  # folders put first on the process's ``sys.path``
     env: dict = field(default_factory=dict)  # environment of its process
     writes_into: Path | None = None  # the version folder it writes into (never a released one)

@@ -173,9 +173,11 @@ def _expanded_sizes(root) -> dict[int, int]:
             raise ConfigError(f"invalid at {_path_to(root, node)}: a recursive alias (the value contains itself)")
         open_.add(id(node))
         stack.append((node, True))
-        for _, child in children:
+        for key, child in children:
             if id(child) in open_:
-                raise ConfigError(f"invalid at {_path_to(root, child)}: a recursive alias (the value contains itself)")
+                here = _path_to(root, node)
+                where = key if here == "<root>" else f"{here}.{key}"
+                raise ConfigError(f"invalid at {where}: a recursive alias (the value contains itself)")
             if id(child) not in sizes:
                 stack.append((child, False))
     return sizes

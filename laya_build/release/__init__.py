@@ -159,7 +159,7 @@ def build_manifest(spec: dict) -> dict:
         )
     write_text(vdir / PENDING, "release publication in progress\n")
     write_json(vdir / EFFECTIVE_CONFIG, spec["config"])
-    env = snapshot()
+    env = snapshot(tvm_version())
     git = git_state(Path(spec["root"]))
     write_text(vdir / REPORT, render_report(vdir, spec["config"], env, git))
     owners = spec["owners"]
@@ -185,6 +185,17 @@ def build_manifest(spec: dict) -> dict:
         raise ReleasedVersionError(f"release: version {spec['version']} was released concurrently") from None
     (vdir / PENDING).unlink(missing_ok=True)
     return manifest
+
+
+def tvm_version() -> str | None:
+    """The version of TileLang's bundled TVM (recorded by a release's manifest)."""
+    try:
+        import tilelang  # noqa: F401  (puts its bundled tvm on sys.path)
+        import tvm
+
+        return getattr(tvm, "__version__", None)
+    except ImportError:
+        return None
 
 
 def clear_interrupted(version_dir: Path) -> None:

@@ -85,8 +85,7 @@ def stage_action(stage: Stage):
 def code_deps(root: Path, stage: Stage) -> tuple[list[str], frozenset[str]]:
     """(project files + schema files, third-party imports) of a stage's process."""
     entries = (*RUNNER, stage.module) if stage.process != "inline" else (stage.module,)
-    files, third_party = deps.project(root).closure(entries + stage.code)
-    files = {f for f in files if not any(Path(f).is_relative_to(x) for x in stage.code_excluded)}
+    files, third_party = deps.project(root).closure(entries + stage.code, exclude=stage.code_excluded)
     schema_files = deps.schema_closure(root / SCHEMA_DIR.name, stage.schemas)
     return sorted(str(f) for f in files | schema_files), third_party
 

@@ -259,8 +259,12 @@ class Project:
         return tuple(dict.fromkeys(modules)), frozenset(files), frozenset(third_party)
 
     @functools.cache
-    def closure(self, entries: tuple[str, ...]) -> tuple[frozenset[Path], frozenset[str]]:
-        """(project files, third-party top-level imports) reachable from ``entries``."""
+    def closure(
+        self, entries: tuple[str, ...], exclude: tuple[str, ...] = ()
+    ) -> tuple[frozenset[Path], frozenset[str]]:
+        """(project files, third-party top-level imports) reachable from ``entries``, not
+        following the project packages of ``exclude`` (e.g. ``kernels``, when a stage runs
+        another revision's)."""
         missing = [e for e in entries if e not in self.modules]
         if missing:
             raise LookupError(f"not project modules: {', '.join(missing)}")
@@ -270,7 +274,7 @@ class Project:
         seen: set[str] = set()
         while todo:
             module = todo.pop()
-            if module in seen:
+            if module in seen or module.split(".")[0] in exclude:
                 continue
             seen.add(module)
             files.add(self.modules[module])

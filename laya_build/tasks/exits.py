@@ -29,7 +29,10 @@ def _process_task_result(self, node, base_fail):
 def _finish(self):
     result = _FINISH(self)
     kinds = self.__dict__.get("_laya_user_failures", [])
-    return USER_ERROR_EXIT if result == 1 and kinds and all(kinds) else result
+    if result == 1 and kinds and all(kinds):
+        self.final_result = USER_ERROR_EXIT  # what run_all returns, and doit exits with
+        return USER_ERROR_EXIT
+    return result
 
 
 _process_task_result.__wrapped__, _finish.__wrapped__ = _PROCESS, _FINISH

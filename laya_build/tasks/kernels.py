@@ -195,6 +195,7 @@ def cuda_diff_tasks(p):
             # a cache shared by every version (extracted atomically, once): no outputs of its own
             spec={"root": str(p.root), "sha": sha, "dest": str(kernels_root)},
             config={"kernels_tree": tree},
+            code_excluded=("kernels",),
             outputs_record=p.artifacts.outputs_record(p.version, "cuda_diff:baseline_kernels"),
         )
         yield doit_task(p, extract)
@@ -225,7 +226,7 @@ def cuda_diff_tasks(p):
                     files=(base,),
                     schemas=("cuda_source",),
                     config={"variant": vspec, "dtype": dtype, "target": target, "kernels_tree": tree},
-                    code_excluded=(p.root / "kernels",),
+                    code_excluded=("kernels",),
                     sys_path=(str(kernels_root),),
                     task_dep=("cuda_diff:baseline_kernels",),
                 ),

@@ -73,7 +73,7 @@ def test_a_recursive_alias_and_an_oversized_file_are_refused(project):
     (project.path / "loop.yaml").write_text("version: &v [*v]\n")
     (project.path / "huge.yaml").write_text("version: 0.1.0\n" + "# padding\n" * 200_000)
     try:
-        assert "invalid at version: a recursive alias" in _refused(project, "config=loop.yaml", "list").stderr
+        assert "invalid at version.0: a recursive alias" in _refused(project, "config=loop.yaml", "list").stderr
         assert "larger than 1,048,576 bytes" in _refused(project, "config=huge.yaml", "list").stderr
     finally:
         (project.path / "loop.yaml").unlink()
@@ -99,7 +99,8 @@ def test_a_repeated_or_unknown_variable_is_refused(project):
     assert "doit argument version= is given twice (version=0.1.0 and version=0.2.0)" in run.stderr
     run = _refused(project, "versoin=0.2.0", "list", cls="UsageError")
     assert (
-        "doit argument versoin=0.2.0: not a variable of laya-build (known: version=, config=, release=)" in run.stderr
+        "doit argument versoin=0.2.0: not a variable of laya-build (known: version=, config=, release=, wait=)"
+        in run.stderr
     )
     assert project.doit("version=0.1.0", "version=0.1.0", "list").returncode == 0  # the same value twice
 
@@ -111,3 +112,11 @@ def test_verify_of_a_version_that_does_not_exist_builds_nothing(project):
     assert run.executed == [] and not (project.artifacts / "9.9.9").exists()
     run = _refused(project, "verify:cpu-float32", "version=9.9.9", cls="UsageError")
     assert not (project.artifacts / "9.9.9").exists()
+
+
+def test_a_command_line_error_in_a_task_exits_3(project):
+    """release_diff of versions that were never released: the task fails with a UsageError, and
+    doit exits 3 (a command-line error), not 1 (a failed build)."""
+    run = project.doit("release_diff", "--old", "0.1.0", "--new", "9.9.9", timeout=120)
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert "laya-build: UsageError: release_diff --old 0.1.0:" in run.stdout

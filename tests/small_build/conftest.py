@@ -192,7 +192,8 @@ def stop_when(proc: subprocess.Popen, reached, point: str, timeout: float = 900)
 
 def running_for(task: str, seconds: float, compiling: bool = False):
     """Kill point: ``task`` started ``seconds`` ago (each of these runs for longer); with
-    ``compiling``, not before the C++ compiler runs (or a minute has passed)."""
+    ``compiling``, not before the C++ compiler runs (or four minutes have passed: the compile's
+    Python part is slow on a loaded machine)."""
 
     def reached(started, pid):
         if task not in started or time.monotonic() - started[task] <= seconds:
