@@ -236,7 +236,9 @@ def outside_paths(manifest: dict) -> list[str]:
     empty or ``.`` parts, backslashes)."""
     bad = []
     for entry in manifest["files"]:
-        rel = entry["path"]
+        rel = entry.get("path") if isinstance(entry, dict) else None
+        if not isinstance(rel, str):
+            continue  # the schema names it
         parts = rel.split("/")
         if rel.startswith("/") or "\\" in rel or any(part in ("", ".", "..") for part in parts):
             bad.append(f"outside: {rel!r} (a manifest path must name a file inside the release folder)")
@@ -259,9 +261,10 @@ def check_files(version_dir: Path) -> dict:
             hint="a release holds regular files only: copy it with the bytes "
             "(`cp -r`, not links), or restore it from the original",
         )
-    manifest = read_record(manifest_path(vdir))
-    if problems := outside_paths(manifest):
+    raw = read_json(manifest_path(vdir), "manifest")  # its paths are checked before its schema
+    if isinstance(raw, dict) and isinstance(raw.get("files"), list) and (problems := outside_paths(raw)):
         raise ManifestMismatch(vdir, problems)
+    manifest = read_record(manifest_path(vdir))
     problems = []
     listed = {f["path"]: f for f in manifest["files"]}
     for rel, entry in listed.items():

@@ -158,8 +158,7 @@ def stop_when(proc: subprocess.Popen, reached, point: str, timeout: float = 900)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return None
-        if reached(dict(started), proc.pid):
-            running = build_processes(proc.pid)
+        if running := reached(dict(started), proc.pid):
             stopped = time.monotonic()
             os.killpg(proc.pid, sig) if to == "group" else os.kill(proc.pid, sig)
             try:
@@ -192,17 +191,16 @@ def stop_when(proc: subprocess.Popen, reached, point: str, timeout: float = 900)
 
 def running_for(task: str, seconds: float, compiling: bool = False):
     """Kill point: ``task`` started ``seconds`` ago (each of these runs for longer); with
-    ``compiling``, not before the C++ compiler runs (or four minutes have passed: the compile's
-    Python part is slow on a loaded machine)."""
+    ``compiling``, only while the C++ compiler runs (or once ten minutes have passed: the
+    compile's Python part is slow on a loaded machine).  Returns the build's processes then."""
 
     def reached(started, pid):
         if task not in started or time.monotonic() - started[task] <= seconds:
             return False
-        return (
-            not compiling
-            or time.monotonic() - started[task] > 60
-            or any(p.endswith(" cc1plus") for p in build_processes(pid))
-        )
+        running = build_processes(pid)
+        if compiling and not any(p.endswith(" cc1plus") for p in running):
+            return running if time.monotonic() - started[task] > 600 else False
+        return running
 
     return reached
 

@@ -32,9 +32,9 @@ def test_every_stop_was_made_as_planned(small_builds):
     assert [(s.point, s.signal, s.to) for s in small_builds.stops] == [
         (point, sig.name, to) for point, (sig, to, _) in STOPS.items()
     ]
-    assert any(s.signal == "SIGINT" and "cc1plus" in s.had_running for s in small_builds.stops), (
-        "a Ctrl-C reached the build while the C++ compiler ran"
-    )
+    assert any(s.signal == "SIGINT" and "cc1plus" in s.had_running for s in small_builds.stops), [
+        (s.point, s.had_running) for s in small_builds.stops
+    ]  # a Ctrl-C reached the build while the C++ compiler ran
 
 
 @pytest.mark.parametrize("point", list(KILL_POINTS))
