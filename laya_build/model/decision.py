@@ -14,7 +14,6 @@ static facts: ``head_layers == 0`` (no head transformer, as upstream) and a true
 tensor (``slots == 1``), which takes the single-option branch (no runner-up) and needs its
 own export.
 """
-
 from __future__ import annotations
 
 import torch
@@ -33,7 +32,8 @@ class DecisionModel(nn.Module):
         d = encoder_config.hidden_size
         self.encoder = ModernBertModel(encoder_config)
         if head_layers > 0:
-            layer = nn.TransformerEncoderLayer(d, max(1, d // 64), 4 * d, batch_first=True, norm_first=True)
+            layer = nn.TransformerEncoderLayer(d, max(1, d // 64), 4 * d, batch_first=True,
+                                               norm_first=True)
             # norm_first layers never take the nested-tensor fast path; saying so avoids a warning.
             self.head = nn.TransformerEncoder(layer, head_layers, enable_nested_tensor=False)
         else:
@@ -44,14 +44,8 @@ class DecisionModel(nn.Module):
         # One per question type, as upstream registers it (torch.ones(3)); not used by forward.
         self.register_buffer("temperature", torch.ones(len(QUESTION_TYPES)))
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        marker_pos: torch.Tensor,
-        marker_mask: torch.Tensor,
-        qtype: torch.Tensor,
-    ):
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                marker_pos: torch.Tensor, marker_mask: torch.Tensor, qtype: torch.Tensor):
         states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         states = states + self.type_emb(qtype)[:, None]
         if self.head is not None:
@@ -65,7 +59,8 @@ class DecisionModel(nn.Module):
         logits = logits.masked_fill(marker_mask == 0, MASKED_SLOT_LOGIT)
         return logits, self.act_head(self.act_features(states, logits, marker_mask))
 
-    def act_features(self, states: torch.Tensor, logits: torch.Tensor, marker_mask: torch.Tensor) -> torch.Tensor:
+    def act_features(self, states: torch.Tensor, logits: torch.Tensor,
+                     marker_mask: torch.Tensor) -> torch.Tensor:
         """``[CLS state, top1, top1 - top2, entropy / log k, k / 255]``, cast for the act head.
 
         Softmax and entropy are fp32.  Outside autocast the concatenation is cast to the act
@@ -81,16 +76,13 @@ class DecisionModel(nn.Module):
             top2 = torch.zeros_like(top1)
         entropy = -(probs * torch.log(probs.clamp_min(ENTROPY_FLOOR))).sum(-1)
         k = (marker_mask != 0).sum(-1).clamp(min=2).float()
-        feats = torch.cat(
-            [
-                states[:, 0].float(),
-                top1[:, None],
-                (top1 - top2)[:, None],
-                (entropy / torch.log(k))[:, None],
-                (k / MAX_SLOTS_SCALE)[:, None],
-            ],
-            dim=-1,
-        )
+        feats = torch.cat([
+            states[:, 0].float(),
+            top1[:, None],
+            (top1 - top2)[:, None],
+            (entropy / torch.log(k))[:, None],
+            (k / MAX_SLOTS_SCALE)[:, None],
+        ], dim=-1)
         if not torch.is_autocast_enabled(feats.device.type):
             feats = feats.to(self.act_head[0].weight.dtype)
         return feats
