@@ -68,11 +68,6 @@ def preexec_stage(parent: int):
     return lambda: die_with_parent(signal.SIGTERM, parent)
 
 
-def preexec_server(parent: int):
-    """``preexec_fn`` of a fork server: it dies with the process that started it."""
-    return lambda: die_with_parent(signal.SIGKILL, parent)
-
-
 def descendants(pid: int | None = None) -> list:
     """Every live descendant of ``pid`` (default: this process), as psutil processes."""
     import psutil

@@ -30,6 +30,7 @@ While it runs:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -54,19 +55,11 @@ def _execute(self, *args, **kwargs):
             check(selected)
         _interrupts()
         lock = _RUN.get("lock")
-        with lock() if lock else _nothing():
+        with lock() if lock else contextlib.nullcontext():
             return _EXECUTE(self, *args, **kwargs)
     except LayaBuildError as exc:
         print(f"laya-build: {type(exc).__name__}: {exc}", file=sys.stderr)
         return exc.exit_code
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _worker(self, *args, **kwargs):
