@@ -52,7 +52,7 @@ def test_aliases_expanding_beyond_the_budget_are_refused_with_the_key_path(proje
     assert len(text) < 4000
 
 
-@pytest.mark.parametrize("levels, refused", [(4, False), (5, True)])
+@pytest.mark.parametrize("levels, refused", [(3, False), (4, True)])  # 11,111 and 111,111 values in the anchor
 def test_the_budget_counts_expanded_values(tmp_path, levels, refused):
     text = (
         (ROOT / "pipeline.yaml")
@@ -65,8 +65,9 @@ def test_the_budget_counts_expanded_values(tmp_path, levels, refused):
         with pytest.raises(ConfigError, match=rf"invalid at cuda\.bomb\.l{levels}: its YAML aliases expand"):
             config.load(tmp_path / "pipeline.yaml", root=tmp_path)
     else:  # within the budget, loaded (and then refused by the schema for what it says, not its size)
-        with pytest.raises(ConfigError, match=r"invalid at cuda\.(bomb|dtypes)"):
+        with pytest.raises(ConfigError, match=r"invalid at cuda") as err:
             config.load(tmp_path / "pipeline.yaml", root=tmp_path)
+        assert "aliases expand" not in str(err.value)
 
 
 def test_a_recursive_alias_and_an_oversized_file_are_refused(project):
