@@ -140,6 +140,39 @@ class ManifestMismatch(LayaBuildError):
         )
 
 
+class SigningKeyError(UserError):
+    """The key ``doit release`` signs with (``signing.key`` or ``LAYA_BUILD_SIGNING_KEY``), or a
+    public key verify trusts (``trust.keys`` or ``LAYA_BUILD_TRUSTED_KEYS``), cannot be used."""
+
+    hint = (
+        "make a key pair with `python -m laya_build.release.keys new <name>` (an elliptic-curve P-256 "
+        "key in PEM), name the private key in signing.key and its .pub in trust.keys (docs/guides/releasing.md)"
+    )
+
+
+class SignatureError(LayaBuildError):
+    """A release's signature does not prove it: the release is refused before anything of it is
+    loaded.  The message names what failed."""
+
+    hint = (
+        "use the release as its signer published it (copy it again from the original), or, if the signer "
+        "is right, add their public key to trust.keys; never re-sign a release you did not build"
+    )
+
+
+class UnsignedReleaseError(SignatureError):
+    """A release without a signature, verified where signatures are required (``trust.keys`` is set)."""
+
+
+class UnknownSignerError(SignatureError):
+    """A release signed by a key that is not among the trusted public keys."""
+
+
+class SignatureMismatchError(SignatureError):
+    """A signature that does not verify, or whose signed digests are not those of the release's
+    files (a file changed after signing, even with the manifest re-hashed)."""
+
+
 class OutputsTampered(LayaBuildError):
     """An output was changed after the task that owns it wrote it; nothing builds on altered outputs."""
 

@@ -21,6 +21,13 @@ MANIFEST_NAME, REPORT_NAME, EFFECTIVE_CONFIG_NAME = "manifest.json", "REPORT.md"
 # Files a release adds to a version folder besides the manifest (a folder with them but no
 # manifest is a damaged release, not a build in progress).
 RELEASE_FILES = (REPORT_NAME, EFFECTIVE_CONFIG_NAME)
+# What a release (format 2) publishes around its manifest: the in-toto provenance statement
+# (listed in the manifest), ``SHA256SUMS`` (every file but itself and the signature, the
+# manifest included: ``sha256sum -c`` without laya-build) and the signature (a Sigstore bundle
+# over every other file of the folder).
+PROVENANCE_NAME, SUMS_NAME, SIGNATURE_NAME = "provenance.json", "SHA256SUMS", "release.sig"
+# Written by a publication, removed again when one is interrupted (the manifest too).
+PUBLISHED_FILES = (*RELEASE_FILES, PROVENANCE_NAME, SUMS_NAME, SIGNATURE_NAME)
 # Stages of the model builds: one folder per (target, dtype), record ``<stage>.json``.
 BUILD_STAGES = ("export", "aoti_package", "verify")
 AOTI_PACKAGE_DIR = "aoti_package"

@@ -25,18 +25,27 @@ from laya_build.layout import (
     AOTI_PACKAGE_DIR,
     EFFECTIVE_CONFIG_NAME,
     MANIFEST_NAME,
+    PROVENANCE_NAME,
+    PUBLISHED_FILES,
     RELEASE_FILES,
     REPORT_NAME,
+    SIGNATURE_NAME,
+    SUMS_NAME,
     record_name,
 )
 from laya_build.log import get_logger
 from laya_build.records import check_record, file_entry, read_json, sha256_file
 
 MANIFEST, REPORT, EFFECTIVE_CONFIG = MANIFEST_NAME, REPORT_NAME, EFFECTIVE_CONFIG_NAME
-# Present while `doit release` publishes (from REPORT.md to the manifest): a folder with
-# release files, no manifest and this marker is an interrupted release, which the next
-# release may finish; without the marker it is a damaged release (its manifest was removed).
+# Present while `doit release` publishes (from REPORT.md to the signature): a folder with
+# release files and this marker is an interrupted release, which the next release does again;
+# release files without the marker and without a manifest are a damaged release (its manifest
+# was removed).
 PENDING = ".release-pending"
+FORMAT = 2  # the release format this code writes (manifest "format"; none: format 1)
+# Configuration sections that belong to the machine, not to what is built: never recorded in
+# a release's pipeline.effective.json (nor in its digest).
+MACHINE_SECTIONS = ("signing", "trust")
 
 log = get_logger(__name__)
 
@@ -46,7 +55,8 @@ def manifest_path(version_dir: Path) -> Path:
 
 
 def is_released(version_dir: Path) -> bool:
-    return manifest_path(version_dir).is_file()
+    """A manifest, and no publication in progress."""
+    return manifest_path(version_dir).is_file() and not (Path(version_dir) / PENDING).is_file()
 
 
 def release_files_present(version_dir: Path) -> list[str]:
@@ -60,6 +70,8 @@ def state(version_dir: Path) -> str:
     vdir = Path(version_dir)
     if is_released(vdir):
         return "released"
+    if manifest_path(vdir).is_file():  # the manifest written, the publication not finished
+        return "interrupted"
     if release_files_present(vdir):
         return "interrupted" if (vdir / PENDING).is_file() else "damaged"
     return "build"
@@ -104,22 +116,42 @@ def git_state(root: Path) -> dict:
     return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
 
 
-def release_files(version_dir: Path) -> list[Path]:
-    """Every file of the version folder except its manifest (and the publication marker)."""
+def release_files(version_dir: Path, fmt: int = FORMAT) -> list[Path]:
+    """Every file of the version folder that its manifest lists: all but the manifest and the
+    publication marker, and, from format 2 on, ``SHA256SUMS`` and the signature."""
     vdir = Path(version_dir)
-    return sorted(p for p in vdir.rglob("*") if p.is_file() and p not in (vdir / MANIFEST, vdir / PENDING))
+    unlisted = {vdir / MANIFEST, vdir / PENDING} | ({vdir / SUMS_NAME, vdir / SIGNATURE_NAME} if fmt >= 2 else set())
+    return sorted(p for p in vdir.rglob("*") if p.is_file() and p not in unlisted)
+
+
+def effective_config(data: dict) -> dict:
+    """What a release records of its configuration: all but the machine's own sections."""
+    return {k: v for k, v in data.items() if k not in MACHINE_SECTIONS}
 
 
 def publish(**spec) -> None:
-    """The ``release`` stage: REPORT.md, the effective configuration, then the manifest
-    (:func:`build_manifest`)."""
+    """The ``release`` stage: REPORT.md, the effective configuration, the provenance, the
+    manifest, ``SHA256SUMS`` and the signature (:func:`build_manifest`)."""
     build_manifest(spec)
 
 
-def check_release(version_dir) -> None:
-    """The ``verify:manifest`` stage: every file of the release against its manifest."""
-    manifest = check_files(Path(version_dir))
-    log.info(f"verify {manifest['version']}: {manifest['totals']['files']} files match {MANIFEST}")
+def check_release(version_dir, trust: dict | None = None, root: str | None = None) -> None:
+    """The ``verify:manifest`` stage: every file of the release against its manifest, then its
+    signature against this machine's trusted keys (``trust``: the verifying pipeline's
+    ``trust`` section, never the release's own), before anything of it is loaded."""
+    from laya_build.release import signing
+
+    vdir = Path(version_dir)
+    keys = signing.trusted_keys(trust, Path(root or "."))
+    manifest = check_files(vdir)
+    if keys:
+        signer = signing.check(vdir, keys)
+        said = f"signed by {signer.name} (key {signer.key_id[:16]}), "
+    elif (vdir / SIGNATURE_NAME).is_file():
+        said = "signature not checked (no trusted keys: trust.keys or LAYA_BUILD_TRUSTED_KEYS), "
+    else:
+        said = "unsigned (no trusted keys configured, so none is required), "
+    log.info(f"verify {manifest['version']}: {said}{manifest['totals']['files']} files match {MANIFEST}")
 
 
 def listed_builds(version_dir) -> list[str]:
@@ -147,6 +179,7 @@ def build_manifest(spec: dict) -> dict:
     which is what marks the version released.
     """
     from laya_build.records import write_record
+    from laya_build.release import provenance, signing
     from laya_build.release.report import render_report
 
     vdir = Path(spec["version_dir"])
@@ -157,11 +190,13 @@ def build_manifest(spec: dict) -> dict:
             f"{vdir} holds unfinished writes that no task owns ({', '.join(leftovers)}): "
             f"remove them or rebuild before releasing"
         )
+    key = signing.signing_key(spec.get("signing"), Path(spec["root"]))  # checked before anything is written
+    config = effective_config(spec["config"])
     write_text(vdir / PENDING, "release publication in progress\n")
-    write_json(vdir / EFFECTIVE_CONFIG, spec["config"])
+    write_json(vdir / EFFECTIVE_CONFIG, config)
     env = snapshot(tvm_version())
     git = git_state(Path(spec["root"]))
-    write_text(vdir / REPORT, render_report(vdir, spec["config"], env, git))
+    write_text(vdir / REPORT, render_report(vdir, config, env, git))
     owners = spec["owners"]
     files = []
     for path in release_files(vdir):
@@ -169,13 +204,24 @@ def build_manifest(spec: dict) -> dict:
         top = entry["path"].split("/", 1)[0]
         entry["task"] = owners.get(entry["path"]) or ("release" if entry["path"] in (REPORT, EFFECTIVE_CONFIG) else top)
         files.append(entry)
+    digest = config_digest(config)
+    statement = provenance.statement(
+        files, version=spec["version"], config_sha256=digest, effective=EFFECTIVE_CONFIG, git=git, env=env
+    )
+    write_json(vdir / PROVENANCE_NAME, statement)
+    files.append({**file_entry(vdir / PROVENANCE_NAME, vdir), "task": "release"})
+    files.sort(key=lambda f: f["path"])
     manifest = {
         "stage": "manifest",
+        "format": FORMAT,
         "version": spec["version"],
         "created": spec.get("created") or datetime.now(UTC).isoformat(timespec="seconds"),
-        "pipeline": {"sha256": config_digest(spec["config"]), "effective": EFFECTIVE_CONFIG},
+        "pipeline": {"sha256": digest, "effective": EFFECTIVE_CONFIG},
         "git": git,
         "environment": env,
+        "provenance": PROVENANCE_NAME,
+        "sums": SUMS_NAME,
+        "signature": {"file": SIGNATURE_NAME, "key_id": key.key_id} if key else None,
         "files": files,
         "totals": {"files": len(files), "bytes": sum(f["bytes"] for f in files)},
     }
@@ -183,8 +229,25 @@ def build_manifest(spec: dict) -> dict:
         write_record(manifest_path(vdir), manifest, exclusive=True)
     except FileExistsError:
         raise ReleasedVersionError(f"release: version {spec['version']} was released concurrently") from None
+    write_text(vdir / SUMS_NAME, sums_text(vdir, files))
+    if key is not None:
+        signing.sign(vdir, key)
+        log.info(f"release {spec['version']}: signed with {key.path.name} (key {key.key_id[:16]})")
+    else:
+        log.info(
+            f"release {spec['version']}: not signed (no signing key: signing.key or {signing.SIGNING_KEY_ENV}); "
+            f"verify where keys are trusted will refuse it"
+        )
     (vdir / PENDING).unlink(missing_ok=True)
     return manifest
+
+
+def sums_text(version_dir: Path, files: list[dict]) -> str:
+    """``SHA256SUMS``: ``<sha256>  <path>`` for every listed file and the manifest, sorted by
+    path, as ``sha256sum`` writes and ``sha256sum -c`` reads it."""
+    rows = [(f["path"], f["sha256"]) for f in files]
+    rows.append((MANIFEST, sha256_file(manifest_path(version_dir))))
+    return "".join(f"{digest}  {path}\n" for path, digest in sorted(rows))
 
 
 def tvm_version() -> str | None:
@@ -203,7 +266,7 @@ def clear_interrupted(version_dir: Path) -> None:
     writes them again."""
     vdir = Path(version_dir)
     if state(vdir) == "interrupted":
-        for name in RELEASE_FILES:
+        for name in (*PUBLISHED_FILES, f".{SIGNATURE_NAME}.tmp", MANIFEST):
             (vdir / name).unlink(missing_ok=True)
         (vdir / PENDING).unlink(missing_ok=True)
 
@@ -250,9 +313,14 @@ def check_files(version_dir: Path) -> dict:
     every link, special file, path outside the folder, missing, extra or altered file, before
     anything of the folder is used.  Returns the (validated) manifest."""
     vdir = Path(version_dir).resolve()
-    if state(vdir) != "released":
+    if (kind := state(vdir)) == "interrupted" and manifest_path(vdir).is_file():
         raise ManifestMismatch(
-            vdir, [f"missing: {MANIFEST} ({damaged_message(vdir) if state(vdir) == 'damaged' else 'not a release'})"]
+            vdir,
+            [f"unfinished: {PENDING} (an interrupted publication: `doit release` of the version publishes it again)"],
+        )
+    if kind != "released":
+        raise ManifestMismatch(
+            vdir, [f"missing: {MANIFEST} ({damaged_message(vdir) if kind == 'damaged' else 'not a release'})"]
         )
     if problems := unsafe_entries(vdir):  # before the manifest is even read: it may be a link itself
         raise ManifestMismatch(
@@ -274,10 +342,30 @@ def check_files(version_dir: Path) -> dict:
             problems.append(f"missing: {rel}")
         elif (actual := sha256_file(path)) != entry["sha256"] or path.stat().st_size != entry["bytes"]:
             problems.append(f"altered: {rel} (sha256 {actual} != manifest {entry['sha256']})")
-    for path in release_files(vdir):
+    fmt = manifest.get("format", 1)
+    for path in release_files(vdir, fmt):
         rel = path.relative_to(vdir).as_posix()
         if rel not in listed:
             problems.append(f"extra: {rel}")
+    if fmt >= 2:
+        problems += published_problems(vdir, manifest)
     if problems:
         raise ManifestMismatch(vdir, problems)
     return manifest
+
+
+def published_problems(vdir: Path, manifest: dict) -> list[str]:
+    """What a format-2 release publishes beside its manifest: ``SHA256SUMS`` as the manifest
+    implies it, and the signature the manifest announces (and none it does not)."""
+    problems = []
+    sums = vdir / SUMS_NAME
+    if not sums.is_file():
+        problems.append(f"missing: {SUMS_NAME}")
+    elif sums.read_bytes() != sums_text(vdir, manifest["files"]).encode():
+        problems.append(f"altered: {SUMS_NAME} (not the sha256 of the manifest's files and of {MANIFEST})")
+    signed, sig = manifest.get("signature"), vdir / SIGNATURE_NAME
+    if signed and not sig.is_file():
+        problems.append(f"missing: {SIGNATURE_NAME} (the manifest says the release is signed)")
+    elif not signed and sig.is_file():
+        problems.append(f"extra: {SIGNATURE_NAME} (the manifest says the release is unsigned)")
+    return problems

@@ -58,6 +58,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import os
 import platform
 import threading
 import time
@@ -556,14 +557,28 @@ def open_release(
     program: str = "decision",
     capture: bool | None = None,
     capture_warmup: int = CAPTURE_WARMUP,
+    trusted_keys=None,
 ) -> DecisionRunner:
     """The runner of a released build (``<target>-<dtype>``, e.g. ``cuda-bfloat16``).
 
     The effective configuration, the package record and the ``.pt2`` must each match the
     release's ``manifest.json``; buckets default to the release's ``runtime.buckets.<target>``
     and the modules imported before loading to its ``verify.preload.<target>``.
+
+    ``trusted_keys``: public key files (PEM); the release must then be signed by one of them
+    over exactly its files (:func:`laya_build.release.signing.check`), checked before anything
+    of it is read.  ``None``: the keys of ``LAYA_BUILD_TRUSTED_KEYS`` if it is set; ``[]``: no
+    signature is required.
     """
     vdir = Path(release_dir).resolve()
+    if trusted_keys is None or trusted_keys:
+        from laya_build.release import check_files, signing
+
+        environ = os.environ if trusted_keys is None else {}
+        keys = signing.trusted_keys({"keys": [str(k) for k in trusted_keys or []]}, Path.cwd(), environ)
+        if keys:
+            check_files(vdir)
+            signing.check(vdir, keys)
     _no_link(vdir, MANIFEST)
     manifest = _read_json(vdir / MANIFEST, "release manifest")
     listed = {f["path"]: f["sha256"] for f in manifest.get("files", [])}

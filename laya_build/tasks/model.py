@@ -234,7 +234,7 @@ def _release_verify_tasks(p):
         doc=f"files of release {p.version} against its manifest",
         entry="laya_build.release:check_release",
         process="inline",
-        spec={"version_dir": str(vdir)},
+        spec={"version_dir": str(vdir), "trust": p.data.get("trust"), "root": str(p.root)},
         always=True,
         verbose=True,
     )

@@ -74,6 +74,7 @@ def release_stage(p, owners_of: dict[str, str]) -> Stage:
             "version_dir": str(p.version_dir),
             "root": str(p.root),
             "config": p.data,
+            "signing": p.data.get("signing"),
             "owners": owners_of,
         },
         writes_into=p.version_dir,

@@ -55,6 +55,12 @@ def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
     stack: list[str] = []
 
     def visit(node: str) -> list[str] | None:
+        # Python imports a module's packages before the module itself starts
+        for parent in _parents(node):
+            if parent in graph and parent not in state and (found := visit(parent)):
+                return found
+        if node in state:  # imported by its own package's __init__
+            return None
         state[node] = 1
         stack.append(node)
         for dep in sorted(graph.get(node, ())):
@@ -81,6 +87,16 @@ def test_a_circle_is_found():
     graph = {"laya_build.a": {"laya_build.b"}, "laya_build.b": {"laya_build.c"}, "laya_build.c": {"laya_build.a"}}
     assert find_circle(graph) == ["laya_build.a", "laya_build.b", "laya_build.c", "laya_build.a"]
     assert find_circle({"laya_build.p": {"laya_build.p.x"}, "laya_build.p.x": {"laya_build.p"}}) is None
+    # importing p.leaf first runs p/__init__, which imports p.user, which imports p.leaf: no circle
+    parents_first = {
+        "laya_build.p": {"laya_build.p.user"},
+        "laya_build.p.user": {"laya_build.p", "laya_build.p.leaf"},
+        "laya_build.p.leaf": {"laya_build.p"},
+        "laya_build.a": {"laya_build.p.leaf"},
+    }
+    assert find_circle(parents_first) is None
+    parents_first["laya_build.p.leaf"].add("laya_build.a")  # ... unless the leaf imports back
+    assert find_circle(parents_first) is not None
 
 
 STAGE_RECORDS = re.compile(r'"(model|export|aoti_package|verify|latency|cuda_diff|manifest)\.json"')
