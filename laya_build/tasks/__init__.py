@@ -31,7 +31,7 @@ from laya_build.tasks.model import (
     model_tasks,
     verify_tasks,
 )
-from laya_build.tasks.release import STAGE_GENERATORS, release_diff_task, release_task
+from laya_build.tasks.release import STAGE_GENERATORS, check_keys, release_diff_task, release_task
 
 __all__ = [
     "load_pipeline",
@@ -64,7 +64,10 @@ def load_pipeline(root: Path = PROJECT_ROOT) -> config_mod.Pipeline:
     variables = dict(doit_cmd._CMDLINE_VARS or {})
     pipeline = config_mod.from_command_line(variables, root=root, given=typed_variables(variables))
     run.install(
-        lambda selected: check_verifiable(pipeline, selected),  # verify builds nothing
+        lambda selected: (
+            check_keys(pipeline, selected),  # keys that cannot be used stop the run before its first task
+            check_verifiable(pipeline, selected),  # verify builds nothing
+        ),
         lambda: run_lock(
             pipeline.artifacts.run_lock(pipeline.version), f"version {pipeline.version}", wait=pipeline.wait
         ),

@@ -83,6 +83,19 @@ def release_stage(p, owners_of: dict[str, str]) -> Stage:
     )
 
 
+def check_keys(p, selected: list[str]) -> None:
+    """Before a run's first task: the signing key of a run that releases, and the trusted keys
+    of one that verifies, load (:mod:`laya_build.release.signing`), so that a wrong path or
+    password stops the run at once, not after the build."""
+    from laya_build.release import signing
+
+    basenames = {name.split(":", 1)[0] for name in selected}
+    if "release" in basenames:
+        signing.signing_key(p.data.get("signing"), p.root)
+    if "verify" in basenames:
+        signing.trusted_keys(p.data.get("trust"), p.root)
+
+
 def release_task(p) -> dict:
     """Build every stage for the version, then write REPORT.md and manifest.json (last)."""
     stages = build_order()

@@ -236,7 +236,16 @@ class SmallBuilds:
     kills: list = field(default_factory=list)  # the kill points reached
     stops: list = field(default_factory=list)  # what each stop left (Stop)
     finished_before_kills: set = field(default_factory=set)  # tasks a killed run had finished
-    resumed: DoitRun | None = None  # `doit release` after the kills
+    resumed: DoitRun | None = None  # `doit release` after the kills, signed with ``signing_key``
+    signing_key: Path | None = None  # the private key that signs the killed checkout's release
+    public_key: Path | None = None  # ... and its public key, which a verifier trusts
+
+
+def make_key(name: Path) -> tuple[Path, Path, str]:
+    """A new signing key pair ``<name>.key`` / ``<name>.pub`` and its key id."""
+    from laya_build.release import keys
+
+    return keys.new(str(name))
 
 
 def digests(project: Project) -> dict[str, str]:
@@ -273,7 +282,9 @@ def small_builds(tmp_path_factory) -> SmallBuilds:
                 if workers == 1:
                     builds.finished_before_kills.update(started[:-1])  # `-n 1`: all but the last ended
                 assert_nothing_half_done(killed)
-        builds.resumed = killed.doit("release")  # the plain re-run: carries on to the release
+        # the plain re-run carries on to the release, signed with a key made here
+        builds.signing_key, builds.public_key, _ = make_key(tmp_path_factory.mktemp("keys") / "release-team")
+        builds.resumed = killed.doit("release", env={"LAYA_BUILD_SIGNING_KEY": str(builds.signing_key)})
     finally:
         reader.join()
     builds.traced_run = DoitRun(proc.returncode, out[0], "")
@@ -284,3 +295,14 @@ def small_builds(tmp_path_factory) -> SmallBuilds:
         for name, project in (("traced", traced), ("killed", killed))
     }
     return builds
+
+
+@pytest.fixture(scope="module")
+def released(small_builds):
+    """The small pipeline's release 0.1.0, by ``doit release`` after a build killed at several
+    points: a release engineer's re-run, signed with a key made for it
+    (``small_builds.signing_key``).  Its model is a checkpoint upstream Laya wrote
+    (``model.path``), as a release engineer packages a trained one."""
+    run = small_builds.resumed
+    assert run.returncode == 0, run.stdout + run.stderr
+    return small_builds.killed, run

@@ -21,16 +21,6 @@ from tests.upstream_checkpoint import upstream_agent, upstream_forward
 pytestmark = pytest.mark.build(seconds=20)  # a second release, of a version built beside the first
 
 
-@pytest.fixture(scope="module")
-def released(small_builds):
-    """The small pipeline's release 0.1.0, by ``doit release`` after a build killed at several
-    points (``conftest.py``): a release engineer's re-run.  Its model is a checkpoint upstream
-    Laya wrote (``model.path``), as a release engineer packages a trained one."""
-    run = small_builds.resumed
-    assert run.returncode == 0, run.stdout + run.stderr
-    return small_builds.killed, run
-
-
 def _snapshot(vdir):
     return {
         p.relative_to(vdir).as_posix(): (p.stat().st_mtime_ns, sha256_file(p))
@@ -45,8 +35,10 @@ def test_manifest_is_valid_and_every_hash_right(released):
     manifest = read_record(vdir / "manifest.json")
     assert manifest["version"] == "0.1.0"
     listed = {f["path"]: f for f in manifest["files"]}
-    on_disk = {p.relative_to(vdir).as_posix() for p in vdir.rglob("*") if p.is_file() and p.name != "manifest.json"}
+    unlisted = ("manifest.json", "SHA256SUMS", "release.sig")  # what lists, and what signs, the rest
+    on_disk = {p.relative_to(vdir).as_posix() for p in vdir.rglob("*") if p.is_file() and p.name not in unlisted}
     assert set(listed) == on_disk
+    assert manifest["format"] == 2 and manifest["provenance"] == "provenance.json"
     for rel, entry in listed.items():
         assert sha256_file(vdir / rel) == entry["sha256"], rel
         assert (vdir / rel).stat().st_size == entry["bytes"], rel
@@ -179,7 +171,8 @@ def test_verify_a_release_copied_elsewhere(released, tmp_path_factory):
     shutil.copytree(project.version_dir(), other.version_dir("0.1.0"))
     run = other.doit("verify", "version=0.1.0")
     assert run.returncode == 0, run.stdout + run.stderr
-    assert re.search(r"verify 0.1.0: \d+ files match manifest.json", run.stdout)
+    said = r"verify 0.1.0: signature not checked \(no trusted keys.*\), \d+ files match manifest.json"
+    assert re.search(said, run.stdout)
     assert "verify 0.1.0 cpu-float32: ok" in run.stdout
     assert "verify 0.1.0 cuda-bfloat16: skipped" in run.stdout
     record = read_record(other.artifacts / "verifications" / "0.1.0" / "cpu-float32" / "verify.json")
