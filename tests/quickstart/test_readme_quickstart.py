@@ -40,6 +40,8 @@ def test_the_quickstart_block_is_what_the_readme_promises():
     assert lines[0].startswith(".venv/bin/doit release")
     assert any("release_diff --old 0.1.0 --new 0.2.0" in line for line in lines)
     assert any("verify release=" in line for line in lines)
+    assert any("LAYA_BUILD_SIGNING_KEY=" in line for line in lines), "the quick start signs a release"
+    assert any("LAYA_BUILD_TRUSTED_KEYS=" in line and "verify" in line for line in lines)
 
 
 def test_the_readme_quickstart_runs(tmp_path):
@@ -64,6 +66,15 @@ def test_the_readme_quickstart_runs(tmp_path):
         assert (vdir / "manifest.json").is_file() and (vdir / "REPORT.md").is_file()
         assert (vdir / "pipeline.effective.json").is_file()
         assert json.loads((vdir / "manifest.json").read_text())["version"] == version
+    for version in ("0.1.0", "0.2.0"):
+        vdir = artifacts / version
+        assert (vdir / "provenance.json").is_file() and (vdir / "SHA256SUMS").is_file()
+        check = subprocess.run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=vdir, capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+    assert not (artifacts / "0.1.0" / "release.sig").exists(), "no key: 0.1.0 is unsigned"
+    assert json.loads((artifacts / "0.2.0" / "manifest.json").read_text())["signature"]["file"] == "release.sig"
+    assert (artifacts / "0.2.0" / "release.sig").is_file()
+    assert (artifacts / "verifications" / "0.2.0").is_dir(), "the signed release was verified"
     verified = artifacts / "verifications" / "0.1.0"
     records = sorted(verified.glob("*/verify.json"))
     assert records, "verify of a released version writes its results under artifacts/verifications/<version>/"
