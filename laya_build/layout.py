@@ -26,8 +26,9 @@ RELEASE_FILES = (REPORT_NAME, EFFECTIVE_CONFIG_NAME)
 # manifest included: ``sha256sum -c`` without laya-build) and the signature (a Sigstore bundle
 # over every other file of the folder).
 PROVENANCE_NAME, SUMS_NAME, SIGNATURE_NAME = "provenance.json", "SHA256SUMS", "release.sig"
+SBOM_NAME = "sbom.cdx.json"  # the CycloneDX bill of materials of the build's toolchain (listed)
 # Written by a publication, removed again when one is interrupted (the manifest too).
-PUBLISHED_FILES = (*RELEASE_FILES, PROVENANCE_NAME, SUMS_NAME, SIGNATURE_NAME)
+PUBLISHED_FILES = (*RELEASE_FILES, PROVENANCE_NAME, SBOM_NAME, SUMS_NAME, SIGNATURE_NAME)
 # Stages of the model builds: one folder per (target, dtype), record ``<stage>.json``.
 BUILD_STAGES = ("export", "aoti_package", "verify")
 AOTI_PACKAGE_DIR = "aoti_package"

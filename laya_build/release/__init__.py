@@ -29,6 +29,7 @@ from laya_build.layout import (
     PUBLISHED_FILES,
     RELEASE_FILES,
     REPORT_NAME,
+    SBOM_NAME,
     SIGNATURE_NAME,
     SUMS_NAME,
     record_name,
@@ -179,7 +180,7 @@ def build_manifest(spec: dict) -> dict:
     which is what marks the version released.
     """
     from laya_build.records import write_record
-    from laya_build.release import provenance, signing
+    from laya_build.release import provenance, sbom, signing
     from laya_build.release.report import render_report
 
     vdir = Path(spec["version_dir"])
@@ -209,17 +210,21 @@ def build_manifest(spec: dict) -> dict:
         files, version=spec["version"], config_sha256=digest, effective=EFFECTIVE_CONFIG, git=git, env=env
     )
     write_json(vdir / PROVENANCE_NAME, statement)
-    files.append({**file_entry(vdir / PROVENANCE_NAME, vdir), "task": "release"})
+    created = spec.get("created") or datetime.now(UTC).isoformat(timespec="seconds")
+    bom = sbom.document(provenance.distributions(), provenance.toolchain(env), version=spec["version"], created=created)
+    write_text(vdir / SBOM_NAME, bom)
+    files += [{**file_entry(vdir / name, vdir), "task": "release"} for name in (PROVENANCE_NAME, SBOM_NAME)]
     files.sort(key=lambda f: f["path"])
     manifest = {
         "stage": "manifest",
         "format": FORMAT,
         "version": spec["version"],
-        "created": spec.get("created") or datetime.now(UTC).isoformat(timespec="seconds"),
+        "created": created,
         "pipeline": {"sha256": digest, "effective": EFFECTIVE_CONFIG},
         "git": git,
         "environment": env,
         "provenance": PROVENANCE_NAME,
+        "sbom": SBOM_NAME,
         "sums": SUMS_NAME,
         "signature": {"file": SIGNATURE_NAME, "key_id": key.key_id} if key else None,
         "files": files,

@@ -47,9 +47,23 @@ def distributions() -> list[tuple[str, str]]:
     return sorted(found.items())
 
 
+def toolchain(env: dict) -> dict[str, str | None]:
+    """Python, TVM, the C/C++/CUDA compilers and CUDA of an environment snapshot
+    (:func:`laya_build.environment.snapshot`): name -> version line."""
+    torch_env = env.get("collect_env") or {}
+    return {
+        "python": env.get("python"),
+        "tvm": env.get("tvm"),
+        **{k: env.get(k) for k in ("cc", "cxx", "nvcc")},
+        "cuda": torch_env.get("cuda_runtime_version") or torch_env.get("cuda_compiled_version"),
+    }
+
+
 def dependencies(git: dict, env: dict, source_uri: str | None) -> list[dict]:
     """SLSA resolvedDependencies: the source revision, then every Python distribution
-    (package URLs), then the compilers and TVM."""
+    (package URLs), then the toolchain."""
+    from laya_build.release.sbom import purl
+
     deps = []
     if git.get("commit"):
         deps.append(
@@ -59,15 +73,8 @@ def dependencies(git: dict, env: dict, source_uri: str | None) -> list[dict]:
                 "annotations": {"dirty": git.get("dirty")},
             }
         )
-    for name, version in distributions():
-        deps.append({"name": name, "uri": f"pkg:pypi/{name}@{version}"})
-    tools = {"python": env.get("python"), "tvm": env.get("tvm")}
-    tools.update({k: env.get(k) for k in ("cc", "cxx", "nvcc")})
-    torch_env = env.get("collect_env") or {}
-    tools["cuda"] = torch_env.get("cuda_runtime_version") or torch_env.get("cuda_compiled_version")
-    for name, version in tools.items():
-        if version:
-            deps.append({"name": name, "annotations": {"version": version}})
+    deps += [{"name": name, "uri": purl(name, version)} for name, version in distributions()]
+    deps += [{"name": n, "annotations": {"version": v}} for n, v in toolchain(env).items() if v]
     return deps
 
 

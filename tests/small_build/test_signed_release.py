@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from laya_build.records import sha256_file
+from laya_build.release.sbom import purl
 from tests.pipeline.project import Project
 from tests.small_build.conftest import make_key
 
@@ -106,10 +107,18 @@ def test_the_release_carries_a_signature_provenance_and_sha256sums(released, key
     assert build["externalParameters"]["version"] == "0.1.0"
     deps = build["resolvedDependencies"]
     assert deps[0]["digest"] == {"gitCommit": manifest["git"]["commit"]}
-    assert {"name": "torch", "uri": f"pkg:pypi/torch@{manifest['environment']['packages']['torch']}"} in deps
+    torch_version = manifest["environment"]["packages"]["torch"]
+    assert {"name": "torch", "uri": purl("torch", torch_version)} in deps
+    assert purl("torch", "2.13.0+cpu") == "pkg:pypi/torch@2.13.0%2Bcpu"
     assert any(d["name"] == "cc" for d in deps)
     details = statement["predicate"]["runDetails"]
     assert details["builder"]["id"] and details["metadata"]["startedOn"] <= details["metadata"]["finishedOn"]
+    # the bill of materials: CycloneDX, the same distributions, the compilers
+    bom = json.loads((vdir / "sbom.cdx.json").read_text())
+    assert bom["bomFormat"] == "CycloneDX" and bom["specVersion"] == "1.6"
+    refs = {c["bom-ref"] for c in bom["components"]}
+    assert {d["uri"] for d in deps if d.get("uri", "").startswith("pkg:")} <= refs and "tool:cc" in refs
+    assert manifest["sbom"] == "sbom.cdx.json" and "sbom.cdx.json" in subjects
     # machine settings are not part of what a release records
     effective = json.loads((vdir / "pipeline.effective.json").read_text())
     assert "signing" not in effective and "trust" not in effective
