@@ -206,14 +206,15 @@ def build_manifest(spec: dict) -> dict:
         entry["task"] = owners.get(entry["path"]) or ("release" if entry["path"] in (REPORT, EFFECTIVE_CONFIG) else top)
         files.append(entry)
     digest = config_digest(config)
-    statement = provenance.statement(
-        files, version=spec["version"], config_sha256=digest, effective=EFFECTIVE_CONFIG, git=git, env=env
-    )
-    write_json(vdir / PROVENANCE_NAME, statement)
     created = spec.get("created") or datetime.now(UTC).isoformat(timespec="seconds")
     bom = sbom.document(provenance.distributions(), provenance.toolchain(env), version=spec["version"], created=created)
     write_text(vdir / SBOM_NAME, bom)
-    files += [{**file_entry(vdir / name, vdir), "task": "release"} for name in (PROVENANCE_NAME, SBOM_NAME)]
+    files.append({**file_entry(vdir / SBOM_NAME, vdir), "task": "release"})
+    statement = provenance.statement(  # its subjects: every other listed file, the SBOM included
+        files, version=spec["version"], config_sha256=digest, effective=EFFECTIVE_CONFIG, git=git, env=env
+    )
+    write_json(vdir / PROVENANCE_NAME, statement)
+    files.append({**file_entry(vdir / PROVENANCE_NAME, vdir), "task": "release"})
     files.sort(key=lambda f: f["path"])
     manifest = {
         "stage": "manifest",
