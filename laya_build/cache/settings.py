@@ -52,9 +52,10 @@ class CacheSettings:
         return f"{self.url} ({mode})"
 
 
-def default_url() -> str:
+def default_url(env=None) -> str:
     """The per-user cache folder: ``$XDG_CACHE_HOME/laya-build/cache`` (``~/.cache/...``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    env = os.environ if env is None else env
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return str(Path(base) / "laya-build" / "cache")
 
 
@@ -103,7 +104,7 @@ def cache_settings(cfg: dict | None, *, label: str = "pipeline.yaml", env=None) 
     if url_env:
         url = normalise_url(url_env, f"environment {ENV_URL}")
     else:
-        url = normalise_url(cfg.get("url") or default_url(), f"{label}: cache.url")
+        url = normalise_url(cfg.get("url") or default_url(env), f"{label}: cache.url")
     read = _flag(ENV_READ, env[ENV_READ]) if env.get(ENV_READ) else cfg.get("read", True)
     write = _flag(ENV_WRITE, env[ENV_WRITE]) if env.get(ENV_WRITE) else cfg.get("write", True)
     timeout = cfg.get("timeout_s", DEFAULT_TIMEOUT_S)
