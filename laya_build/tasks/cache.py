@@ -11,6 +11,7 @@ this build may write, store its outputs.  Without a cache or an executor, a task
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from laya_build.log import get_logger
@@ -49,10 +50,12 @@ def cached_action(p, stage: Stage, code: list[str], third_party: frozenset[str],
         from laya_build.cache import keys
 
         report_to = p.artifacts.cache_report(p.version)
+        start = time.perf_counter()
         parts = keys.key_parts(
             root, stage, code=code, version=p.version, third_party=third_party, tools=tools, resource=resource
         )
         key = keys.digest(parts)
+        key_s = round(time.perf_counter() - start, 4)
         scratch = p.artifacts.cache_fetch_dir()
         if cache.fetch(stage, key, root=root, settings=settings, scratch=scratch, report_to=report_to):
             return None
@@ -80,7 +83,7 @@ def cached_action(p, stage: Stage, code: list[str], third_party: frozenset[str],
                 )
             return None
         run_stage(stage)
-        cache.report(report_to, stage.task, "built", key=key)
+        cache.report(report_to, stage.task, "built", key=key, key_s=key_s)
         cache.store(stage, key, root=root, settings=settings, report_to=report_to)
         return None
 
