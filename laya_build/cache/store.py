@@ -90,7 +90,6 @@ class Store:
             config.setdefault("connect_timeout", t)
             config.setdefault("read_timeout", t)
             config.setdefault("retries", {"max_attempts": 2, "mode": "standard"})
-            options.setdefault("retries", 1)
             if "endpoint_url" in options:  # s3fs takes it among the client's arguments too
                 client = dict(options.pop("client_kwargs", {}) or {})
                 client.setdefault("endpoint_url", options.pop("endpoint_url"))

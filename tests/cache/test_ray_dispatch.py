@@ -61,6 +61,7 @@ def cluster(tmp_path_factory):
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     env = {**os.environ, "LAYA_BUILD_WORKER_ROOT": str(worker.path), "HF_HUB_OFFLINE": "1"}
     env.pop("PYTHONPATH", None)
+    env.pop("LAYA_BUILD_CACHE", None)  # the workers use the cache each request names
     start = [
         ray,
         "start",
@@ -84,6 +85,7 @@ def cluster(tmp_path_factory):
 
 def _env(cluster, cache: str) -> dict:
     return {
+        "LAYA_BUILD_CACHE": "on",
         "LAYA_BUILD_CACHE_URL": str(cluster["base"] / cache),
         "LAYA_BUILD_EXECUTOR": "ray",
         "LAYA_BUILD_RAY_ADDRESS": cluster["address"],

@@ -57,13 +57,13 @@ def built(tmp_path_factory):
     first.edit_config(small_pipeline)
     first.commit("small pipeline")
     cache = base / "cache"
-    env = {"LAYA_BUILD_CACHE_URL": str(cache)}
+    env = {"LAYA_BUILD_CACHE": "on", "LAYA_BUILD_CACHE_URL": str(cache)}
     run = first.doit("release", env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     second = worktree(first, base / "second")
     again = second.doit("release", env=env)
     assert again.returncode == 0, again.stdout + again.stderr
-    return {"first": first, "second": second, "cache": cache, "run": run, "again": again, "base": base}
+    return {"first": first, "second": second, "cache": cache, "env": env, "again": again, "base": base}
 
 
 def test_a_second_checkout_builds_nothing_from_a_warm_cache(built):
@@ -91,7 +91,7 @@ def test_fetched_artifacts_are_byte_identical(built):
     files = [{f["path"]: f["sha256"] for f in m["files"] if f["path"] not in differ} for m in manifests]
     assert files[0] == files[1]
     # the next run in the second checkout takes every fetched task as up to date
-    status = built["second"].status(env={"LAYA_BUILD_CACHE_URL": str(built["cache"])})
+    status = built["second"].status(env=built["env"])
     assert {t for t, mark in status.items() if mark == "R" and t.split(":")[0] not in ALWAYS} <= NO_OUTPUTS
 
 
@@ -112,7 +112,7 @@ def test_a_corrupt_blob_is_reported_never_served_and_rebuilt(built, third):
     blob, rel = _entry_blob(cache, first, "lower_c:rope", ".c")
     good = blob.read_bytes()
     blob.write_bytes(good.replace(b"float", b"flaot", 1))
-    run = third.doit("lower_c:rope", env={"LAYA_BUILD_CACHE_URL": str(cache)})
+    run = third.doit("lower_c:rope", env=built["env"])
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"cache blob {blob.name} ({rel}) of lower_c:rope is corrupt" in run.stderr
     assert [r["result"] for r in report(third)] == ["corrupt", "built", "stored"]
@@ -139,10 +139,12 @@ def test_an_unreachable_cache_gives_a_local_build_and_one_warning(built, third, 
         "a folder under a file": {"LAYA_BUILD_CACHE_URL": str(third.path / "pipeline.yaml" / "cache")},
     }[where]
     third.doit("clean", "tir:rope.cpu-float32")
-    run = third.doit("tir:rope.cpu-float32", env={**env, "LAYA_BUILD_CACHE_TIMEOUT_S": "3"}, timeout=300)
+    env = {**env, "LAYA_BUILD_CACHE": "on", "LAYA_BUILD_CACHE_TIMEOUT_S": "3"}
+    run = third.doit("tir:rope.cpu-float32", env=env, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.executed == ["tir:rope.cpu-float32"]
     assert run.stderr.count("laya-build: warning: cache unavailable, building locally") == 1, run.stderr
+    assert f"building locally: reaching {env['LAYA_BUILD_CACHE_URL']}: " in run.stderr  # names the cache
     assert (third.version_dir() / "tir" / "rope" / "cpu-float32.tir.py").read_bytes() == (
         built["first"].version_dir() / "tir" / "rope" / "cpu-float32.tir.py"
     ).read_bytes()
@@ -160,7 +162,12 @@ def test_an_s3_cache_through_s3fs_on_a_moto_server(built, third):
         creds = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
         fs = s3fs.S3FileSystem(key="test", secret="test", client_kwargs={"endpoint_url": endpoint})
         fs.mkdir("laya-cache")
-        env = {**creds, "LAYA_BUILD_CACHE_URL": "s3://laya-cache/ci", "LAYA_BUILD_CACHE_ENDPOINT_URL": endpoint}
+        env = {
+            **creds,
+            "LAYA_BUILD_CACHE": "on",
+            "LAYA_BUILD_CACHE_URL": "s3://laya-cache/ci",
+            "LAYA_BUILD_CACHE_ENDPOINT_URL": endpoint,
+        }
         task = "tir:rope.bfloat16"
         third.doit("clean", task)
         stored = third.doit(task, env=env)
@@ -169,13 +176,14 @@ def test_an_s3_cache_through_s3fs_on_a_moto_server(built, third):
         blobs = fs.find("laya-cache/ci/blobs")
         assert len(blobs) == 2 and all(Path(b).name == hashlib.sha256(fs.cat(b)).hexdigest() for b in blobs)
         assert len(fs.find("laya-cache/ci/entries")) == 1
+        built_here = {n: h for n, h in tree(third.version_dir() / "tir" / "rope").items() if n.startswith("bfloat16")}
         third.doit("clean", task)
         fetched = third.doit(task, env=env)
         assert fetched.returncode == 0, fetched.stdout + fetched.stderr
         assert [r["result"] for r in report(third)] == ["fetched"]
         assert f"laya-build: cache: {task}: fetched (2 files" in fetched.stderr
-        first = built["first"].version_dir() / "tir" / "rope"
-        assert tree(third.version_dir() / "tir" / "rope") == tree(first)
+        fetched_here = {n: h for n, h in tree(third.version_dir() / "tir" / "rope").items() if n.startswith("bfloat16")}
+        assert fetched_here == built_here and len(built_here) == 2  # the script and its record, as stored
         # a reader that may not write: nothing more is stored
         before = sorted(fs.find("laya-cache/ci", refresh=True))
         third.doit("clean", "tir:rope.cpu-float32")
