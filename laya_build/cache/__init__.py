@@ -149,13 +149,14 @@ def fetch(stage: Stage, key: str, *, root: Path, settings: CacheSettings, scratc
         report(report_to, stage.task, "bad-entry", key=key, reason=why)
         return False
     files: dict[str, str] = entry["files"]
-    sizes = entry.get("sizes", {})
+    given = entry.get("sizes") if isinstance(entry.get("sizes"), dict) else {}
+    sizes = {rel: v if isinstance(v, int) and v >= 0 else 0 for rel, v in given.items()}
     scratch.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{stage.task.replace(':', '_')}.", dir=scratch))
     try:
         for i, (rel, sha) in enumerate(sorted(files.items())):
             try:
-                cache.fetch_blob(sha, tmp / str(i), int(sizes.get(rel, 0) or 0))
+                cache.fetch_blob(sha, tmp / str(i), sizes.get(rel, 0))
             except BlobMismatch as exc:
                 removed = ""
                 if settings.write:
@@ -187,7 +188,7 @@ def fetch(stage: Stage, key: str, *, root: Path, settings: CacheSettings, scratc
         outputs.save()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    size = sum(int(v or 0) for v in sizes.values())
+    size = sum(sizes.get(rel, 0) for rel in files)
     note(f"{stage.task}: fetched ({len(files)} files, {size / 1e6:.1f} MB) in {time.perf_counter() - start:.2f} s")
     report(report_to, stage.task, "fetched", key=key, files=len(files), bytes=size)
     return True
