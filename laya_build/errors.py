@@ -224,6 +224,26 @@ class ChildCrashError(StageError):
         self.signal = signal
 
 
+class RemoteStageError(StageError):
+    """A stage sent to the Ray cluster (``executor: ray``) did not come back: no worker with
+    its resource answered in time, the remote run failed, or its outputs did not reach the cache."""
+
+    hint = (
+        "check that a worker offers the resource named above (`ray status`), that it reaches the cache, "
+        "and its log (`ray logs`); docs/guides/cache-and-cluster.md"
+    )
+
+
+class RemoteMismatchError(StageError):
+    """A Ray worker refused a stage: its checkout is at another commit, or its code, toolchain or
+    inputs would give the stage another cache key than the build's (the message names what)."""
+
+    hint = (
+        "give every worker a checkout at the build's commit with the same requirements.txt installed, "
+        "named by LAYA_BUILD_WORKER_ROOT (docs/guides/cache-and-cluster.md)"
+    )
+
+
 class VerificationError(LayaBuildError):
     """The packaged model failed fresh-process verification."""
 

@@ -120,6 +120,15 @@ class ArtifactsLayout:
         """The digest of a task's outputs after its last complete run (outside the version)."""
         return self.root / DOIT_DB_DIR / "outputs" / version / f"{task}.json"
 
+    def cache_report(self, version: str) -> Path:
+        """What the last ``doit`` run of ``version`` did with the cache: one JSON line per task."""
+        return self.root / DOIT_DB_DIR / "cache" / f"{version}.jsonl"
+
+    def cache_fetch_dir(self) -> Path:
+        """Where fetched blobs are checked before they are moved into place (beside the versions,
+        on their filesystem)."""
+        return self.cache("fetch")
+
     def verifications(self, version: str) -> Path:
         return self.root / VERIFICATIONS_DIR / version
 

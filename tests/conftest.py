@@ -26,6 +26,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # only oversubscribes them (2-core machine, 2026-11-30: 390 s with one thread, 407 s with two).  Timings in the
 # tests' records are not compared with anything; a build outside the suite is unaffected.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# No build cache unless a test asks for one (``LAYA_BUILD_CACHE=on`` with its own url): a
+# developer's LAYA_BUILD_CACHE_URL must not answer the builds a test means to run.
+os.environ["LAYA_BUILD_CACHE"] = "off"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

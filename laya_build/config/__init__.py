@@ -47,6 +47,10 @@ class Pipeline:
     root: Path  # project root
     release_folder: Path | None = None  # ``doit verify release=<folder>``: a release folder where it lies
     wait: bool = True  # ``wait=no``: refuse at once when another run builds the same version
+    # Where stage results are shared and where stages run (``cache:``, ``executor:``): kept out
+    # of ``data``, which is what is built (and what a release records), not where.
+    cache: dict | None = None
+    executor: dict | None = None
 
     @property
     def version(self) -> str:
@@ -361,7 +365,15 @@ def from_command_line(
             hint="wait=no refuses at once when another run builds the same version; without it a run waits",
         )
     pipeline = load(variables.get("config"), root=root, overrides={"version": version}, path_argument="config")
-    return Pipeline(data=pipeline.data, path=pipeline.path, root=root, release_folder=folder, wait=wait == "yes")
+    return Pipeline(
+        data=pipeline.data,
+        path=pipeline.path,
+        root=root,
+        release_folder=folder,
+        wait=wait == "yes",
+        cache=pipeline.cache,
+        executor=pipeline.executor,
+    )
 
 
 def release_folder(value: str, root: Path) -> tuple[Path, str]:
@@ -435,9 +447,32 @@ def load(
     _check_kernels(
         data, path, root, version_from=_argument("version", given["version"]) if "version" in given else None
     )
+    infra = {name: data.pop(name, None) for name in INFRA_SECTIONS}
+    _check_infra(infra, path)
     _merge_model_defaults(data, path)
     _check_model(data, path, root)
-    return Pipeline(data=data, path=path, root=root)
+    return Pipeline(data=data, path=path, root=root, **infra)
+
+
+INFRA_SECTIONS = ("cache", "executor")  # where a build's results are shared and its stages run
+
+
+def _check_infra(infra: dict, path: Path) -> None:
+    """The cache url and the executor, with their environment overrides applied (a bad
+    ``LAYA_BUILD_CACHE_URL`` is refused like a bad key)."""
+    from laya_build.cache.settings import cache_settings
+    from laya_build.executors import executor_settings
+
+    cache = cache_settings(infra["cache"], label=str(path))
+    executor = executor_settings(infra["executor"], label=str(path))
+    if executor is not None and (cache is None or not cache.write):
+        why = "no cache is configured" if cache is None else "the cache is read-only here"
+        raise ConfigError(
+            f"{path}: invalid at executor.kind: executor ray sends a stage's inputs to the cluster and gets "
+            f"its outputs back through the cache, and {why}",
+            hint="configure a cache the cluster's workers share and this build may write "
+            "(cache: {url: s3://bucket/prefix}, or LAYA_BUILD_CACHE_URL), or executor kind local",
+        )
 
 
 MODEL_SECTIONS = ("model", "export", "package", "verify", "latency", "runtime")

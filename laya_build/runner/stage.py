@@ -8,7 +8,7 @@ from laya_build import errors
 from laya_build.diskspace import full_near, is_no_space
 from laya_build.errors import DiskFullError, OutputsTampered
 from laya_build.runner.process import Child, run
-from laya_build.stage import Stage
+from laya_build.stage import Outputs, Stage
 
 
 def run_stage(stage: Stage):
@@ -17,21 +17,7 @@ def run_stage(stage: Stage):
     interrupted run survives into a release); run its function in its process; validate and
     write the record it returns; record the digest of its outputs once they are complete.
     Returns what the function returned."""
-    from laya_build import release
-
-    if stage.writes_into is not None:
-        release.refuse_if_released(stage.writes_into, stage.label)
-    outputs = stage.outputs
-    if altered := outputs.altered():
-        path, now, then = altered[0]
-        names = ", ".join(p for p, _, _ in altered)
-        raise OutputsTampered(
-            f"{stage.task}: {names} changed after {stage.task} wrote {'them' if len(altered) > 1 else 'it'} "
-            f"(sha256 {now} != {then}); nothing builds on or verifies altered outputs",
-            hint=f"`doit clean {stage.task}` removes them so that the next run rebuilds them",
-        )
-    outputs.forget()
-    outputs.clear()
+    outputs = prepare_outputs(stage)
     try:
         if stage.process == "inline":
             value = _call(stage)
@@ -55,6 +41,28 @@ def run_stage(stage: Stage):
             raise full from exc
         raise
     return value
+
+
+def prepare_outputs(stage: Stage) -> Outputs:
+    """Before anything writes ``stage``'s outputs (a run, or a fetch from the cache): refuse a
+    released (or damaged) version and outputs altered since their task wrote them; then forget
+    their digest and clear them."""
+    from laya_build import release
+
+    if stage.writes_into is not None:
+        release.refuse_if_released(stage.writes_into, stage.label)
+    outputs = stage.outputs
+    if altered := outputs.altered():
+        path, now, then = altered[0]
+        names = ", ".join(p for p, _, _ in altered)
+        raise OutputsTampered(
+            f"{stage.task}: {names} changed after {stage.task} wrote {'them' if len(altered) > 1 else 'it'} "
+            f"(sha256 {now} != {then}); nothing builds on or verifies altered outputs",
+            hint=f"`doit clean {stage.task}` removes them so that the next run rebuilds them",
+        )
+    outputs.forget()
+    outputs.clear()
+    return outputs
 
 
 def remove_partial(stage: Stage) -> list[str]:

@@ -20,7 +20,7 @@ from doit import doit_cmd
 from laya_build import PROJECT_ROOT
 from laya_build import config as config_mod
 from laya_build.locks import run_lock
-from laya_build.tasks import dispatch, exits, run, state
+from laya_build.tasks import cache, dispatch, exits, run, state
 from laya_build.tasks.kernels import cuda_diff_tasks, cuda_source_tasks, lower_c_tasks, probe_c_tasks, tir_tasks
 from laya_build.tasks.model import (
     aoti_package_tasks,
@@ -67,6 +67,7 @@ def load_pipeline(root: Path = PROJECT_ROOT) -> config_mod.Pipeline:
         lambda selected: (
             check_keys(pipeline, selected),  # keys that cannot be used stop the run before its first task
             check_verifiable(pipeline, selected),  # verify builds nothing
+            cache.before_run(pipeline, selected),  # one warning for a cache that does not answer
         ),
         lambda: run_lock(
             pipeline.artifacts.run_lock(pipeline.version), f"version {pipeline.version}", wait=pipeline.wait

@@ -3,7 +3,8 @@
 A stage task's dependencies are derived (:mod:`laya_build.tasks.deps`): the project files its
 process can import or read, the schemas of the records it writes and reads, the inputs it
 is given, the config slice it reads plus the version it builds into, the installed
-toolchain (:mod:`laya_build.environment`) and the bytes of its own outputs.
+toolchain (:mod:`laya_build.environment`) and the bytes of its own outputs.  With a cache
+configured, the same things, by content, are its cache key (:mod:`laya_build.tasks.cache`).
 """
 
 from __future__ import annotations
@@ -103,9 +104,12 @@ def doit_task(p, stage: Stage) -> dict:
             outputs_unchanged(stage.outputs),
         ]
     )
+    from laya_build.tasks import cache
+
+    action = cache.cached_action(p, stage, code, third_party, tools) if cache.wanted(p) else stage_action(stage)
     task = {
         "doc": stage.doc,
-        "actions": [stage_action(stage)],
+        "actions": [action],
         "file_dep": code + [str(i) for i in stage.inputs],
         "targets": [str(t) for t in stage.targets],
         "uptodate": uptodate,

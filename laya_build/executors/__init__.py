@@ -1,0 +1,119 @@
+"""Where a stage task runs: here, or (``executor: ray``) as a Ray task on a machine that can
+build its target, its outputs coming back through the shared cache.
+
+This module decides, from the configuration alone and without importing Ray, which stages go
+to the cluster and which resource they ask for; :mod:`.ray_dispatch` sends them (the only
+module that imports Ray, and only when a stage is dispatched).
+
+A stage is bound to a target when it is one of :data:`TARGET_STAGES` (its configuration names
+``target: cpu`` or ``cuda``).  It runs remotely when its target is in
+``executor.remote_targets``, or when this machine cannot build that target: ``cuda`` without
+a visible NVIDIA GPU.  It asks for one unit of the target's resource: by default
+``laya_target:cuda-<arch>`` (the first of ``cuda.archs``: ``laya_target:cuda-sm90``) or
+``laya_target:cpu-<machine>`` (``laya_target:cpu-x86_64``); ``executor.resources`` renames them.
+
+Environment (over the file): ``LAYA_BUILD_EXECUTOR`` (``local`` or ``ray``),
+``LAYA_BUILD_RAY_ADDRESS``, ``LAYA_BUILD_REMOTE_TARGETS`` (``cpu,cuda``) and, on a worker,
+``LAYA_BUILD_WORKER_ROOT`` (its checkout of the project).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+from laya_build.errors import ConfigError
+
+ENV_EXECUTOR = "LAYA_BUILD_EXECUTOR"
+ENV_ADDRESS = "LAYA_BUILD_RAY_ADDRESS"
+ENV_REMOTE = "LAYA_BUILD_REMOTE_TARGETS"
+ENV_WORKER_ROOT = "LAYA_BUILD_WORKER_ROOT"
+ENVIRONMENT = {
+    ENV_EXECUTOR: "local or ray: where stage tasks run",
+    ENV_ADDRESS: "the Ray cluster's address (else executor.address, RAY_ADDRESS, auto)",
+    ENV_REMOTE: "targets whose stages always run on the cluster, comma-separated (cpu,cuda)",
+    ENV_WORKER_ROOT: "on a Ray worker: its checkout of the project (else executor.worker_root)",
+}
+TARGET_STAGES = ("export", "aoti_package", "latency")  # stages whose bytes come from one target
+RESOURCE_PREFIX = "laya_target:"
+TARGETS = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class ExecutorSettings:
+    kind: str = "local"
+    address: str | None = None
+    remote_targets: tuple[str, ...] = ()
+    resources: tuple[tuple[str, str], ...] = ()
+    worker_root: str | None = None
+    num_cpus: float = 1.0
+    timeout_s: float = 3600.0
+
+
+def executor_settings(cfg: dict | None, *, label: str = "pipeline.yaml", env=None) -> ExecutorSettings | None:
+    """``executor:`` with the environment's overrides; None for a local build."""
+    env = os.environ if env is None else env
+    cfg = dict(cfg or {})
+    kind = env.get(ENV_EXECUTOR) or cfg.get("kind", "local")
+    if kind not in ("local", "ray"):
+        raise ConfigError(f"environment {ENV_EXECUTOR}={kind!r}: expected local or ray", hint=f"{ENV_EXECUTOR}=ray")
+    if kind == "local":
+        return None
+    remote = cfg.get("remote_targets", [])
+    if env.get(ENV_REMOTE):
+        remote = [t.strip() for t in env[ENV_REMOTE].split(",") if t.strip()]
+        unknown = [t for t in remote if t not in TARGETS]
+        if unknown:
+            raise ConfigError(
+                f"environment {ENV_REMOTE}={env[ENV_REMOTE]!r}: unknown target {unknown[0]!r}",
+                hint=f"targets: {', '.join(TARGETS)}",
+            )
+    return ExecutorSettings(
+        kind=kind,
+        address=env.get(ENV_ADDRESS) or cfg.get("address") or env.get("RAY_ADDRESS") or "auto",
+        remote_targets=tuple(remote),
+        resources=tuple(sorted((cfg.get("resources") or {}).items())),
+        worker_root=cfg.get("worker_root"),
+        num_cpus=float(cfg.get("num_cpus", 1)),
+        timeout_s=float(cfg.get("timeout_s", 3600)),
+    )
+
+
+def gpu_visible() -> bool:
+    """Whether an NVIDIA GPU is visible here, asked without initialising CUDA or importing torch."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return (gpus.is_dir() and any(gpus.iterdir())) or Path("/dev/nvidia0").exists()
+
+
+def stage_target(stage) -> str | None:
+    """The target a stage's bytes come from, for the stages bound to one."""
+    if stage.basename not in TARGET_STAGES:
+        return None
+    target = stage.config.get("target")
+    return target if target in TARGETS else None
+
+
+def resource_name(target: str, data: dict, settings: ExecutorSettings) -> str:
+    named = dict(settings.resources)
+    if target in named:
+        return named[target]
+    if target == "cuda":
+        arch = data["cuda"]["archs"][0]["arch"].replace("_", "")
+        return f"{RESOURCE_PREFIX}cuda-{arch}"
+    return f"{RESOURCE_PREFIX}cpu-{platform.machine()}"
+
+
+def remote_resource(p, stage, settings: ExecutorSettings | None) -> str | None:
+    """The Ray resource ``stage`` is sent to, or None when it runs here."""
+    if settings is None or settings.kind != "ray":
+        return None
+    target = stage_target(stage)
+    if target is None or stage.always:
+        return None
+    if target in settings.remote_targets or (target == "cuda" and not gpu_visible()):
+        return resource_name(target, p.data, settings)
+    return None
