@@ -30,7 +30,8 @@ from laya_build.layout import (
     record_name,
 )
 from laya_build.log import get_logger
-from laya_build.records import check_record, file_entry, read_json, sha256_file
+from laya_build.records import file_entry, read_json, sha256_file
+from laya_build.release import formats
 
 MANIFEST, REPORT, EFFECTIVE_CONFIG = MANIFEST_NAME, REPORT_NAME, EFFECTIVE_CONFIG_NAME
 # Present while `doit release` publishes (from REPORT.md to the manifest): a folder with
@@ -264,7 +265,7 @@ def check_files(version_dir: Path) -> dict:
     raw = read_json(manifest_path(vdir), "manifest")  # its paths are checked before its schema
     if isinstance(raw, dict) and isinstance(raw.get("files"), list) and (problems := outside_paths(raw)):
         raise ManifestMismatch(vdir, problems)
-    check_record(manifest_path(vdir), raw)  # the schema, on the document already read
+    formats.check_manifest(manifest_path(vdir), raw)  # its format's schema, on the document already read
     manifest = raw
     problems = []
     listed = {f["path"]: f for f in manifest["files"]}
