@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from laya_build.errors import RecordError, ReleaseFormatError, message_of
-from laya_build.layout import MANIFEST_NAME, VersionLayout
+from laya_build.layout import AOTI_PACKAGE_DIR, MANIFEST_NAME, VersionLayout, record_name
 from laya_build.records import read_json
 
 CURRENT = 2  # the format `doit release` writes
@@ -120,7 +120,19 @@ class Release:
             facts.append("no runtime section")
         if self.inputs_format() == 1:
             facts.append("inputs format 1 (raw-softmax probabilities)")
+        records = [read_json(self.root / rel, "package record") for rel in self.package_records()]
+        if any(r.get("status") == "ok" and "preload" not in r for r in records):
+            facts.append("package records without preload")
         return facts
+
+    def package_records(self) -> list[str]:
+        """The package records the manifest lists (relative paths)."""
+        name = record_name("aoti_package")
+        return [
+            f["path"]
+            for f in self.manifest["files"]
+            if f["path"].startswith(f"{AOTI_PACKAGE_DIR}/") and f["path"].endswith(f"/{name}")
+        ]
 
     def describe(self) -> str:
         facts = self.variant()
