@@ -121,7 +121,7 @@ class Release:
         if self.inputs_format() == 1:
             facts.append("inputs format 1 (raw-softmax probabilities)")
         records = [read_json(self.root / rel, "package record") for rel in self.package_records()]
-        if any(r.get("status") == "ok" and "preload" not in r for r in records):
+        if any(isinstance(r, dict) and r.get("status") == "ok" and "preload" not in r for r in records):
             facts.append("package records without preload")
         return facts
 
@@ -200,7 +200,9 @@ def read_release(release_dir) -> Release:
         if fmt.config_schema is not None:
             validate(fmt.config_schema, config, what=f"{layout.effective_config} ({fmt})")
         else:
-            sections = {name: config.get(name) for name in ("verify", "runtime")}
+            if missing := [name for name in ("verify", "runtime") if not isinstance(config.get(name), dict)]:
+                raise RecordError(f"{layout.effective_config} ({fmt}): no {' and no '.join(missing)} section")
+            sections = {name: config[name] for name in ("verify", "runtime")}
             validate("model_sections", sections, what=f"{layout.effective_config} ({fmt})")
     except RecordError as exc:
         raise ReleaseFormatError(message_of(exc), hint=_NOT_ITS_FORMAT) from None

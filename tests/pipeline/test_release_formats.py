@@ -128,6 +128,35 @@ def test_a_format_newer_than_this_code_is_refused(reader, tmp_path):
     assert not (reader.artifacts / "verifications").exists(), "nothing of the release was loaded"
 
 
+def _restated(release: Path, tmp_path: Path, fmt: int) -> Path:
+    """A copy of ``release`` whose manifest states format ``fmt``."""
+    copy = _copy(release, tmp_path)
+    manifest = _manifest(copy)
+    manifest["format"] = fmt
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def test_a_format_2_release_is_read_with_todays_schemas(tmp_path):
+    newest = max(RELEASES, key=lambda p: p.name)
+    assert VARIANTS[_commit(newest)] == [], "the newest release holds what format 2 holds"
+    copy = _restated(newest, tmp_path, 2)
+    check_files(copy)
+    found = formats.read_release(copy)
+    assert found.format is formats.FORMATS[2] and found.describe() == "release format 2"
+    spec = found.verify_spec("cpu", "float32")
+    assert spec["inputs_format"] is None and spec["package_record"]["preload"] == {"imported": [], "missing": []}
+    assert spec["verify_cfg"] == found.config["verify"] and spec["runtime_cfg"] == found.config["runtime"]
+
+
+def test_format_1_content_under_a_format_2_manifest_is_refused(tmp_path):
+    oldest = RELEASES[0]
+    copy = _restated(oldest, tmp_path, 2)
+    check_files(copy)  # the manifest itself is of either format
+    with pytest.raises(ReleaseFormatError, match=r"pipeline\.effective\.json \(release format 2\): no runtime section"):
+        formats.read_release(copy)
+
+
 @pytest.mark.parametrize("value", ["2", 0, True, 1.5, None])
 def test_a_format_that_is_no_format_number_is_refused(tmp_path, value):
     copy = _copy(RELEASES[0], tmp_path)
