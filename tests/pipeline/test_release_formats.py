@@ -9,6 +9,7 @@ checkout of today's code; a copy with a newer format, or with an altered file, i
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -60,6 +61,31 @@ def _copy(release: Path, tmp_path: Path) -> Path:
     copy = tmp_path / release.name
     shutil.copytree(release, copy)
     return copy
+
+
+def test_the_schemas_of_each_format_are_valid_and_refer_within_their_folder():
+    import jsonschema
+
+    from laya_build import SCHEMA_DIR
+    from laya_build.schema import _registry, load_schema
+
+    for fmt in formats.FORMATS.values():
+        for name in (fmt.manifest_schema, fmt.package_schema, fmt.config_schema):
+            if name is None:
+                continue
+            schema = load_schema(name)
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+            assert schema["$id"] == f"{name}.schema.json", name
+    frozen = sorted((SCHEMA_DIR / "formats").rglob("*.schema.json"))
+    assert frozen
+    for path in frozen:
+        schema = json.loads(path.read_text())
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+        assert schema["$id"] == path.relative_to(SCHEMA_DIR).as_posix(), path
+        for ref in re.findall(r'"\$ref": "([^"#]+)', path.read_text()):
+            assert (path.parent / ref).is_file(), f"{path}: {ref} is not beside it"
+            resolved = _registry().get_or_retrieve(f"{path.parent.relative_to(SCHEMA_DIR).as_posix()}/{ref}")
+            assert resolved.value.contents["$id"] == (path.parent / ref).relative_to(SCHEMA_DIR).as_posix()
 
 
 def test_the_fixtures_are_the_releases_the_readme_names():
