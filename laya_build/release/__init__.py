@@ -120,7 +120,8 @@ def publish(**spec) -> None:
 def check_release(version_dir) -> None:
     """The ``verify:manifest`` stage: every file of the release against its manifest."""
     manifest = check_files(Path(version_dir))
-    log.info(f"verify {manifest['version']}: {manifest['totals']['files']} files match {MANIFEST}")
+    fmt = formats.format_of(manifest, manifest_path(version_dir))
+    log.info(f"verify {manifest['version']}: {manifest['totals']['files']} files match {MANIFEST} ({fmt})")
 
 
 def listed_builds(version_dir) -> list[str]:

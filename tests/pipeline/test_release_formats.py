@@ -122,6 +122,7 @@ def test_a_release_of_an_earlier_commit_verifies(reader, release, tmp_path):
     assert run.returncode == 0, out
     manifest = _manifest(release)
     fmt = manifest.get("format", 1)
+    assert f"files match manifest.json (release format {fmt})" in run.stdout, out
     assert f"read as release format {fmt}" in run.stdout, out
     builds = formats.read_release(copy).package_records()
     assert builds, release.name
