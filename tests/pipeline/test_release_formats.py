@@ -33,6 +33,7 @@ NO_PRELOAD = "package records without preload"
 VARIANTS = {
     "9c66970": [COUNTS, NO_RUNTIME, RAW_SOFTMAX, NO_PRELOAD],
     "d24aa14": [COUNTS, NO_RUNTIME, RAW_SOFTMAX],
+    "2b1470b": [RAW_SOFTMAX],
     "1eb8554": [COUNTS, NO_RUNTIME],
     "1f58314": [],
     "bc8bea5": [],
