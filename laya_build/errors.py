@@ -125,6 +125,18 @@ class RecordError(LayaBuildError, ValueError):
     )
 
 
+class ReleaseFormatError(LayaBuildError):
+    """A release is not of a format this laya-build reads: its ``manifest.json`` states a newer
+    format (a later laya-build made it) or no format number at all, or a file of the release does
+    not hold what its format's writer wrote (``docs/reference/release-format.md``)."""
+
+    hint = (
+        "a release states its format in manifest.json (none: format 1); a format newer than this "
+        "laya-build's is read by a later laya-build: upgrade laya-build (`git pull`, then "
+        "`.venv/bin/pip install -r requirements.txt`) and run `doit verify release=<folder>` again"
+    )
+
+
 class ManifestMismatch(LayaBuildError):
     """A release's files do not match its ``manifest.json``; the message names every offending file."""
 

@@ -34,8 +34,12 @@ def _registry():
         name = uri.rsplit("/", 1)[-1]
         if not name.endswith(".schema.json"):
             raise NoSuchResource(ref=uri)
+        # the frozen schemas of an earlier release format refer to each other within
+        # schemas/formats/<n>/ (laya_build.release.formats)
+        folder = re.search(r"(?:^|/)(formats/[0-9]+/)[^/]+$", uri)
+        name = (folder[1] if folder else "") + name.removesuffix(".schema.json")
         try:
-            return Resource.from_contents(load_schema(name.removesuffix(".schema.json")))
+            return Resource.from_contents(load_schema(name))
         except RecordError:
             raise NoSuchResource(ref=uri) from None
 

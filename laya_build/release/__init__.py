@@ -35,7 +35,8 @@ from laya_build.layout import (
     record_name,
 )
 from laya_build.log import get_logger
-from laya_build.records import check_record, file_entry, read_json, sha256_file
+from laya_build.records import file_entry, read_json, sha256_file
+from laya_build.release import formats
 
 MANIFEST, REPORT, EFFECTIVE_CONFIG = MANIFEST_NAME, REPORT_NAME, EFFECTIVE_CONFIG_NAME
 # Present while `doit release` publishes (from REPORT.md to the signature): a folder with
@@ -43,7 +44,7 @@ MANIFEST, REPORT, EFFECTIVE_CONFIG = MANIFEST_NAME, REPORT_NAME, EFFECTIVE_CONFI
 # release files without the marker and without a manifest are a damaged release (its manifest
 # was removed).
 PENDING = ".release-pending"
-FORMAT = 2  # the release format this code writes (manifest "format"; none: format 1)
+FORMAT = formats.CURRENT  # the release format this code writes (manifest "format"; none: format 1)
 # Configuration sections that belong to the machine, not to what is built: never recorded in
 # a release's pipeline.effective.json (nor in its digest).
 MACHINE_SECTIONS = ("signing", "trust")
@@ -145,6 +146,7 @@ def check_release(version_dir, trust: dict | None = None, root: str | None = Non
     vdir = Path(version_dir)
     keys = signing.trusted_keys(trust, Path(root or "."))
     manifest = check_files(vdir)
+    fmt = formats.format_of(manifest, manifest_path(vdir))
     if keys:
         signer = signing.check(vdir, keys)
         said = f"signed by {signer.name} (key {signer.key_id[:16]}), "
@@ -152,7 +154,7 @@ def check_release(version_dir, trust: dict | None = None, root: str | None = Non
         said = "signature not checked (no trusted keys: trust.keys or LAYA_BUILD_TRUSTED_KEYS), "
     else:
         said = "unsigned (no trusted keys configured, so none is required), "
-    log.info(f"verify {manifest['version']}: {said}{manifest['totals']['files']} files match {MANIFEST}")
+    log.info(f"verify {manifest['version']}: {said}{manifest['totals']['files']} files match {MANIFEST} ({fmt})")
 
 
 def listed_builds(version_dir) -> list[str]:
@@ -338,7 +340,7 @@ def check_files(version_dir: Path) -> dict:
     raw = read_json(manifest_path(vdir), "manifest")  # its paths are checked before its schema
     if isinstance(raw, dict) and isinstance(raw.get("files"), list) and (problems := outside_paths(raw)):
         raise ManifestMismatch(vdir, problems)
-    check_record(manifest_path(vdir), raw)  # the schema, on the document already read
+    formats.check_manifest(manifest_path(vdir), raw)  # its format's schema, on the document already read
     manifest = raw
     problems = []
     listed = {f["path"]: f for f in manifest["files"]}

@@ -105,13 +105,15 @@ def decision_probabilities(
     return torch.softmax(z, -1)
 
 
-def head_probabilities(head: str, logits: torch.Tensor, batch: dict, calibration: dict) -> torch.Tensor:
-    if head == "decision":
+def head_probabilities(head: str, logits: torch.Tensor, batch: dict, calibration: dict | None) -> torch.Tensor:
+    """The published probabilities of a head; without ``calibration`` (saved inputs of format 1,
+    releases made before 2026-11-30 10:00) the raw softmax of the logits, as those releases had."""
+    if head == "decision" and calibration is not None:
         return decision_probabilities(logits, batch["qtype"], batch["marker_mask"], calibration)
     return torch.softmax(logits.float(), -1)
 
 
-def compare_heads(ref: dict, got: dict, batch: dict, calibration: dict) -> dict:
+def compare_heads(ref: dict, got: dict, batch: dict, calibration: dict | None) -> dict:
     """Per head and row: max |logit delta|, max |probability delta|, both argmaxes and the
     reference's margin between its own choice and the candidate's (0 when they agree).
 

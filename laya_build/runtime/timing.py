@@ -20,6 +20,8 @@ def time_calls(fn, args: tuple, timing: dict, device: str) -> dict:
     ``timing.warmup`` calls, then ``blocked_autorange(min_run_time=timing.min_run_time_s)``,
     or with ``timing.max_run_time_s`` ``adaptive_autorange`` (at least four blocks, until
     their IQR is under ``IQR_THRESHOLD`` of the median or ``max_run_time_s`` has passed).
+    A timing of fixed counts (``warmup``, ``groups``, ``group_size``: the protocol of the first
+    releases, :mod:`laya_build.release.formats`) times ``groups`` blocks of ``group_size`` calls.
 
     The clock synchronises ``device`` before each reading, so a block's time covers every
     CUDA kernel its calls launched; the torch thread count is left as the process has it
@@ -38,7 +40,14 @@ def time_calls(fn, args: tuple, timing: dict, device: str) -> dict:
             fn(*args)
         synchronize(device)
         timer = Timer("fn(*args)", globals={"fn": fn, "args": args}, timer=clock, num_threads=torch.get_num_threads())
-        if timing.get("max_run_time_s"):
+        if "groups" in timing:  # fixed counts (a release of format 1 made before 2026-11-30 10:27)
+            blocks = [timer.timeit(timing["group_size"]) for _ in range(timing["groups"])]
+            m = type(blocks[0])(
+                number_per_run=timing["group_size"],
+                raw_times=[t for b in blocks for t in b.raw_times],
+                task_spec=blocks[0].task_spec,
+            )
+        elif timing.get("max_run_time_s"):
             m = timer.adaptive_autorange(
                 threshold=IQR_THRESHOLD, min_run_time=timing["min_run_time_s"], max_run_time=timing["max_run_time_s"]
             )

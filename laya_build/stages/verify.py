@@ -42,13 +42,13 @@ from laya_build.errors import (
 )
 from laya_build.layout import child_log_name
 from laya_build.log import get_logger
-from laya_build.records import read_json, sha256_file
+from laya_build.records import sha256_file
 from laya_build.runner import Child, run
 from laya_build.runner.folders import inductor_cache
 from laya_build.runtime.buckets import parse_buckets
-from laya_build.runtime.formats import HEADS
+from laya_build.runtime.formats import HEADS, INPUTS_FORMAT
 from laya_build.runtime.parity import summarize
-from laya_build.stages.common import skip_if_blocked, upstream, verify_spec
+from laya_build.stages.common import skip_if_blocked, upstream
 
 CHILD_MODULE = "laya_build.stages.children.verify"
 MEASURES = (("logit", "logits", LogitParityError), ("prob", "probabilities", ProbabilityParityError))
@@ -124,13 +124,27 @@ def runner_checks(programs: list[dict]) -> list[dict]:
     return checked
 
 
-def run_verify(verify_cfg: dict, runtime_cfg: dict, package_record_path, inputs_path, eager_path, out_dir) -> dict:
+def run_verify(
+    verify_cfg: dict,
+    runtime_cfg: dict,
+    package_record_path,
+    inputs_path,
+    eager_path,
+    out_dir,
+    *,
+    package_record: dict | None = None,
+    inputs_format: int | None = None,
+) -> dict:
     """Verify one package (``verify`` of a build): the effective ``verify`` and ``runtime``
-    sections, the package record, the saved inputs and eager outputs; results in ``out_dir``."""
+    sections, the package record, the saved inputs and eager outputs; results in ``out_dir``.
+
+    A release of an earlier format (:mod:`laya_build.release.formats`) passes its package record
+    as its format read it (``package_record``) and the format of its saved inputs
+    (``inputs_format``; default today's)."""
     start = time.perf_counter()
     cfg, runtime = verify_cfg, runtime_cfg
     package_record_path, eager_path, out = Path(package_record_path), Path(eager_path), Path(out_dir)
-    pkg = upstream(package_record_path, "aoti_package")
+    pkg = package_record if package_record is not None else upstream(package_record_path, "aoti_package")
     target = pkg["target"]
     if (skipped := skip_if_blocked("verify", pkg, target)) is not None:
         return skipped
@@ -157,6 +171,7 @@ def run_verify(verify_cfg: dict, runtime_cfg: dict, package_record_path, inputs_
         "programs": programs,
         "inputs": str(Path(inputs_path)),
         "inputs_sha256": pkg["inputs"]["sha256"],
+        "inputs_format": inputs_format or INPUTS_FORMAT,
         "target": target,
         "dtype": pkg["dtype"],
         "device": target,
@@ -225,13 +240,15 @@ def run_verify(verify_cfg: dict, runtime_cfg: dict, package_record_path, inputs_
 def verify_released(release_dir, build: str, out_dir) -> dict:
     """Verify the package ``build`` (``cpu-float32``) of a released version folder with the
     release's own configuration (its ``pipeline.effective.json``, which the manifest covers:
-    ``verify:manifest`` checked every file first); results in ``out_dir``, outside the release."""
-    from laya_build.layout import VersionLayout
+    ``verify:manifest`` checked every file first), read by the rules of the release's format
+    (:mod:`laya_build.release.formats`); results in ``out_dir``, outside the release."""
+    from laya_build.release.formats import read_release
 
-    release = VersionLayout(Path(release_dir))
-    config = read_json(release.effective_config, "effective configuration")
+    release = read_release(release_dir)
     target, dtype = build.split("-", 1)
-    record = run_verify(**verify_spec(release, config["verify"], config["runtime"], target, dtype), out_dir=out_dir)
+    log = get_logger(__name__)
+    log.info(f"verify {release.config['version']} {build}: read as {release.describe()}")
+    record = run_verify(**release.verify_spec(target, dtype), out_dir=out_dir)
     said = f" ({record['reason']})" if record["status"] == "skipped" else ""
-    get_logger(__name__).info(f"verify {config['version']} {build}: {record['status']}{said}")
+    log.info(f"verify {release.config['version']} {build}: {record['status']}{said}")
     return record

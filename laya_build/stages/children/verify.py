@@ -188,7 +188,7 @@ def max_abs(a: dict, b: dict) -> dict:
     return {h: float((a[h].float() - b[h].float()).abs().max()) for h in HEADS}
 
 
-def run_runner(p: dict, package, job: dict, batches: list, refs: list, calibration: dict) -> tuple[dict, dict]:
+def run_runner(p: dict, package, job: dict, batches: list, refs: list, calibration: dict | None) -> tuple[dict, dict]:
     """The decision program behind the runtime's runner: first answer, then every batch
     against eager (and, with CUDA graphs, against the plain call on the same padded inputs)."""
     start = time.perf_counter()
@@ -236,7 +236,10 @@ def run_runner(p: dict, package, job: dict, batches: list, refs: list, calibrati
 def verify(job: dict) -> dict:
     faulthandler.enable()
     programs = job["programs"]
-    inputs = load_weights_only(job["inputs"], "inputs", INPUTS_FORMAT)
+    # an earlier release's inputs are of their own format (laya_build.release.formats); format 1
+    # has no calibration: its probabilities are the raw softmax (runtime.parity.head_probabilities)
+    inputs = load_weights_only(job["inputs"], "inputs", job.get("inputs_format", INPUTS_FORMAT))
+    calibration = inputs.get("calibration")
     eagers = [load_weights_only(p["eager"], "eager outputs", EAGER_FORMAT) for p in programs]
     check_inputs(job, inputs, eagers)
     job = {**job, "arg_names": inputs["arg_names"]}
@@ -257,7 +260,7 @@ def verify(job: dict) -> dict:
         batches = inputs[p["batches_key"]]
         runner = None
         if p["name"] == "decision":
-            runner, answer = run_runner(p, package, job, batches, eager["outputs"], inputs["calibration"])
+            runner, answer = run_runner(p, package, job, batches, eager["outputs"], calibration)
             fresh_load = {"import_s": import_s, **package.timings, **answer}
             fresh_load["total_s"] = sum(fresh_load.values())
             fresh_load.update(isa=package.isa, runner=runner["mode"])
@@ -270,7 +273,7 @@ def verify(job: dict) -> dict:
                 {
                     "batch": b,
                     "shape": {"rows": rows_, "tokens": tokens, "slots": batch["marker_pos"].shape[1]},
-                    "compare": compare_heads(ref, got, batch, inputs["calibration"]),
+                    "compare": compare_heads(ref, got, batch, calibration),
                     "latency": time_calls(package, args, job["timing"], job["device"]),
                 }
             )
