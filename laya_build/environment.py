@@ -3,7 +3,7 @@ records snapshot, and what it can build here.
 
 Up-to-date checks (read without importing anything heavy):
 
-* Distributions: the third-party packages a stage imports (found by :mod:`laya_build.tasks.deps`),
+* Distributions: the third-party packages a stage imports (found by :mod:`laya_build.deps`),
   mapped to their distributions (``tvm_ffi`` -> ``apache-tvm-ffi``) and closed over their
   own requirements (torch.export's output depends on sympy's version too), each with its
   installed version from ``importlib.metadata``.

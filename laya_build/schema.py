@@ -26,7 +26,7 @@ def load_schema(name: str) -> dict:
 def _registry():
     """Schemas ``$ref`` each other by file name (their ``$id``); a referenced schema is read
     when first needed, so a stage reads only the schemas it validates against (which is
-    what its task depends on: laya_build.tasks.deps.schema_closure)."""
+    what its task depends on: laya_build.deps.schema_closure)."""
     from referencing import Registry, Resource
     from referencing.exceptions import NoSuchResource
 

@@ -239,8 +239,7 @@ def _serve(request: dict, root: Path) -> dict:
         for path in folder.rglob("*"):
             if path.is_file() and path.relative_to(root).as_posix() not in request["inputs"]:
                 path.unlink()
-    from laya_build.tasks.build import code_deps
-    from laya_build.tasks.deps import module_constant
+    from laya_build.deps import code_deps, module_constant
 
     code, third_party = code_deps(root, stage)
     tools = tuple(module_constant(stage.module, "TOOLS", (), root=root))

@@ -1,6 +1,6 @@
 """A :class:`~laya_build.stage.Stage` as a doit task: the one builder of task dicts.
 
-A stage task's dependencies are derived (:mod:`laya_build.tasks.deps`): the project files its
+A stage task's dependencies are derived (:mod:`laya_build.deps`): the project files its
 process can import or read, the schemas of the records it writes and reads, the inputs it
 is given, the config slice it reads plus the version it builds into, the installed
 toolchain (:mod:`laya_build.environment`) and the bytes of its own outputs.  With a cache
@@ -9,49 +9,18 @@ configured, the same things, by content, are its cache key (:mod:`laya_build.tas
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
-from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
-from laya_build import SCHEMA_DIR, release
-from laya_build.errors import LayaBuildError, UserError
+from laya_build import deps, release
+from laya_build.deps import RUNNER, code_deps  # noqa: F401  (RUNNER re-exported)
 from laya_build.log import get_logger
 from laya_build.stage import Stage
-from laya_build.tasks import deps
 from laya_build.tasks.checks import outputs_unchanged, toolchain_unchanged
+from laya_build.tasks.failures import UserTaskFailed, failure, reported  # noqa: F401  (re-exported)
 
 log = get_logger(__name__)
-
-RUNNER = ("laya_build.runner", "laya_build.runner.__main__")  # what every stage process runs first
-
-
-class UserTaskFailed(TaskFailed):
-    """A task that failed because of what it was asked (a configuration or command-line error):
-    ``doit`` then exits 3, not 1 (:mod:`laya_build.tasks.exits`)."""
-
-
-def failure(exc: LayaBuildError, prefix: str = "") -> TaskFailed:
-    text = f"laya-build: {type(exc).__name__}: {prefix}{exc}"
-    return UserTaskFailed(text) if isinstance(exc, UserError) else TaskFailed(text)
-
-
-def reported(prefix: str = ""):
-    """Decorate a doit python-action: an expected failure (any :class:`LayaBuildError`)
-    becomes a ``TaskFailed`` with its message and hint, not a traceback."""
-
-    def wrap(fn):
-        @functools.wraps(fn)
-        def action(*args, **kwargs):
-            try:
-                return fn(*args, **kwargs)
-            except LayaBuildError as exc:
-                return failure(exc, prefix)
-
-        return action
-
-    return wrap
 
 
 def clean_action(version, version_dir: Path, stage: Stage) -> list:
@@ -81,14 +50,6 @@ def stage_action(stage: Stage):
 
     action.__name__ = stage.task
     return action
-
-
-def code_deps(root: Path, stage: Stage) -> tuple[list[str], frozenset[str]]:
-    """(project files + schema files, third-party imports) of a stage's process."""
-    entries = (*RUNNER, stage.module) if stage.process != "inline" else (stage.module,)
-    files, third_party = deps.project(root).closure(entries + stage.code, exclude=stage.code_excluded)
-    schema_files = deps.schema_closure(root / SCHEMA_DIR.name, stage.schemas)
-    return sorted(str(f) for f in files | schema_files), third_party
 
 
 def doit_task(p, stage: Stage) -> dict:

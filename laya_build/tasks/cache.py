@@ -33,7 +33,7 @@ def cached_action(p, stage: Stage, code: list[str], third_party: frozenset[str],
     from laya_build import cache
     from laya_build.cache.settings import cache_settings
     from laya_build.executors import executor_settings, remote_resource
-    from laya_build.tasks.build import reported
+    from laya_build.tasks.failures import reported
 
     settings = cache_settings(p.cache)
     executor = executor_settings(p.executor)

@@ -3,7 +3,7 @@
 doit exits 3 for its own user errors (an unknown task, a bad option) and 1 for any failed
 task.  A task of this project that fails with a configuration or command-line error
 (:class:`laya_build.errors.UserError`, e.g. ``release_diff`` of a version that was never
-released) returns :class:`~laya_build.tasks.build.UserTaskFailed`; when every failure of a
+released) returns :class:`~laya_build.tasks.failures.UserTaskFailed`; when every failure of a
 run is one of those, the run exits 3, so that CI tells "the command was wrong" from "the
 build failed".  A configuration error found while the task graph is built exits 3 from
 ``dodo.py``.  Changes two methods of doit's ``Runner`` (doit 0.37.0, pinned).
@@ -14,7 +14,7 @@ from __future__ import annotations
 from doit.runner import Runner
 
 from laya_build.errors import USER_ERROR_EXIT
-from laya_build.tasks.build import UserTaskFailed
+from laya_build.tasks.failures import UserTaskFailed
 
 _PROCESS = getattr(Runner.process_task_result, "__wrapped__", Runner.process_task_result)
 _FINISH = getattr(Runner.finish, "__wrapped__", Runner.finish)

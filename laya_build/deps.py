@@ -24,8 +24,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from laya_build import PROJECT_ROOT
+from laya_build import PROJECT_ROOT, SCHEMA_DIR
 from laya_build.layout import ARTIFACTS_DIR, CACHE_DIR, DEPS_CACHE_NAME
+from laya_build.stage import Stage
 
 # The project's own top-level packages: their modules are files of the build.
 PROJECT_PACKAGES = ("laya_build", "kernels")
@@ -355,3 +356,14 @@ def module_constant(module: str, name: str, default=None, root: Path = PROJECT_R
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
             return ast.literal_eval(node.value)
     return default
+
+
+RUNNER = ("laya_build.runner", "laya_build.runner.__main__")  # what every stage process runs first
+
+
+def code_deps(root: Path, stage: Stage) -> tuple[list[str], frozenset[str]]:
+    """(project files + schema files, third-party imports) of a stage's process."""
+    entries = (*RUNNER, stage.module) if stage.process != "inline" else (stage.module,)
+    files, third_party = project(root).closure(entries + stage.code, exclude=stage.code_excluded)
+    schema_files = schema_closure(root / SCHEMA_DIR.name, stage.schemas)
+    return sorted(str(f) for f in files | schema_files), third_party
