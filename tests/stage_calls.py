@@ -30,8 +30,9 @@ def run_export(export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: s
     return _recorded(record, out_dir)
 
 
-def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
-    return _recorded(package.run_package(section("package", package_cfg), export_dir, out_dir, target), out_dir)
+def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -> dict:
+    record = package.run_package(section("package", package_cfg), export_dir, out_dir, target, root=root)
+    return _recorded(record, out_dir)
 
 
 def run_verify(

@@ -570,6 +570,14 @@ def _check_model(data: dict, path: Path, root: Path) -> None:
     local = data["model"].get("path")
     if local is not None and not (root / local).is_dir():
         _fail(path, "model.path", f"{local!r} ({(root / local).resolve()}) is not a checkpoint folder")
+    for build, tuning in data["package"].get("tuning", {}).items():
+        if not (root / tuning).is_file():
+            _fail(
+                path,
+                f"package.tuning.{build}",
+                f"{tuning!r} ({(root / tuning).resolve()}) is no file: a build writes its tuning as "
+                "tuning.json beside its packages; copy that one here, or remove the key",
+            )
     try:
         check_export_layout(planned_shapes(data["model"]["inputs"]), data["export"])
     except LayoutError as exc:

@@ -6,6 +6,12 @@ in a forked worker, a crashing native compiler must not take the build down, and
 stays bounded.  The child gets its own initially empty ``TORCHINDUCTOR_CACHE_DIR`` in a temp
 directory outside the artifacts, removed afterwards (compiler caches are never artifacts).
 
+Triton launch configurations (:mod:`laya_build.stages.package_tuning`): the child harvests
+what Inductor tuned into ``tuning.json`` beside the packages; ``package.tuning.<target>-<dtype>``
+names such a file to compile with instead of timing candidates again, which makes the package's
+bytes a function of the export and that file.  A compile that had to tune a kernel the file
+does not hold fails (its packages would not be reproducible) and leaves its ``tuning.json``.
+
 The child loads each package back once (load time; a package that cannot load fails here
 already), after importing ``package.preload.<target>`` (:func:`laya_build.runtime.preload_modules`).
 
@@ -20,11 +26,12 @@ import time
 from pathlib import Path
 
 from laya_build.environment import device_snapshot, versions
-from laya_build.errors import ConfigError
-from laya_build.layout import child_log_name, package_name, record_name
+from laya_build.errors import ConfigError, StageError
+from laya_build.layout import build_name, child_log_name, package_name, record_name
 from laya_build.records import file_entry
 from laya_build.runner import Child, run
 from laya_build.runner.folders import inductor_cache, vec_isa_root
+from laya_build.stages import package_tuning
 from laya_build.stages.common import check_sha256, skip_if_blocked, upstream
 from laya_build.targets import check_target
 
@@ -51,7 +58,25 @@ def check_inductor_configs(configs: dict) -> None:
         )
 
 
-def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
+def tuning_input(cfg: dict, target: str, dtype: str, root) -> tuple[dict, dict | None]:
+    """The entries of the tuning file ``package.tuning.<target>-<dtype>`` names (relative to
+    ``root``, the project root) and how the record describes it; ``({}, None)`` without one."""
+    import torch
+
+    name = build_name(target, dtype)
+    rel = (cfg.get("tuning") or {}).get(name)
+    if rel is None:
+        return {}, None
+    path = Path(root) / rel
+    entries = package_tuning.read(
+        path, torch_version=torch.__version__, target=target, dtype=dtype, key=f"package.tuning.{name}"
+    )
+    return entries, {**file_entry(path), "path": rel, "entries": len(entries)}
+
+
+def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -> dict:
+    """Package the programs of ``export_dir`` into ``out_dir``; ``root`` resolves the
+    ``package.tuning`` paths (the project root)."""
     start = time.perf_counter()
     cfg = package_cfg
     check_target(target)
@@ -68,9 +93,11 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
     programs = exp["programs"]
     for p in programs:  # what gets compiled must be what the export stage recorded
         check_sha256(export_dir / p["exported"]["path"], p["exported"]["sha256"], "export record")
+    tuning, tuning_in = tuning_input(cfg, target, exp["dtype"], root)
     out.mkdir(parents=True, exist_ok=True)
     job = {
         "inductor_configs": cfg["inductor_configs"],
+        "tuning": tuning,
         "preload": cfg["preload"].get(target, []),
         "vec_isa_root": str(vec_isa_root()),
         "programs": [
@@ -87,10 +114,32 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
             log=out / child_log_name("package"),
             timeout=cfg["timeout_s"],
             reraise=True,
-            env={"TORCHINDUCTOR_CACHE_DIR": str(cache)},
+            # Triton's kernel cache inside the private one (compiler caches are never shared)
+            env={"TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache.path / "triton")},
             label=f"AOTInductor compile of {export_dir} for {target}/{exp['dtype']}",
         )
         result = run(f"{CHILD_MODULE}:compile_packages", {"job": job}, child, result=True)
+
+    import torch
+
+    tuning_path = out / package_tuning.FILE
+    tuning_doc = package_tuning.document(
+        result["tuning"], torch_version=torch.__version__, target=target, dtype=exp["dtype"]
+    )
+    tuning_path.write_text(package_tuning.dumps(tuning_doc))
+    use = result["tuning_use"]
+    if tuning_in is not None and use["autotuned"]:
+        for spec in job["programs"]:
+            Path(spec["package_tmp"]).unlink(missing_ok=True)
+        name = build_name(target, exp["dtype"])
+        raise StageError(
+            f"package.tuning.{name}: {tuning_in['path']} holds no launch configuration for "
+            f"{len(use['autotuned'])} of the {use['entries']} tuned Triton kernels (first: "
+            f"{use['autotuned'][0]}), so this compile timed candidates and its package bytes would "
+            "not be reproducible; no package was written",
+            hint=f"if the export changed on purpose, copy {tuning_path} (this compile's tuning) over "
+            f"{tuning_in['path']} and build again, or unset package.tuning.{name}",
+        )
 
     entries = []
     for p, spec, res in zip(programs, job["programs"], result["programs"]):
@@ -119,6 +168,13 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str) -> dict:
         "inputs": exp["inputs"],
         "programs": entries,
         "inductor_configs": cfg["inductor_configs"],
+        "tuning": {
+            "file": file_entry(tuning_path, out),
+            "entries": len(result["tuning"]),
+            "input": tuning_in,
+            "autotuned": len(use["autotuned"]),
+        },
+        "determinism": result["determinism"],
         "compile_cache": {**result["cache"], "removed": cache.removed},
         "preload": result["preload"],
         "device": device_snapshot(target),

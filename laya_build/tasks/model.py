@@ -129,7 +129,9 @@ def aoti_package_tasks(p):
             "package_cfg": p.data["package"],
             "export_dir": str(v.build_dir("export", target, dtype)),
             "target": target,
+            "root": str(p.root),
         }
+        tuning = p.data["package"]["tuning"].get(build_name(target, dtype))
         yield doit_task(
             p,
             _build_stage(
@@ -140,7 +142,7 @@ def aoti_package_tasks(p):
                 spec,
                 config_key="package_cfg",
                 doc="AOTInductor package",
-                inputs=[v.build_record("export", target, dtype)],
+                inputs=[v.build_record("export", target, dtype), *([p.root / tuning] if tuning else [])],
                 schemas=("export",),
             ),
         )

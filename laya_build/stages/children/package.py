@@ -1,7 +1,11 @@
 """The aoti_package stage's child process: compile each exported program into a ``.pt2``.
 
 Run by :func:`laya_build.runner.run` (``compile_packages(job)``) in a fresh interpreter with
-a fresh, empty ``TORCHINDUCTOR_CACHE_DIR``.  For every program it loads ``exported.pt2``,
+a fresh, empty ``TORCHINDUCTOR_CACHE_DIR``.  It first writes the job's Triton tuning entries
+into that cache (:mod:`laya_build.stages.package_tuning`), so that Inductor reads the launch
+configurations instead of timing candidates, and harvests every entry after compiling; what
+else it fixes for reproducible bytes is :mod:`laya_build.stages.children.determinism`.  For
+every program it loads ``exported.pt2``,
 calls ``torch._inductor.aoti_compile_and_package`` and loads the package back (after
 importing the ``preload`` modules, see :func:`laya_build.runtime.serving.preload_modules`), reporting
 compile and load times (parity is the fresh-process verify stage's job).
@@ -19,6 +23,8 @@ import torch._inductor
 from laya_build.environment import env_info
 from laya_build.runtime.formats import list_tree
 from laya_build.runtime.serving import preload_modules
+from laya_build.stages import package_tuning
+from laya_build.stages.children import determinism
 from laya_build.stages.children.vec_isa import check_vec_isas
 
 
@@ -81,10 +87,21 @@ def compile_packages(job: dict) -> dict:
     faulthandler.enable()
     preloaded = preload_modules(job["preload"])
     check_vec_isas(job["vec_isa_root"])
+    cache_dir = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    fixes = {
+        "ptxas_source_mtime": determinism.fixed_mtime_ptxas(os.path.join(cache_dir, "ptxas-wrapper"), cache_dir),
+        "int_array_targets_kept": determinism.keep_int_array_targets(),
+    }
+    seeded = job.get("tuning") or {}
+    package_tuning.seed(cache_dir, seeded)
     programs = [compile_program(p, job) for p in job["programs"]]
-    cache = list_tree(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    tuning = package_tuning.harvest(cache_dir)
+    cache = list_tree(cache_dir)
     return {
         "programs": programs,
+        "tuning": tuning,
+        "tuning_use": package_tuning.compare(seeded, tuning),
+        "determinism": fixes,
         "env_info": env_info(),
         "preload": preloaded,
         "cache": {"files": len(cache), "bytes": sum(f["bytes"] for f in cache)},
