@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -192,3 +195,21 @@ def test_an_s3_cache_through_s3fs_on_a_moto_server(built, third):
         assert sorted(fs.find("laya-cache/ci", refresh=True)) == before
     finally:
         server.stop()
+
+
+def test_a_build_with_a_cache_imports_no_ray(built, third):
+    """A build in the doit process itself (``-n 1``: the actions run there) with a cache:
+    fsspec is imported, Ray is not."""
+    code = (
+        "import json, sys; sys.argv = ['doit']; import dodo\n"
+        "from doit.cmd_base import ModuleTaskLoader; from doit.doit_cmd import DoitMain\n"
+        "assert DoitMain(ModuleTaskLoader(dodo)).run(['-n', '1', 'lower_c:rope']) == 0\n"
+        "print(json.dumps([m in sys.modules for m in ('ray', 'fsspec')]))\n"
+    )
+    third.doit("clean", "lower_c:rope")
+    env = {**os.environ, **built["env"], "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=third.path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "laya-build: cache: lower_c:rope: fetched" in proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == [False, True]
