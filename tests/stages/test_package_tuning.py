@@ -81,3 +81,91 @@ def test_a_tuning_file_that_does_not_fit_is_a_config_error(tmp_path, content, ex
 def test_seed_refuses_a_path_outside_the_cache(tmp_path):
     with pytest.raises(ConfigError, match="inside the compile cache"):
         tuning.seed(tmp_path, {"../outside.best_config": ENTRY})
+
+
+def test_a_tuning_file_that_names_no_file_is_refused_when_the_config_is_loaded(tmp_path):
+    import yaml
+
+    from laya_build import config
+    from tests.pipeline.project import ROOT
+
+    data = yaml.safe_load((ROOT / "pipeline.yaml").read_text())
+    data.setdefault("package", {})["tuning"] = {"cuda-bfloat16": "tuning/cuda-bfloat16.json"}
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"invalid at package\.tuning\.cuda-bfloat16: 'tuning/cuda-bfloat16.json'"):
+        config.load(path, root=tmp_path)
+    (tmp_path / "tuning").mkdir()
+    (tmp_path / "tuning" / "cuda-bfloat16.json").write_text("{}")
+    assert config.load(path, root=tmp_path).data["package"]["tuning"] == {"cuda-bfloat16": "tuning/cuda-bfloat16.json"}
+
+
+def fake_child(monkeypatch, autotuned):
+    """The package stage with its compiling child replaced: it writes each package and answers
+    as the child does, having tuned ``autotuned`` itself."""
+    from laya_build.stages import package
+
+    def run(target, args, child, result):
+        job = args["job"]
+        for spec in job["programs"]:
+            open(spec["package_tmp"], "wb").write(b"a package")
+        harvested = {**job["tuning"], **dict.fromkeys(autotuned, ENTRY)}
+        return {
+            "programs": [
+                {"name": p["name"], "package_s": 1.0, "load_s": 0.1, "restored_hints": []} for p in job["programs"]
+            ],
+            "tuning": harvested,
+            "tuning_use": tuning.compare(job["tuning"], harvested),
+            "determinism": {
+                "ptxas_source_mtime": {"applied": False, "reason": "test"},
+                "int_array_targets_kept": {"applied": True},
+            },
+            "env_info": None,
+            "preload": {"imported": [], "missing": []},
+            "cache": {"files": 0, "bytes": 0},
+        }
+
+    monkeypatch.setattr(package, "run", run)
+
+
+def write_tuning(tmp_path, dtype):
+    import torch
+
+    path = tmp_path / "tuning.json"
+    doc = tuning.document({"ab/k1.best_config": ENTRY}, torch_version=torch.__version__, target="cpu", dtype=dtype)
+    path.write_text(tuning.dumps(doc))
+    return path
+
+
+def test_a_seeded_compile_records_its_input_and_writes_the_same_tuning(build, tmp_path, monkeypatch):
+    from laya_build.records import sha256_file
+    from tests.stage_calls import run_package
+
+    fake_child(monkeypatch, autotuned=[])
+    path = write_tuning(tmp_path, "float32")
+    cfg = {"tuning": {"cpu-float32": "tuning.json"}}
+    record = run_package(cfg, build.export_dir("float32"), tmp_path / "out", "cpu", root=tmp_path)
+    assert record["tuning"]["input"] == {
+        "path": "tuning.json",
+        "bytes": path.stat().st_size,
+        "sha256": sha256_file(path),
+        "entries": 1,
+    }
+    assert record["tuning"]["autotuned"] == 0 and record["tuning"]["entries"] == 1
+    assert (tmp_path / "out" / tuning.FILE).read_bytes() == path.read_bytes()
+    assert record["tuning"]["file"]["sha256"] == sha256_file(path)
+
+
+def test_a_compile_that_had_to_tune_fails_and_leaves_its_tuning(build, tmp_path, monkeypatch):
+    from laya_build.errors import StageError
+    from tests.stage_calls import run_package
+
+    fake_child(monkeypatch, autotuned=["cd/k2.best_config"])
+    write_tuning(tmp_path, "float32")
+    cfg = {"tuning": {"cpu-float32": "tuning.json"}}
+    out = tmp_path / "out"
+    with pytest.raises(StageError, match=r"holds no launch configuration for 1 of the 2 tuned") as info:
+        run_package(cfg, build.export_dir("float32"), out, "cpu", root=tmp_path)
+    assert f"copy {out / tuning.FILE}" in str(info.value) and "cd/k2.best_config" in str(info.value)
+    assert sorted(p.name for p in out.iterdir()) == [tuning.FILE]  # no package, no record
+    assert "cd/k2.best_config" in json.loads((out / tuning.FILE).read_text())["entries"]

@@ -14,10 +14,11 @@ Two things varied between two compiles of one export with the same launch config
   :data:`SOURCE_MTIME` first (the sources' bytes are already a function of the export: their
   names are hashes of them).
 * **The wrapper's int-array declarations**: Inductor's C++ wrapper caches each size/stride
-  array it declares under ``id()`` of the ``writeline`` callable (torch 2.13: of the object it
-  is bound to).  A bound method is a new object at every attribute access and dies after the
-  call, so a later one can get its address and "find" a declaration: whether two allocations
-  of one shape share an array depended on memory addresses.  :func:`keep_int_array_targets`
+  array it declares under an ``id()``: torch 2.13 takes that of the object ``writeline`` is
+  bound to, and the torch 2.11 builds behaved as if it took that of the bound method itself,
+  a new object at every attribute access that dies after the call.  A later object can get a
+  dead one's address and "find" its declaration: whether two allocations of one shape share an
+  array depended on memory addresses.  :func:`keep_int_array_targets`
   keeps every ``writeline``, its object and graph alive while the wrapper is generated, so an
   ``id`` never comes back.
 
