@@ -581,6 +581,9 @@ def open_release(
             signing.check(vdir, keys)
     _no_link(vdir, MANIFEST)
     manifest = _read_json(vdir / MANIFEST, "release manifest")
+    from laya_build.release import formats
+
+    formats.format_of(manifest, vdir / MANIFEST)  # a format newer than this code is refused
     listed = {f["path"]: f["sha256"] for f in manifest.get("files", [])}
 
     def checked(rel: str) -> Path:

@@ -260,3 +260,11 @@ def test_a_signed_release_made_earlier_still_verifies_with_its_signers_key(reade
         assert "signed by fixture-signer (key " in run.stdout, out
         sums = subprocess.run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=copy, capture_output=True, text=True)
         assert sums.returncode == 0, sums.stdout + sums.stderr
+
+
+def test_the_runtime_refuses_a_format_newer_than_this_code(tmp_path):
+    from laya_build import runtime
+
+    copy = _restated(RELEASES[0], tmp_path, formats.CURRENT + 1)
+    with pytest.raises(ReleaseFormatError, match=rf"of format {formats.CURRENT + 1}, newer than this laya-build reads"):
+        runtime.open_release(copy, "cpu-float32")
