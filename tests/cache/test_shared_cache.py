@@ -28,7 +28,9 @@ pytestmark = pytest.mark.build(seconds=240)  # a cold small release, a cached on
 
 ALWAYS = {"verify", "release"}  # never answered from the cache
 NO_OUTPUTS = {"cuda_diff:baseline_kernels"}  # extracts kernels/ of a revision into a compiler cache
-RELEASE_FILES = {"REPORT.md", "manifest.json"}
+# what a release writes of its own run: the report, the manifest, the provenance and SBOM (times,
+# run id) and SHA256SUMS (the manifest's digest)
+RELEASE_FILES = {"REPORT.md", "manifest.json", "provenance.json", "sbom.cdx.json", "SHA256SUMS"}
 
 
 def report(project: Project, version: str = "0.1.0") -> list[dict]:
