@@ -138,12 +138,13 @@ class Project:
             return
         live = {f"{m}:{hashlib.sha256(self.modules[m].read_bytes()).hexdigest()}" for m in self.modules}
         from laya_build.atomic import write_json
+        from laya_build.errors import DiskFullError
 
         try:
             write_json(self._cache_path, {k: v for k, v in self._cache.items() if k in live})
             self._dirty = False
-        except OSError:
-            pass  # a cache: a read-only checkout parses every time
+        except (OSError, DiskFullError):
+            pass  # a cache: a read-only checkout, or a full disk, parses every time
 
     def _parse(self, module: str, path: Path, source: bytes) -> dict:
         tree = ast.parse(source, filename=str(path))

@@ -11,11 +11,8 @@ import json
 import os
 import stat
 import subprocess
-from datetime import UTC, datetime
 from pathlib import Path
 
-from laya_build.atomic import write_json, write_text
-from laya_build.environment import snapshot
 from laya_build.errors import (  # noqa: F401  (ReleasedVersionError re-exported)
     LayaBuildError,
     ManifestMismatch,  # noqa: F401  (re-exported)
@@ -25,17 +22,15 @@ from laya_build.layout import (
     AOTI_PACKAGE_DIR,
     EFFECTIVE_CONFIG_NAME,
     MANIFEST_NAME,
-    PROVENANCE_NAME,
     PUBLISHED_FILES,
     RELEASE_FILES,
     REPORT_NAME,
-    SBOM_NAME,
     SIGNATURE_NAME,
     SUMS_NAME,
     record_name,
 )
 from laya_build.log import get_logger
-from laya_build.records import file_entry, read_json, sha256_file
+from laya_build.records import read_json, sha256_file
 from laya_build.release import formats
 
 MANIFEST, REPORT, EFFECTIVE_CONFIG = MANIFEST_NAME, REPORT_NAME, EFFECTIVE_CONFIG_NAME
@@ -131,12 +126,6 @@ def effective_config(data: dict) -> dict:
     return {k: v for k, v in data.items() if k not in MACHINE_SECTIONS}
 
 
-def publish(**spec) -> None:
-    """The ``release`` stage: REPORT.md, the effective configuration, the provenance, the
-    manifest, ``SHA256SUMS`` and the signature (:func:`build_manifest`)."""
-    build_manifest(spec)
-
-
 def check_release(version_dir, trust: dict | None = None, root: str | None = None) -> None:
     """The ``verify:manifest`` stage: every file of the release against its manifest, then its
     signature against this machine's trusted keys (``trust``: the verifying pipeline's
@@ -174,99 +163,12 @@ def released_versions(artifacts_root) -> list[str]:
     return sorted(d.name for d in root.iterdir() if d.is_dir() and is_released(d)) if root.is_dir() else []
 
 
-def build_manifest(spec: dict) -> dict:
-    """spec: version, version_dir, root, config (effective), owners {relpath: task}, created.
-
-    Writes the effective config and REPORT.md first, so that both are covered by the
-    manifest; the manifest itself is written last, exclusively (it can never replace one),
-    which is what marks the version released.
-    """
-    from laya_build.records import write_record
-    from laya_build.release import provenance, sbom, signing
-    from laya_build.release.report import render_report
-
-    vdir = Path(spec["version_dir"])
-    refuse_if_released(vdir, "release")
-    leftovers = [p.relative_to(vdir).as_posix() for p in vdir.rglob("*.tmp")]
-    if leftovers:
-        raise ReleasedVersionError(
-            f"{vdir} holds unfinished writes that no task owns ({', '.join(leftovers)}): "
-            f"remove them or rebuild before releasing"
-        )
-    key = signing.signing_key(spec.get("signing"), Path(spec["root"]))  # checked before anything is written
-    config = effective_config(spec["config"])
-    write_text(vdir / PENDING, "release publication in progress\n")
-    write_json(vdir / EFFECTIVE_CONFIG, config)
-    env = snapshot(tvm_version())
-    git = git_state(Path(spec["root"]))
-    write_text(vdir / REPORT, render_report(vdir, config, env, git))
-    owners = spec["owners"]
-    files = []
-    for path in release_files(vdir):
-        entry = file_entry(path, vdir)
-        top = entry["path"].split("/", 1)[0]
-        entry["task"] = owners.get(entry["path"]) or ("release" if entry["path"] in (REPORT, EFFECTIVE_CONFIG) else top)
-        files.append(entry)
-    digest = config_digest(config)
-    created = spec.get("created") or datetime.now(UTC).isoformat(timespec="seconds")
-    bom = sbom.document(provenance.distributions(), provenance.toolchain(env), version=spec["version"], created=created)
-    write_text(vdir / SBOM_NAME, bom)
-    files.append({**file_entry(vdir / SBOM_NAME, vdir), "task": "release"})
-    statement = provenance.statement(  # its subjects: every other listed file, the SBOM included
-        files, version=spec["version"], config_sha256=digest, effective=EFFECTIVE_CONFIG, git=git, env=env
-    )
-    write_json(vdir / PROVENANCE_NAME, statement)
-    files.append({**file_entry(vdir / PROVENANCE_NAME, vdir), "task": "release"})
-    files.sort(key=lambda f: f["path"])
-    manifest = {
-        "stage": "manifest",
-        "format": FORMAT,
-        "version": spec["version"],
-        "created": created,
-        "pipeline": {"sha256": digest, "effective": EFFECTIVE_CONFIG},
-        "git": git,
-        "environment": env,
-        "provenance": PROVENANCE_NAME,
-        "sbom": SBOM_NAME,
-        "sums": SUMS_NAME,
-        "signature": {"file": SIGNATURE_NAME, "key_id": key.key_id} if key else None,
-        "files": files,
-        "totals": {"files": len(files), "bytes": sum(f["bytes"] for f in files)},
-    }
-    try:
-        write_record(manifest_path(vdir), manifest, exclusive=True)
-    except FileExistsError:
-        raise ReleasedVersionError(f"release: version {spec['version']} was released concurrently") from None
-    write_text(vdir / SUMS_NAME, sums_text(vdir, files))
-    if key is not None:
-        signing.sign(vdir, key)
-        log.info(f"release {spec['version']}: signed with {key.path.name} (key {key.key_id[:16]})")
-    else:
-        log.info(
-            f"release {spec['version']}: not signed (no signing key: signing.key or {signing.SIGNING_KEY_ENV}); "
-            f"verify where keys are trusted will refuse it"
-        )
-    (vdir / PENDING).unlink(missing_ok=True)
-    return manifest
-
-
 def sums_text(version_dir: Path, files: list[dict]) -> str:
     """``SHA256SUMS``: ``<sha256>  <path>`` for every listed file and the manifest, sorted by
     path, as ``sha256sum`` writes and ``sha256sum -c`` reads it."""
     rows = [(f["path"], f["sha256"]) for f in files]
     rows.append((MANIFEST, sha256_file(manifest_path(version_dir))))
     return "".join(f"{digest}  {path}\n" for path, digest in sorted(rows))
-
-
-def tvm_version() -> str | None:
-    """The version of TileLang's bundled TVM (recorded by a release's manifest)."""
-    try:
-        import tilelang  # noqa: F401  (puts its bundled tvm on sys.path)
-        import tvm
-
-        return getattr(tvm, "__version__", None)
-    except ImportError:
-        return None
 
 
 def clear_interrupted(version_dir: Path) -> None:

@@ -67,7 +67,7 @@ def release_stage(p, owners_of: dict[str, str]) -> Stage:
         basename="release",
         name=None,
         doc=f"build every stage, then REPORT.md + manifest.json: releases version {p.version}",
-        entry="laya_build.release:publish",
+        entry="laya_build.release.publish:publish",
         process="fresh",
         spec={
             "version": p.version,
