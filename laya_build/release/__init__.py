@@ -242,7 +242,7 @@ def check_files(version_dir: Path) -> dict:
     raw = read_json(manifest_path(vdir), "manifest")  # its paths are checked before its schema
     if isinstance(raw, dict) and isinstance(raw.get("files"), list) and (problems := outside_paths(raw)):
         raise ManifestMismatch(vdir, problems)
-    formats.check_manifest(manifest_path(vdir), raw)  # its format's schema, on the document already read
+    fmt = formats.check_manifest(manifest_path(vdir), raw).number  # its format's schema, on the document read
     manifest = raw
     problems = []
     listed = {f["path"]: f for f in manifest["files"]}
@@ -252,7 +252,6 @@ def check_files(version_dir: Path) -> dict:
             problems.append(f"missing: {rel}")
         elif (actual := sha256_file(path)) != entry["sha256"] or path.stat().st_size != entry["bytes"]:
             problems.append(f"altered: {rel} (sha256 {actual} != manifest {entry['sha256']})")
-    fmt = manifest.get("format", 1)
     for path in release_files(vdir, fmt):
         rel = path.relative_to(vdir).as_posix()
         if rel not in listed:
