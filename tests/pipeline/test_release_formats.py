@@ -268,3 +268,25 @@ def test_the_runtime_refuses_a_format_newer_than_this_code(tmp_path):
     copy = _restated(RELEASES[0], tmp_path, formats.CURRENT + 1)
     with pytest.raises(ReleaseFormatError, match=rf"of format {formats.CURRENT + 1}, newer than this laya-build reads"):
         runtime.open_release(copy, "cpu-float32")
+
+
+def test_every_file_of_a_signed_release_is_covered_by_its_signature(tmp_path):
+    """Not only the package: a change to any file of a signed release (the manifest, SHA256SUMS,
+    the provenance included) is named by the signature check, whatever else is re-hashed."""
+    from laya_build.errors import SignatureMismatchError
+    from laya_build.release import signing
+
+    release = next(r for r in RELEASES if _manifest(r).get("format", 1) >= 2)
+    keys = signing.trusted_keys({"keys": [str(SIGNER)]}, tmp_path, environ={})
+    copy = _copy(release, tmp_path)
+    assert signing.check(copy, keys).name == "fixture-signer"
+    for rel in sorted(_digests(copy)):
+        if rel == "release.sig":
+            continue
+        path = copy / rel
+        original = path.read_bytes()
+        path.write_bytes(original + b"\n")
+        with pytest.raises(SignatureMismatchError, match=re.escape(f"Hash mismatch for '{rel}'")):
+            signing.check(copy, keys)
+        path.write_bytes(original)
+    assert signing.check(copy, keys).name == "fixture-signer"
