@@ -31,6 +31,7 @@ from laya_build.stage import Stage
 
 KEY_FORMAT = 1  # bumped when what a key covers changes
 ROOT_MARK = "<root>"
+RUN_PART = "run"  # in the key of a stage run on the cluster every time (verify): that run's id
 # CPU features that change what a C++ compiler emits with -march=native (Inductor's names).
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "amx_tile", "asimd", "sve")
 

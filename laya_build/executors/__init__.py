@@ -6,7 +6,8 @@ to the cluster and which resource they ask for; :mod:`.ray_dispatch` sends them 
 module that imports Ray, and only when a stage is dispatched).
 
 A stage is bound to a target when it is one of :data:`TARGET_STAGES` (its configuration names
-``target: cpu`` or ``cuda``).  It runs remotely when its target is in
+``target: cpu`` or ``cuda``).  ``verify`` of a build is one: it runs every time, so a verification
+sent to the cluster runs on a worker every time (see :mod:`laya_build.tasks.cache`).  It runs remotely when its target is in
 ``executor.remote_targets``, or when this machine cannot build that target: ``cuda`` without
 a visible NVIDIA GPU.  It asks for one unit of the target's resource: by default
 ``laya_target:cuda-<arch>`` (the first of ``cuda.archs``: ``laya_target:cuda-sm90``) or
@@ -36,7 +37,8 @@ ENVIRONMENT = {
     ENV_REMOTE: "targets whose stages always run on the cluster, comma-separated (cpu,cuda)",
     ENV_WORKER_ROOT: "on a Ray worker: its checkout of the project (else executor.worker_root)",
 }
-TARGET_STAGES = ("export", "aoti_package", "latency")  # stages whose bytes come from one target
+TARGET_STAGES = ("export", "aoti_package", "latency", "verify")  # stages bound to one target
+ALWAYS_REMOTE = ("verify",)  # stages that run every time and may still run on the cluster
 RESOURCE_PREFIX = "laya_target:"
 TARGETS = ("cpu", "cuda")
 
@@ -112,7 +114,7 @@ def remote_resource(p, stage, settings: ExecutorSettings | None) -> str | None:
     if settings is None or settings.kind != "ray":
         return None
     target = stage_target(stage)
-    if target is None or stage.always:
+    if target is None or (stage.always and stage.basename not in ALWAYS_REMOTE):
         return None
     if target in settings.remote_targets or (target == "cuda" and not gpu_visible()):
         return resource_name(target, p.data, settings)

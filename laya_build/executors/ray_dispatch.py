@@ -62,10 +62,20 @@ def stage_from(doc: dict, root: Path) -> Stage:
 
 def input_files(stage: Stage) -> list[Path]:
     """What a remote run of ``stage`` needs of the build's tree: every file of the folders
-    holding its inputs (an input record's folder holds what the record describes)."""
+    holding its inputs (an input record's folder holds what the record describes), and of the
+    folders of the version that its arguments name (``verify`` reads ``eager.pt`` of the export)."""
     found: set[Path] = set()
-    for path in stage.inputs:
+    named = [
+        Path(value)
+        for name, value in stage.spec.items()
+        if name.endswith("_path") and isinstance(value, str) and stage.writes_into is not None
+        and Path(value).is_relative_to(stage.writes_into)
+    ]
+    own = {Path(d) for d in stage.dirs}
+    for path in [*stage.inputs, *named]:
         folder = Path(path).parent
+        if folder in own:
+            continue
         if folder.is_dir():
             found |= {f for f in folder.rglob("*") if f.is_file() and not f.name.startswith(".")}
         elif Path(path).is_file():
@@ -252,6 +262,8 @@ def _serve(request: dict, root: Path) -> dict:
         tools=tools,
         resource=request["resource"],
     )
+    if keys.RUN_PART in request["parts"]:  # a stage run every time (verify): the run's id is part of its key
+        mine[keys.RUN_PART] = request["parts"][keys.RUN_PART]
     if keys.digest(mine) != request["key"]:
         differ = keys.differences(mine, request["parts"])
         raise RemoteMismatchError(

@@ -94,9 +94,8 @@ def _check_curve(key, what: str, path: Path) -> None:
 
 def signing_key(cfg: dict | None, root: Path, environ=os.environ) -> SigningKey | None:
     """The key ``doit release`` signs with, loaded and checked before anything is written
-    (``None``: unsigned).  ``cfg``: the ``signing`` section."""
-    from cryptography.hazmat.primitives import serialization
-
+    (``None``: unsigned).  ``cfg``: the ``signing`` section.  Without a key nothing of the
+    signing libraries is imported (a machine that only builds or verifies needs none of them)."""
     cfg = cfg or {}
     given = environ.get(SIGNING_KEY_ENV) or cfg.get("key")
     what = f"signing key ({SIGNING_KEY_ENV})" if environ.get(SIGNING_KEY_ENV) else "signing key (signing.key)"
@@ -106,6 +105,8 @@ def signing_key(cfg: dict | None, root: Path, environ=os.environ) -> SigningKey 
                 f"signing.required is true, but no signing key is configured (signing.key, or {SIGNING_KEY_ENV})"
             )
         return None
+    from cryptography.hazmat.primitives import serialization
+
     path = _resolve(given, root)
     password = None
     if env_name := cfg.get("password_env"):
@@ -125,11 +126,13 @@ def signing_key(cfg: dict | None, root: Path, environ=os.environ) -> SigningKey 
 
 def trusted_keys(cfg: dict | None, root: Path, environ=os.environ) -> list[TrustedKey]:
     """The public keys whose releases this machine trusts: ``trust.keys`` plus
-    :data:`TRUSTED_KEYS_ENV`; each loaded and checked."""
-    from cryptography.hazmat.primitives import serialization
-
+    :data:`TRUSTED_KEYS_ENV`; each loaded and checked (none: nothing imported)."""
     listed = [(p, "trust.keys") for p in (cfg or {}).get("keys", [])]
     listed += [(p, TRUSTED_KEYS_ENV) for p in environ.get(TRUSTED_KEYS_ENV, "").split(os.pathsep) if p]
+    if not listed:
+        return []
+    from cryptography.hazmat.primitives import serialization
+
     keys: dict[str, TrustedKey] = {}
     for given, source in listed:
         path = _resolve(given, root)

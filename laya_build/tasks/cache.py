@@ -5,13 +5,16 @@ A stage task's action, when a cache is configured: compute the task's key
 (:mod:`laya_build.cache.keys`); when the cache has it, fetch the outputs (doit then records the
 task as run, with its up-to-date state, and the outputs' digest is written as after a run);
 else run the stage (here, or on a Ray worker for a target this machine cannot build) and, if
-this build may write, store its outputs.  Without a cache or an executor, a task's action is
+this build may write, store its outputs.  A stage that runs every time (``verify``) is never
+fetched: sent to the cluster, it runs on a worker under a key made for that one run, and its
+outputs (the verification record) come back through the cache under that key.  Without a cache or an executor, a task's action is
 :func:`laya_build.tasks.build.stage_action` and nothing of this module is imported.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 
 from laya_build.log import get_logger
@@ -44,7 +47,8 @@ def cached_action(p, stage: Stage, code: list[str], third_party: frozenset[str],
     def action():
         from laya_build.runner.stage import run_stage
 
-        if settings is None or not cache.cacheable(stage):
+        remote_always = resource is not None and stage.always and _package_built(stage)
+        if settings is None or not (cache.cacheable(stage) or remote_always):
             run_stage(stage)
             return None
         from laya_build.cache import keys
@@ -54,10 +58,12 @@ def cached_action(p, stage: Stage, code: list[str], third_party: frozenset[str],
         parts = keys.key_parts(
             root, stage, code=code, version=p.version, third_party=third_party, tools=tools, resource=resource
         )
+        if remote_always:  # a verification on the cluster: made for this run, its key never asked for again
+            parts[keys.RUN_PART] = uuid.uuid4().hex
         key = keys.digest(parts)
         key_s = round(time.perf_counter() - start, 4)
         scratch = p.artifacts.cache_fetch_dir()
-        if cache.fetch(stage, key, root=root, settings=settings, scratch=scratch, report_to=report_to):
+        if not remote_always and cache.fetch(stage, key, root=root, settings=settings, scratch=scratch, report_to=report_to):
             return None
         if resource is not None:
             from laya_build.errors import RemoteStageError
@@ -91,6 +97,18 @@ def cached_action(p, stage: Stage, code: list[str], third_party: frozenset[str],
     return action
 
 
+def _package_built(stage: Stage) -> bool:
+    """Whether the package a verification checks was built (a skipped package's verification is
+    a skip record, written here)."""
+    import json
+
+    path = stage.spec.get("package_record_path")
+    try:
+        return json.loads(Path(path).read_text()).get("status") == "ok"
+    except (TypeError, OSError, ValueError, AttributeError):
+        return False
+
+
 def _reading(settings):
     import dataclasses
 
@@ -109,10 +127,12 @@ def before_run(p, selected: list[str]) -> None:
     from laya_build import cache
     from laya_build.tasks.run import only
 
-    if only(selected, "verify"):
-        return
+    from laya_build.executors import executor_settings
+
     report = p.artifacts.cache_report(p.version)
     report.unlink(missing_ok=True)
+    if only(selected, "verify") and executor_settings(p.executor) is None:
+        return  # nothing but verifications here: the cache is not used
     try:
         cache.store_for(settings).probe()
     except cache.CacheUnavailable as exc:

@@ -138,3 +138,29 @@ def test_a_worker_with_other_sources_refuses(cluster):
     assert "its key differs in code: laya_build/stages/export.py" in out
     assert "hint:" in out
     assert not (dispatcher.version_dir() / "export" / "cpu-float32" / "exported.pt2").exists()
+
+
+def test_a_verification_sent_to_the_cluster_runs_on_the_worker_every_time(cluster):
+    """``verify`` of a build whose target goes to the cluster runs there, on the build's bytes
+    (sent through the cache), every time it is asked for; its record comes back."""
+    dispatcher, worker = cluster["dispatcher"], cluster["worker"]
+    built = dispatcher.doit("aoti_package")  # here, without the cluster (the cuda package: a skip record)
+    assert built.returncode == 0, built.stdout + built.stderr
+    env = _env(cluster, "verify-cache")
+    records = []
+    for _ in range(2):
+        run = dispatcher.doit("verify", env=env, timeout=900)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert f"laya-build: cache: verify:cpu-float32: sent to the Ray cluster (resource {RESOURCE})" in run.stderr
+        assert report(dispatcher) == [("verify:cpu-float32", "remote"), ("verify:cpu-float32", "fetched")]
+        path = dispatcher.artifacts / ".doit" / "cache" / "0.1.0.jsonl"
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        records.append(lines[0]["key"])
+        ours = dispatcher.version_dir() / "verify" / "cpu-float32" / "verify.json"
+        theirs = worker.version_dir() / "verify" / "cpu-float32" / "verify.json"
+        assert json.loads(ours.read_text()) == json.loads(theirs.read_text())
+        assert json.loads(ours.read_text())["status"] == "ok"
+    assert records[0] != records[1]  # a key for each run: never answered from the cache
+    ours_pkg = dispatcher.version_dir() / "aoti_package" / "cpu-float32" / "decision.pt2"
+    theirs_pkg = worker.version_dir() / "aoti_package" / "cpu-float32" / "decision.pt2"
+    assert sha256_file(ours_pkg) == sha256_file(theirs_pkg)  # the worker verified the build's bytes

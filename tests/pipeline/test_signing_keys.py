@@ -125,3 +125,32 @@ def test_a_config_key_is_refused_by_the_schema(project):
     finally:
         (project.path / "pipeline.yaml").write_text(original)
     assert run.returncode == 3 and "trust.keys" in run.stdout + run.stderr, run.stdout + run.stderr
+
+
+def test_without_keys_nothing_of_the_signing_libraries_is_needed(tmp_path):
+    """A machine that builds and verifies without signing or trusted keys (a GPU builder's image)
+    may lack cryptography and model-signing: the key checks that run before every release and
+    verification import neither."""
+    import subprocess
+    import sys
+
+    from laya_build import PROJECT_ROOT
+
+    code = (
+        "import sys\n"
+        "for name in ('cryptography', 'model_signing', 'OpenSSL'):\n"
+        "    sys.modules[name] = None  # importing any of them now fails\n"
+        "from laya_build.release import signing\n"
+        "import laya_build.tasks.release\n"
+        f"assert signing.signing_key(None, {str(tmp_path)!r}, {{}}) is None\n"
+        f"assert signing.signing_key({{'required': False}}, {str(tmp_path)!r}, {{}}) is None\n"
+        f"assert signing.trusted_keys(None, {str(tmp_path)!r}, {{}}) == []\n"
+        f"assert signing.trusted_keys({{'keys': []}}, {str(tmp_path)!r}, {{'LAYA_BUILD_TRUSTED_KEYS': ''}}) == []\n"
+        "try:\n"
+        f"    signing.trusted_keys({{'keys': ['k.pub']}}, {str(tmp_path)!r}, {{}})\n"
+        "except ImportError:\n"
+        "    print('a key needs the library')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "a key needs the library"

@@ -169,3 +169,20 @@ def test_a_compile_that_had_to_tune_fails_and_leaves_its_tuning(build, tmp_path,
     assert f"copy {out / tuning.FILE}" in str(info.value) and "cd/k2.best_config" in str(info.value)
     assert sorted(p.name for p in out.iterdir()) == [tuning.FILE]  # no package, no record
     assert "cd/k2.best_config" in json.loads((out / tuning.FILE).read_text())["entries"]
+
+
+def test_the_h200_configuration_names_a_tuning_file_of_its_build():
+    """pipeline.h200.yaml compiles its CUDA package with the committed tuning file: it loads as
+    that build's file for the stack it was made on, and every entry seeds a cache."""
+    import yaml
+
+    from laya_build import PROJECT_ROOT
+
+    cfg = yaml.safe_load((PROJECT_ROOT / "pipeline.h200.yaml").read_text())
+    rel = cfg["package"]["tuning"]["cuda-bfloat16"]
+    doc = json.loads((PROJECT_ROOT / rel).read_text())
+    entries = tuning.read(
+        PROJECT_ROOT / rel, torch_version=doc["torch"], target="cuda", dtype="bfloat16", key="cuda-bfloat16"
+    )
+    assert doc["torch"].endswith("+cu130") and len(entries) == 15
+    assert all(k.endswith(tuning.SUFFIX) and "time_taken_ms" not in v for k, v in entries.items())
