@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 
-SUBMODULES = ("serving", "buckets", "formats", "parity", "timing")
+SUBMODULES = ("serving", "start", "buckets", "formats", "parity", "timing")
 
 
 def __getattr__(name: str):

@@ -1,11 +1,11 @@
 """The saved-input and eager-output formats of a decision program, and calling a program on
-saved batches (torch and the standard library only: the fresh verification process imports it)."""
+saved batches (torch and the standard library only: the fresh verification process imports it;
+torch is imported by the functions that call it, so that the verification's parent process, which
+reads the constants, imports none)."""
 
 from __future__ import annotations
 
 import os
-
-import torch
 
 HEADS = ("decision", "act")
 INPUTS_FORMAT = 2  # 2: upstream build_sequence tokenisation and the checkpoint's "calibration"
@@ -13,6 +13,8 @@ EAGER_FORMAT = 1
 
 
 def load_weights_only(path, what: str, fmt: int) -> dict:
+    import torch
+
     obj = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(obj, dict) or obj.get("format") != fmt:
         raise ValueError(f"{path}: not a laya {what} file (format {fmt})")
@@ -41,5 +43,7 @@ def list_tree(root) -> list[dict]:
 
 def run_batches(fn, batches: list[dict], arg_names, device: str) -> list[dict]:
     """``fn`` on every batch (inference mode), outputs detached on the CPU."""
+    import torch
+
     with torch.inference_mode():
         return [outputs_dict(fn(*batch_args(b, arg_names, device))) for b in batches]

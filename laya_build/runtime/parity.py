@@ -4,10 +4,12 @@ publishes them, per-head deltas and argmax agreement (torch and the standard lib
 from __future__ import annotations
 
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from laya_build.runtime.formats import HEADS
+
+if TYPE_CHECKING:
+    import torch
 
 
 def finite_or_none(x: float):
@@ -86,6 +88,8 @@ def applied_calibration(temperature, temperature_by_options) -> dict:
 
 def decision_temperatures(qtype: torch.Tensor, marker_mask: torch.Tensor, calibration: dict) -> torch.Tensor:
     """Per row, the temperature upstream divides that row's decision logits by."""
+    import torch
+
     ks = (marker_mask != 0).sum(-1).tolist()
     by_options, per_type = calibration["temperature_by_options"], calibration["temperature"]
     return torch.tensor(
@@ -99,6 +103,8 @@ def decision_probabilities(
 ) -> torch.Tensor:
     """Calibrated decision probabilities ``[rows, slots]`` (padded slots 0), upstream's rule
     (see :data:`PROBABILITY_RULE_SOURCE`): softmax over the row's options of logits / t."""
+    import torch
+
     valid = marker_mask.to(logits.device) != 0
     t = decision_temperatures(qtype, marker_mask, calibration).to(logits.device)
     z = (logits.float() / t[:, None]).masked_fill(~valid, float("-inf"))
@@ -108,6 +114,8 @@ def decision_probabilities(
 def head_probabilities(head: str, logits: torch.Tensor, batch: dict, calibration: dict | None) -> torch.Tensor:
     """The published probabilities of a head; without ``calibration`` (saved inputs of format 1,
     releases made before 2026-11-30 10:00) the raw softmax of the logits, as those releases had."""
+    import torch
+
     if head == "decision" and calibration is not None:
         return decision_probabilities(logits, batch["qtype"], batch["marker_mask"], calibration)
     return torch.softmax(logits.float(), -1)

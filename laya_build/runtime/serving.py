@@ -74,6 +74,9 @@ from laya_build.runtime.buckets import Bucket, ExportDims, parse_buckets, smalle
 ARG_NAMES = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
 MODEL_NAME = "model"  # the model inside a .pt2 that aoti_load_package loads
 CAPTURE_WARMUP = 3
+BACKGROUND = "background"
+CAPTURE_MODES = (None, True, False, BACKGROUND)
+CAPTURE_DELAY_S = 1.0  # background captures start after the first answer, or after this long without a call
 MANIFEST, EFFECTIVE_CONFIG = MANIFEST_NAME, EFFECTIVE_CONFIG_NAME
 
 _ISA_LOCK = threading.Lock()
@@ -87,9 +90,10 @@ def sha256_file(path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def check_sha256(path, expected: str, what: str) -> str:
-    """``path``'s sha256, which must be ``expected`` (from ``what``) before anything uses it."""
-    actual = sha256_file(path)
+def check_sha256(path, expected: str, what: str, *, digest: str | None = None) -> str:
+    """``path``'s sha256, which must be ``expected`` (from ``what``) before anything uses it
+    (``digest``: that sha256, already taken of these bytes, e.g. while torch was imported)."""
+    actual = digest if digest is not None else sha256_file(path)
     if actual != expected:
         raise PackageIntegrityError(
             f"{path}: sha256 {actual} does not match the {what}'s {expected}; "
@@ -222,7 +226,13 @@ def _check_call_spec(loader, path) -> None:
 
 
 def load_package(
-    path, sha256: str, *, what: str = "package record", single_threaded: bool = True, loader: str = "aoti_load_package"
+    path,
+    sha256: str,
+    *,
+    what: str = "package record",
+    single_threaded: bool = True,
+    loader: str = "aoti_load_package",
+    digest: str | None = None,
 ) -> LoadedPackage:
     """Check ``path`` against ``sha256`` (from ``what``) and the CPU against the package's
     recorded ISA, then load it (see the module docstring).
@@ -231,13 +241,14 @@ def load_package(
     package) or ``direct``: the ``torch._C._aoti.AOTIModelPackageLoader`` that
     ``aoti_load_package`` wraps, called with the flat inputs, without importing Inductor or
     Dynamo and without the wrapper's per-call pytree parsing (private API: measured in
-    ``benchmarks/runtime_bench.py``, not used by the pipeline).
+    ``benchmarks/runtime_bench.py``, not used by the pipeline).  ``digest``: the package's
+    sha256, already taken (:mod:`laya_build.runtime.start` hashes while torch imports).
     """
     if loader not in LOADERS:
         raise ValueError(f"loader must be one of {', '.join(LOADERS)}, got {loader!r}")
     path = Path(path)
     start = time.perf_counter()
-    check_sha256(path, sha256, what)
+    check_sha256(path, sha256, what, digest=digest)
     hashed = time.perf_counter()
     metadata = package_metadata(path)
     isa = check_isa(path, metadata)
@@ -341,26 +352,76 @@ class DecisionRunner:
         *,
         dims: dict,
         buckets=(),
-        capture: bool | None = None,
+        capture: bool | str | None = None,
         capture_warmup: int = CAPTURE_WARMUP,
+        capture_delay_s: float = CAPTURE_DELAY_S,
     ):
+        if capture not in CAPTURE_MODES:
+            raise ValueError(f"capture must be one of {', '.join(map(repr, CAPTURE_MODES))}, got {capture!r}")
         self.package = package
         self.device = package.device
         self.dims = ExportDims.from_dims(dims)
         self.buckets = parse_buckets(buckets, self.dims, where="buckets")
-        self.graphed = self.device.type == "cuda" if capture is None else capture
+        on_cuda = self.device.type == "cuda"
+        self.graphed = on_cuda if capture in (None, BACKGROUND) else bool(capture)
         if self.graphed and not package.single_threaded:
             raise ValueError("CUDA graphs need a package loaded with single_threaded=True")
         self.capture_warmup = capture_warmup
+        self.capture_mode = "none" if not self.graphed else ("background" if capture == BACKGROUND else "up-front")
+        self.capture_errors: dict[Bucket, str] = {}
         self._lock = threading.Lock()
+        self._answered = threading.Event()
+        self._captured = threading.Event()
+        self._closed = False
         self._slots: dict[Bucket, _Slot] = {}
         for bucket in self.buckets:
             template = padding_template(bucket, self.device)
             with torch.inference_mode(False):
                 slot = _Slot(bucket, tuple(t.clone() for t in template), template)
-            if self.graphed:
-                self._capture(slot)
             self._slots[bucket] = slot
+        self._thread = None
+        if self.capture_mode == "background":
+            self._thread = threading.Thread(
+                target=self._capture_behind, args=(capture_delay_s,), name="laya-runtime-capture", daemon=True
+            )
+            self._thread.start()
+        else:
+            for slot in self._slots.values():
+                if self.graphed:
+                    self._capture(slot)
+            self._captured.set()
+
+    def _capture_behind(self, delay_s: float) -> None:
+        """The background captures: after the first answer (or ``delay_s`` without a call), one
+        bucket at a time under the call lock, cheapest first; a call meanwhile runs its bucket's
+        plain package call on the same static inputs (the answer a replay gives, bit for bit:
+        ``verify`` checks it).  A capture that fails leaves its bucket to plain calls and is
+        named in :attr:`capture_errors`."""
+        try:
+            self._answered.wait(timeout=delay_s)
+            with torch.cuda.device(self.device):
+                for slot in self._slots.values():
+                    with self._lock:
+                        if self._closed:
+                            return
+                        try:
+                            self._capture(slot)
+                        except Exception as exc:  # the bucket stays on plain calls
+                            self.capture_errors[slot.bucket] = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._captured.set()
+
+    def wait_captured(self, timeout: float | None = None) -> bool:
+        """Wait until every bucket's graph is captured (or failed: :attr:`capture_errors`);
+        False if ``timeout`` seconds went by first."""
+        return self._captured.wait(timeout)
+
+    def close(self) -> None:
+        """Stop background captures that have not started (a running one finishes)."""
+        self._closed = True
+        if self._thread is not None:
+            self._answered.set()
+            self._thread.join()
 
     @property
     def mode(self) -> str:
@@ -384,10 +445,20 @@ class DecisionRunner:
                 for _ in range(self.capture_warmup):
                     self.package(*slot.static)
             torch.cuda.synchronize(self.device)
+            # The warm-up calls gave the capture stream a cuBLAS workspace from the shared pool; a
+            # graph captured with it would keep writing into that block after anything else in the
+            # process frees it (torch.compile's CUDA graph trees clear every stream's workspace
+            # around their captures; torch.cuda.graph empties the allocator's cache) and the
+            # allocator hands it out again.  Dropped before the capture, the workspace the graph
+            # uses is allocated inside the graph's own memory pool, which nothing else allocates
+            # from while the graph lives; dropped after it, no later call shares it with a replay
+            # (torch/_inductor/cudagraph_trees.py, clear_cublass_cache, does both for its graphs).
+            torch._C._cuda_clearCublasWorkspaces()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
                 outputs = self.package(*slot.static)
             torch.cuda.synchronize(self.device)
+            torch._C._cuda_clearCublasWorkspaces()
         slot.graph, slot.outputs, slot.stream = graph, outputs, stream
         slot.capture_s = time.perf_counter() - start
 
@@ -468,7 +539,9 @@ class DecisionRunner:
                     decision, act = slot.outputs
                 else:
                     decision, act = self.package(*slot.static)
-            return decision[:rows, :slots].clone(), act[:rows].clone()
+            answer = decision[:rows, :slots].clone(), act[:rows].clone()
+        self._answered.set()
+        return answer
 
     def describe(self) -> dict:
         return {
@@ -476,6 +549,18 @@ class DecisionRunner:
             "buckets": [b.as_dict() for b in self.buckets],
             "capture_s": self.capture_s,
             "captures": [{**s.bucket.as_dict(), "capture_s": s.capture_s} for s in self._slots.values()],
+        }
+
+    def capture_state(self) -> dict:
+        """How the graphs are captured (``none``, ``up-front``, ``background``), which buckets
+        have one now, and why a capture failed."""
+        return {
+            "capture": self.capture_mode,
+            "captured": [str(s.bucket) for s in self._slots.values() if s.graph is not None],
+            "pending": [str(s.bucket) for s in self._slots.values() if s.graph is None and s.bucket not in self.capture_errors]
+            if self.graphed
+            else [],
+            "errors": {str(b): e for b, e in self.capture_errors.items()},
         }
 
 
@@ -516,20 +601,23 @@ def open_build(
     buckets=(),
     program: str = "decision",
     preload=(),
-    capture: bool | None = None,
+    capture: bool | str | None = None,
     capture_warmup: int = CAPTURE_WARMUP,
+    prehashed: dict | None = None,
 ) -> DecisionRunner:
     """The runner of a build folder's package (``aoti_package.json`` beside the ``.pt2``);
-    the package must match the record's sha256."""
+    the package must match the record's sha256 (``prehashed``: path -> sha256 already taken)."""
     record_path = Path(package_record_path)
     record = _read_json(record_path, "package record")
     entry = _program(record, record_path, program)
     preload_modules(preload)
+    path = record_path.parent / entry["package"]["path"]
     package = load_package(
-        record_path.parent / entry["package"]["path"],
+        path,
         entry["package"]["sha256"],
         what="package record",
         single_threaded=True,
+        digest=(prehashed or {}).get(path),
     )
     return DecisionRunner(package, dims=record["dims"], buckets=buckets, capture=capture, capture_warmup=capture_warmup)
 
@@ -555,9 +643,10 @@ def open_release(
     *,
     buckets=None,
     program: str = "decision",
-    capture: bool | None = None,
+    capture: bool | str | None = None,
     capture_warmup: int = CAPTURE_WARMUP,
     trusted_keys=None,
+    prehashed: dict | None = None,
 ) -> DecisionRunner:
     """The runner of a released build (``<target>-<dtype>``, e.g. ``cuda-bfloat16``).
 
@@ -569,6 +658,10 @@ def open_release(
     over exactly its files (:func:`laya_build.release.signing.check`), checked before anything
     of it is read.  ``None``: the keys of ``LAYA_BUILD_TRUSTED_KEYS`` if it is set; ``[]``: no
     signature is required.
+
+    ``capture``: ``None`` (graphs on CUDA, captured before this returns), ``"background"``
+    (captured behind the first answers), ``True`` or ``False``.  ``prehashed``: path -> the
+    sha256 already taken of the package's bytes (:mod:`laya_build.runtime.start`).
     """
     vdir = Path(release_dir).resolve()
     if trusted_keys is None or trusted_keys:
@@ -612,5 +705,11 @@ def open_release(
     if buckets is None:
         buckets = config.get("runtime", {}).get("buckets", {}).get(target, [])
     preload_modules(config.get("verify", {}).get("preload", {}).get(target, []))
-    package = load_package(vdir / package_rel, listed[package_rel], what="release manifest", single_threaded=True)
+    package = load_package(
+        vdir / package_rel,
+        listed[package_rel],
+        what="release manifest",
+        single_threaded=True,
+        digest=(prehashed or {}).get(vdir / package_rel),
+    )
     return DecisionRunner(package, dims=record["dims"], buckets=buckets, capture=capture, capture_warmup=capture_warmup)

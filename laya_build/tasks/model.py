@@ -64,6 +64,7 @@ def _build_stage(
     schemas,
     always: bool = False,
     config: dict | None = None,
+    process: str = "fork",
 ) -> Stage:
     """One model-stage sub-task for a (target, dtype) build, or for a whole target (``dtype``
     None: a stage of :data:`laya_build.layout.TARGET_STAGES`): its record is ``<stage>.json``
@@ -91,6 +92,7 @@ def _build_stage(
         },
         always=always,
         verbose=True,
+        process=process,
     )
 
 
@@ -148,6 +150,12 @@ def aoti_package_tasks(p):
         )
 
 
+# A verification's own process only starts the fresh verification process and reads its result
+# (no torch): it runs in doit's process, so that a build whose other stages are all up to date or
+# fetched from the cache starts no fork server for it.
+VERIFY_PROCESS = "inline"
+
+
 def verify_tasks(p):
     """Each package, alone, in a fresh process: sha256 first, then parity with eager.pt.
 
@@ -175,6 +183,7 @@ def verify_tasks(p):
                 config_key="verify_cfg",
                 doc="fresh-process verification of the package",
                 always=True,
+                process=VERIFY_PROCESS,
                 inputs=[spec["package_record_path"], v.inputs],
                 schemas=("aoti_package", "export"),
             ),
@@ -271,6 +280,7 @@ def _release_verify_tasks(p):
                 always=True,
                 task_dep=("verify:manifest",),
                 verbose=True,
+                process=VERIFY_PROCESS,
             ),
         )
 

@@ -1,0 +1,219 @@
+"""A fresh serving process to its first answer: the package's bytes checked while torch imports.
+
+A process that serves a release spends its first seconds importing torch (3.6–4.8 s on the H200
+image, docs/measurements/runtime-h200.md), then hashes the package (0.73 s for 745 MB), loads it
+and captures a CUDA graph per bucket.  :func:`start_release` and :func:`start_build` overlap the
+hashing with the import, and leave the captures behind the first answer:
+
+1. this module imports no torch: it reads the manifest (or the package record) and starts a
+   thread that hashes the package (``hashlib.file_digest`` releases the GIL while it hashes);
+   with trusted keys, a second thread checks the release's files and signature;
+2. the calling thread imports torch and the release's preload modules meanwhile;
+3. once the threads are done, :func:`laya_build.runtime.serving.open_release` (or
+   ``open_build``) opens the package exactly as it always does (every file it reads against the
+   manifest, the package against the digest the thread took: nothing is loaded before its bytes
+   are checked), with ``capture="background"``: the first calls run the plain package on their
+   bucket's padded inputs while the graphs are captured behind them
+   (:class:`~laya_build.runtime.serving.DecisionRunner`).
+
+``runner.start_timings`` says where the time went (``hash_s``, ``import_s``, ``open_s``, and
+``hash_wait_s``: how long the opening waited for the hash after torch was imported).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+from laya_build.layout import EFFECTIVE_CONFIG_NAME, MANIFEST_NAME, package_record_path
+
+
+class _Hash(threading.Thread):
+    """The sha256 of one file, taken in a thread of its own."""
+
+    def __init__(self, path: Path):
+        super().__init__(name=f"laya-runtime-sha256 {path.name}", daemon=True)
+        self.path = path
+        self.digest: str | None = None
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self.torch_imported_at_start = "torch" in sys.modules
+
+    def run(self) -> None:
+        start = time.perf_counter()
+        try:
+            with open(self.path, "rb") as fh:
+                self.digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        except BaseException as exc:  # reported by the opening, which reads the file itself
+            self.error = exc
+        self.seconds = time.perf_counter() - start
+
+
+class _Call(threading.Thread):
+    """A function called in a thread of its own; its exception is raised by :meth:`result`."""
+
+    def __init__(self, fn, *args):
+        super().__init__(name=f"laya-runtime {fn.__name__}", daemon=True)
+        self.fn, self.args = fn, args
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.fn(*self.args)
+        except BaseException as exc:
+            self.error = exc
+
+    def result(self) -> None:
+        self.join()
+        if self.error is not None:
+            raise self.error
+
+
+def _json(path: Path) -> dict | None:
+    """A small JSON file of a release, or None when it cannot be read here (the opening then
+    reads it itself and says what is wrong)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _preload_names(config: dict | None, target: str | None) -> list[str]:
+    if not isinstance(config, dict) or target is None:
+        return []
+    return list(config.get("verify", {}).get("preload", {}).get(target, []))
+
+
+def _import(names) -> float:
+    start = time.perf_counter()
+    import torch  # noqa: F401
+
+    for name in names:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
+    return time.perf_counter() - start
+
+
+def _finish(runner, started: float, hashed: _Hash | None, import_s: float, opened: float, waited: float):
+    runner.start_timings = {
+        "hash_s": round(hashed.seconds, 4) if hashed else None,
+        "import_s": round(import_s, 4),
+        "hash_wait_s": round(waited, 4),
+        "open_s": round(time.perf_counter() - opened, 4),
+        "total_s": round(time.perf_counter() - started, 4),
+        "hash_started_before_torch": bool(hashed and not hashed.torch_imported_at_start),
+    }
+    return runner
+
+
+def start_release(
+    release_dir,
+    build: str,
+    *,
+    buckets=None,
+    program: str = "decision",
+    capture="background",
+    capture_warmup: int | None = None,
+    trusted_keys=None,
+):
+    """The runner of a released build, opened as :func:`~laya_build.runtime.serving.open_release`
+    opens it (same checks, same arguments), with the package hashed while torch imports and the
+    graphs captured behind the first answers (module docstring)."""
+    started = time.perf_counter()
+    vdir = Path(release_dir).resolve()
+    manifest = _json(vdir / MANIFEST_NAME)
+    listed = {}
+    if isinstance(manifest, dict) and isinstance(manifest.get("files"), list):
+        listed = {f.get("path"): f.get("sha256") for f in manifest["files"] if isinstance(f, dict)}
+    config = _json(vdir / EFFECTIVE_CONFIG_NAME)
+    record = _json(vdir / package_record_path(build))
+    hashed = None
+    target = record.get("target") if isinstance(record, dict) else None
+    entry = None
+    if isinstance(record, dict):
+        entry = next((p for p in record.get("programs", []) if p.get("name") == program), None)
+    if entry is not None:
+        rel = f"aoti_package/{build}/{entry['package']['path']}"
+        if rel in listed and (vdir / rel).is_file() and not (vdir / rel).is_symlink():
+            hashed = _Hash(vdir / rel)
+            hashed.start()
+    signature = None
+    keys_given = trusted_keys
+    if trusted_keys is None or trusted_keys:
+        signature = _Call(_check_signature, vdir, trusted_keys)
+        signature.start()
+    import_s = _import(_preload_names(config, target))
+    from laya_build.runtime import serving
+
+    wait_from = time.perf_counter()
+    if signature is not None:
+        signature.result()
+        keys_given = []  # checked above
+    prehashed = {}
+    if hashed is not None:
+        hashed.join()
+        if hashed.digest is not None:
+            prehashed[hashed.path] = hashed.digest
+    waited = time.perf_counter() - wait_from
+    opened = time.perf_counter()
+    runner = serving.open_release(
+        vdir,
+        build,
+        buckets=buckets,
+        program=program,
+        capture=capture,
+        capture_warmup=serving.CAPTURE_WARMUP if capture_warmup is None else capture_warmup,
+        trusted_keys=keys_given,
+        prehashed=prehashed,
+    )
+    return _finish(runner, started, hashed, import_s, opened, waited)
+
+
+def _check_signature(vdir: Path, trusted_keys) -> None:
+    """The release's files and signature against the trusted keys (``None``: those of
+    ``LAYA_BUILD_TRUSTED_KEYS``), as :func:`~laya_build.runtime.serving.open_release` checks them."""
+    import os
+
+    from laya_build.release import check_files, signing
+
+    environ = os.environ if trusted_keys is None else {}
+    keys = signing.trusted_keys({"keys": [str(k) for k in trusted_keys or []]}, Path.cwd(), environ)
+    if keys:
+        check_files(vdir)
+        signing.check(vdir, keys)
+
+
+def start_build(package_record_path, *, buckets=(), program: str = "decision", preload=(), capture="background"):
+    """The runner of a build folder's package, opened as
+    :func:`~laya_build.runtime.serving.open_build` opens it, with the package hashed while torch
+    imports and the graphs captured behind the first answers."""
+    started = time.perf_counter()
+    record_path = Path(package_record_path)
+    record = _json(record_path)
+    hashed = None
+    if isinstance(record, dict):
+        entry = next((p for p in record.get("programs", []) if p.get("name") == program), None)
+        if entry is not None and (record_path.parent / entry["package"]["path"]).is_file():
+            hashed = _Hash(record_path.parent / entry["package"]["path"])
+            hashed.start()
+    import_s = _import(preload)
+    from laya_build.runtime import serving
+
+    wait_from = time.perf_counter()
+    prehashed = {}
+    if hashed is not None:
+        hashed.join()
+        if hashed.digest is not None:
+            prehashed[hashed.path] = hashed.digest
+    waited = time.perf_counter() - wait_from
+    opened = time.perf_counter()
+    runner = serving.open_build(
+        record_path, buckets=buckets, program=program, preload=preload, capture=capture, prehashed=prehashed
+    )
+    return _finish(runner, started, hashed, import_s, opened, waited)

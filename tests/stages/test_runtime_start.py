@@ -1,0 +1,110 @@
+"""laya_build.runtime.start: a fresh serving process hashes the package while torch imports,
+then opens it exactly as open_build / open_release do (every check before the load), and the
+same answers come out."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from laya_build import PROJECT_ROOT
+from laya_build.errors import PackageIntegrityError, UnknownSignerError
+from laya_build.records import read_record
+from laya_build.runtime import serving as runtime
+from laya_build.runtime.start import start_build, start_release
+
+BUCKETS = [{"rows": 1, "tokens": 32, "slots": 2}, {"rows": 4, "tokens": 128}]
+SIGNED = PROJECT_ROOT / "tests" / "fixtures" / "releases" / "2026-12-01-81569e4"
+SIGNER = PROJECT_ROOT / "tests" / "fixtures" / "releases" / "keys" / "fixture-signer.pub"
+
+
+def _answers(runner, inputs):
+    out = []
+    for batch in inputs["batches"]:
+        out.append(runner(*(batch[k] for k in inputs["arg_names"])))
+    return out
+
+
+def test_a_started_build_answers_as_an_opened_one(build):
+    inputs = torch.load(build.inputs, weights_only=True)
+    started = start_build(build.package_record("float32"), buckets=BUCKETS)
+    opened = runtime.open_build(build.package_record("float32"), buckets=BUCKETS)
+    for (d1, a1), (d2, a2) in zip(_answers(started, inputs), _answers(opened, inputs)):
+        assert torch.equal(d1, d2) and torch.equal(a1, a2)
+    timings = started.start_timings
+    assert timings["hash_s"] > 0 and timings["open_s"] > 0
+    assert started.package.sha256 == read_record(build.package_record("float32"))["programs"][0]["package"]["sha256"]
+    assert started.capture_state() == {"capture": "none", "captured": [], "pending": [], "errors": {}}  # the CPU
+
+
+def test_a_started_build_refuses_a_tampered_package_before_loading(build, tmp_path):
+    pkg_dir = shutil.copytree(build.package_dir("float32"), tmp_path / "pkg")
+    package = pkg_dir / "decision.pt2"
+    data = bytearray(package.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    package.write_bytes(bytes(data))
+    with pytest.raises(PackageIntegrityError, match=r"decision\.pt2: sha256 \w+ does not match the package record's"):
+        start_build(pkg_dir / "aoti_package.json", buckets=BUCKETS)
+
+
+def test_in_a_fresh_process_the_hash_starts_before_torch_is_imported(build):
+    code = (
+        "import json, sys\n"
+        "from laya_build.runtime.start import start_build\n"
+        "assert 'torch' not in sys.modules, 'importing the start module imported torch'\n"
+        f"runner = start_build({str(build.package_record('float32'))!r})\n"
+        "print(json.dumps(runner.start_timings))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    timings = json.loads(run.stdout.strip().splitlines()[-1])
+    assert timings["hash_started_before_torch"] is True
+    assert timings["import_s"] > 0 and timings["total_s"] >= timings["import_s"]
+
+
+def _signed_copy(tmp_path) -> Path:
+    return Path(shutil.copytree(SIGNED, tmp_path / SIGNED.name))
+
+
+def test_a_started_release_is_checked_like_an_opened_one(tmp_path):
+    copy = _signed_copy(tmp_path)
+    try:
+        started = start_release(copy, "cpu-float32", trusted_keys=[SIGNER])
+    except runtime.PackageIsaError as exc:
+        pytest.skip(f"the fixture's package needs CPU vector instructions this CPU lacks: {exc}")
+    opened = runtime.open_release(copy, "cpu-float32", trusted_keys=[SIGNER])
+    assert started.buckets == opened.buckets and started.package.sha256 == opened.package.sha256
+    with pytest.raises(UnknownSignerError):
+        start_release(copy, "cpu-float32", trusted_keys=[_another_key(tmp_path)])
+    package = copy / "aoti_package" / "cpu-float32" / "decision.pt2"
+    package.write_bytes(package.read_bytes() + b"\0")
+    with pytest.raises(PackageIntegrityError, match=r"does not match the release manifest's"):
+        start_release(copy, "cpu-float32", trusted_keys=[])
+
+
+def _another_key(tmp_path) -> Path:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    path = tmp_path / "stranger.pub"
+    path.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return path
+
+
+def test_an_unknown_capture_mode_is_refused(build):
+    package = runtime.load_package(
+        build.package_dir("float32") / "decision.pt2",
+        read_record(build.package_record("float32"))["programs"][0]["package"]["sha256"],
+    )
+    record = read_record(build.package_record("float32"))
+    with pytest.raises(ValueError, match=r"capture must be one of None, True, False, 'background', got 'later'"):
+        runtime.DecisionRunner(package, dims=record["dims"], buckets=BUCKETS, capture="later")
