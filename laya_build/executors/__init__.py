@@ -7,10 +7,11 @@ module that imports Ray, and only when a stage is dispatched).
 
 A stage is bound to a target when it is one of :data:`TARGET_STAGES` (its configuration names
 ``target: cpu`` or ``cuda``).  ``verify`` of a build is one: it runs every time, so a verification
-sent to the cluster runs on a worker every time (see :mod:`laya_build.tasks.cache`).  It runs remotely when its target is in
-``executor.remote_targets``, or when this machine cannot build that target: ``cuda`` without
-a visible NVIDIA GPU.  It asks for one unit of the target's resource: by default
-``laya_target:cuda-<arch>`` (the first of ``cuda.archs``: ``laya_target:cuda-sm90``) or
+sent to the cluster runs on a worker every time (see :mod:`laya_build.tasks.cache`).
+
+A stage runs remotely when its target is in ``executor.remote_targets``, or when this machine
+cannot build that target: ``cuda`` without a visible NVIDIA GPU.  It asks for one unit of the
+target's resource: by default ``laya_target:cuda-<arch>`` (the first of ``cuda.archs``: ``laya_target:cuda-sm90``) or
 ``laya_target:cpu-<machine>`` (``laya_target:cpu-x86_64``); ``executor.resources`` renames them.
 
 Environment (over the file): ``LAYA_BUILD_EXECUTOR`` (``local`` or ``ray``),

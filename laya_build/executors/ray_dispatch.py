@@ -68,7 +68,9 @@ def input_files(stage: Stage) -> list[Path]:
     named = [
         Path(value)
         for name, value in stage.spec.items()
-        if name.endswith("_path") and isinstance(value, str) and stage.writes_into is not None
+        if name.endswith("_path")
+        and isinstance(value, str)
+        and stage.writes_into is not None
         and Path(value).is_relative_to(stage.writes_into)
     ]
     own = {Path(d) for d in stage.dirs}

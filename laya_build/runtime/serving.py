@@ -557,7 +557,9 @@ class DecisionRunner:
         return {
             "capture": self.capture_mode,
             "captured": [str(s.bucket) for s in self._slots.values() if s.graph is not None],
-            "pending": [str(s.bucket) for s in self._slots.values() if s.graph is None and s.bucket not in self.capture_errors]
+            "pending": [
+                str(s.bucket) for s in self._slots.values() if s.graph is None and s.bucket not in self.capture_errors
+            ]
             if self.graphed
             else [],
             "errors": {str(b): e for b, e in self.capture_errors.items()},

@@ -7,8 +7,8 @@ task as run, with its up-to-date state, and the outputs' digest is written as af
 else run the stage (here, or on a Ray worker for a target this machine cannot build) and, if
 this build may write, store its outputs.  A stage that runs every time (``verify``) is never
 fetched: sent to the cluster, it runs on a worker under a key made for that one run, and its
-outputs (the verification record) come back through the cache under that key.  Without a cache or an executor, a task's action is
-:func:`laya_build.tasks.build.stage_action` and nothing of this module is imported.
+outputs (the verification record) come back through the cache under that key.  Without a cache
+or an executor, a task's action is :func:`laya_build.tasks.build.stage_action` and nothing of this module is imported.
 """
 
 from __future__ import annotations
@@ -63,7 +63,9 @@ def cached_action(p, stage: Stage, code: list[str], third_party: frozenset[str],
         key = keys.digest(parts)
         key_s = round(time.perf_counter() - start, 4)
         scratch = p.artifacts.cache_fetch_dir()
-        if not remote_always and cache.fetch(stage, key, root=root, settings=settings, scratch=scratch, report_to=report_to):
+        if not remote_always and cache.fetch(
+            stage, key, root=root, settings=settings, scratch=scratch, report_to=report_to
+        ):
             return None
         if resource is not None:
             from laya_build.errors import RemoteStageError
@@ -125,9 +127,8 @@ def before_run(p, selected: list[str]) -> None:
     if settings is None:
         return
     from laya_build import cache
-    from laya_build.tasks.run import only
-
     from laya_build.executors import executor_settings
+    from laya_build.tasks.run import only
 
     report = p.artifacts.cache_report(p.version)
     report.unlink(missing_ok=True)

@@ -1,0 +1,137 @@
+"""The runner's CUDA graphs (GPU only): captured behind the first answers, and still replaying the
+plain call's answer, bit for bit, after the same process did other CUDA work (another model, a
+``torch.compile`` with CUDA graphs and autotuning, large allocations and frees, the allocator's
+cache emptied, cuBLAS workspaces cleared).
+
+The mixed workload runs in a child process: a replay that faults must fail the test with the
+signal, not take the test run down.  On a machine without CUDA the module is skipped, saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from laya_build import PROJECT_ROOT
+from laya_build.config.sections import section
+from tests.stage_calls import run_export, run_model, run_package
+
+pytestmark = [
+    pytest.mark.build(seconds=300),  # one CUDA compile of the tiny model, a torch.compile in the child
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs: torch.cuda.is_available() is False"),
+]
+
+BUCKETS = [{"rows": 1, "tokens": 32}, {"rows": 4, "tokens": 128}]
+PRELOAD = section("package", None)["preload"]["cuda"]  # what the image needs before a CUDA package loads
+
+
+@pytest.fixture(scope="module")
+def cuda_build(tmp_path_factory):
+    base = tmp_path_factory.mktemp("cuda-build")
+    run_model({}, base / "model")
+    run_export({}, base / "model" / "checkpoint", base / "model" / "inputs.pt", base / "export", "cuda", "bfloat16")
+    run_package({}, base / "export", base / "package", "cuda")
+    return base
+
+
+def test_background_captures_answer_first_then_replay_the_same_answers(cuda_build):
+    from laya_build.runtime import serving
+
+    inputs = torch.load(cuda_build / "model" / "inputs.pt", weights_only=True)
+    args = tuple(inputs["batches"][0][k].cuda() for k in inputs["arg_names"])
+    runner = serving.open_build(
+        cuda_build / "package" / "aoti_package.json", buckets=BUCKETS, capture="background", preload=PRELOAD
+    )
+    first = runner(*args)  # before any graph: the bucket's plain call
+    assert runner.wait_captured(timeout=300)
+    state = runner.capture_state()
+    assert state["capture"] == "background" and state["errors"] == {} and state["pending"] == []
+    assert len(state["captured"]) == len(BUCKETS)
+    again = runner(*args)  # a replay now
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    runner.close()
+
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys, torch
+    from laya_build.runtime import serving
+
+    record, inputs_path = sys.argv[1], sys.argv[2]
+    inputs = torch.load(inputs_path, weights_only=True)
+    buckets, preload = json.loads(sys.argv[3]), json.loads(sys.argv[4])
+    runner = serving.open_build(record, buckets=buckets, preload=preload)
+    calls = [tuple(b[k].cuda() for k in inputs["arg_names"]) for b in inputs["batches"][:2]]
+    refs = [runner(*a) for a in calls]
+    plains = [runner.plain(*a) for a in calls]
+    steps = []
+
+    def check(step):
+        torch.cuda.synchronize()
+        same = all(torch.equal(x, y) for a, ref in zip(calls, refs) for x, y in zip(runner(*a), ref))
+        steps.append({"step": step, "replay_unchanged": same})
+        print(json.dumps(steps[-1]), flush=True)
+
+    # another model, eager
+    other = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()
+    for _ in range(3):
+        other(torch.randn(512, 1024, device="cuda")).sum().item()
+    check("another model")
+    # torch.compile with CUDA graphs and autotuning (it clears every stream's cuBLAS workspace)
+    compiled = torch.compile(other, mode="max-autotune")
+    for _ in range(4):
+        compiled(torch.randn(64, 1024, device="cuda")).sum().item()
+    check("torch.compile max-autotune")
+    # large allocations and frees, the allocator's cache emptied, freed memory overwritten
+    for _ in range(3):
+        big = [torch.full((64 << 20,), float("nan"), device="cuda") for _ in range(8)]
+        del big
+        torch.cuda.empty_cache()
+    junk = [torch.full((16 << 20,), 7.0, device="cuda") for _ in range(16)]
+    check("allocations and frees")
+    torch._C._cuda_clearCublasWorkspaces()
+    junk += [torch.full((16 << 20,), -3.0, device="cuda") for _ in range(16)]
+    check("cuBLAS workspaces cleared")
+    replay_vs_plain = all(torch.equal(x, y) for ref, plain in zip(refs, plains) for x, y in zip(ref, plain))
+    print(json.dumps({"done": True, "replay_vs_plain": replay_vs_plain}), flush=True)
+    """
+)
+
+
+def test_graphs_keep_their_answers_while_the_process_does_other_cuda_work(cuda_build, tmp_path):
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(cuda_build / "package" / "aoti_package.json"),
+            str(cuda_build / "model" / "inputs.pt"),
+            json.dumps(BUCKETS),
+            json.dumps(PRELOAD),
+        ],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")))),
+        },
+    )
+    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert run.returncode == 0, f"the child ended with {run.returncode} after {lines}: {run.stderr[-3000:]}"
+    steps = [line for line in lines if "step" in line]
+    assert [s["step"] for s in steps] == [
+        "another model",
+        "torch.compile max-autotune",
+        "allocations and frees",
+        "cuBLAS workspaces cleared",
+    ]
+    assert all(s["replay_unchanged"] for s in steps), steps
+    assert lines[-1] == {"done": True, "replay_vs_plain": True}
