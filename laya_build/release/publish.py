@@ -118,7 +118,21 @@ def build_manifest(spec: dict) -> dict:
 
 
 def tvm_version() -> str | None:
-    """The version of TileLang's bundled TVM (recorded by a release's manifest)."""
+    """The version of TileLang's bundled TVM (recorded by a release's manifest): the
+    ``__version__`` its ``tvm/libinfo.py`` states, read without importing TileLang (which takes
+    about 1.4 s); imported only when that file is not where TileLang's wheel puts it."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("tilelang")
+    if spec is None:
+        return None
+    for folder in spec.submodule_search_locations or ():
+        libinfo = Path(folder) / "3rdparty" / "tvm" / "python" / "tvm" / "libinfo.py"
+        if libinfo.is_file():
+            found = re.search(r'^__version__ = "([^"]+)"', libinfo.read_text(), re.MULTILINE)
+            if found:
+                return found.group(1)
     try:
         import tilelang  # noqa: F401  (puts its bundled tvm on sys.path)
         import tvm
