@@ -107,6 +107,13 @@ def check_sha256(path, expected: str, what: str, *, digest: str | None = None) -
 LOADERS = ("aoti_load_package", "direct")
 
 
+def fastest_loader() -> str:
+    """``direct`` where this torch has the C++ loader that ``aoti_load_package`` wraps, else
+    ``aoti_load_package``."""
+    aoti = getattr(torch._C, "_aoti", None)
+    return "direct" if hasattr(aoti, "AOTIModelPackageLoader") else "aoti_load_package"
+
+
 def import_loader_modules(loader: str = "aoti_load_package") -> None:
     """Import what :func:`load_package` needs, so a caller can time imports apart from the
     load: for ``aoti_load_package`` Inductor's package loader (which imports Dynamo; ~2 s on
@@ -606,9 +613,11 @@ def open_build(
     capture: bool | str | None = None,
     capture_warmup: int = CAPTURE_WARMUP,
     prehashed: dict | None = None,
+    loader: str = "aoti_load_package",
 ) -> DecisionRunner:
     """The runner of a build folder's package (``aoti_package.json`` beside the ``.pt2``);
-    the package must match the record's sha256 (``prehashed``: path -> sha256 already taken)."""
+    the package must match the record's sha256 (``prehashed``: path -> sha256 already taken;
+    ``loader``: as for :func:`load_package`)."""
     record_path = Path(package_record_path)
     record = _read_json(record_path, "package record")
     entry = _program(record, record_path, program)
@@ -620,6 +629,7 @@ def open_build(
         what="package record",
         single_threaded=True,
         digest=(prehashed or {}).get(path),
+        loader=loader,
     )
     return DecisionRunner(package, dims=record["dims"], buckets=buckets, capture=capture, capture_warmup=capture_warmup)
 
@@ -649,6 +659,7 @@ def open_release(
     capture_warmup: int = CAPTURE_WARMUP,
     trusted_keys=None,
     prehashed: dict | None = None,
+    loader: str = "aoti_load_package",
 ) -> DecisionRunner:
     """The runner of a released build (``<target>-<dtype>``, e.g. ``cuda-bfloat16``).
 
@@ -663,7 +674,8 @@ def open_release(
 
     ``capture``: ``None`` (graphs on CUDA, captured before this returns), ``"background"``
     (captured behind the first answers), ``True`` or ``False``.  ``prehashed``: path -> the
-    sha256 already taken of the package's bytes (:mod:`laya_build.runtime.start`).
+    sha256 already taken of the package's bytes (:mod:`laya_build.runtime.start`).  ``loader``: as
+    for :func:`load_package`.
     """
     vdir = Path(release_dir).resolve()
     if trusted_keys is None or trusted_keys:
@@ -713,5 +725,6 @@ def open_release(
         what="release manifest",
         single_threaded=True,
         digest=(prehashed or {}).get(vdir / package_rel),
+        loader=loader,
     )
     return DecisionRunner(package, dims=record["dims"], buckets=buckets, capture=capture, capture_warmup=capture_warmup)

@@ -14,7 +14,10 @@ hashing with the import, and leave the captures behind the first answer:
    manifest, the package against the digest the thread took: nothing is loaded before its bytes
    are checked), with ``capture="background"``: the first calls run the plain package on their
    bucket's padded inputs while the graphs are captured behind them
-   (:class:`~laya_build.runtime.serving.DecisionRunner`).
+   (:class:`~laya_build.runtime.serving.DecisionRunner`), and with the ``direct`` loader where
+   this torch has it (:func:`~laya_build.runtime.serving.fastest_loader`): the C++ loader that
+   ``aoti_load_package`` wraps, the same bits without importing Inductor and Dynamo (about 2 s on
+   the CPU machine; ``loader="aoti_load_package"`` keeps the public API).
 
 ``runner.start_timings`` says where the time went (``hash_s``, ``import_s``, ``open_s``, and
 ``hash_wait_s``: how long the opening waited for the hash after torch was imported).
@@ -121,6 +124,7 @@ def start_release(
     capture="background",
     capture_warmup: int | None = None,
     trusted_keys=None,
+    loader: str | None = None,
 ):
     """The runner of a released build, opened as :func:`~laya_build.runtime.serving.open_release`
     opens it (same checks, same arguments), with the package hashed while torch imports and the
@@ -171,6 +175,7 @@ def start_release(
         capture_warmup=serving.CAPTURE_WARMUP if capture_warmup is None else capture_warmup,
         trusted_keys=keys_given,
         prehashed=prehashed,
+        loader=loader or serving.fastest_loader(),
     )
     return _finish(runner, started, hashed, import_s, opened, waited)
 
@@ -189,7 +194,15 @@ def _check_signature(vdir: Path, trusted_keys) -> None:
         signing.check(vdir, keys)
 
 
-def start_build(package_record_path, *, buckets=(), program: str = "decision", preload=(), capture="background"):
+def start_build(
+    package_record_path,
+    *,
+    buckets=(),
+    program: str = "decision",
+    preload=(),
+    capture="background",
+    loader: str | None = None,
+):
     """The runner of a build folder's package, opened as
     :func:`~laya_build.runtime.serving.open_build` opens it, with the package hashed while torch
     imports and the graphs captured behind the first answers."""
@@ -214,6 +227,12 @@ def start_build(package_record_path, *, buckets=(), program: str = "decision", p
     waited = time.perf_counter() - wait_from
     opened = time.perf_counter()
     runner = serving.open_build(
-        record_path, buckets=buckets, program=program, preload=preload, capture=capture, prehashed=prehashed
+        record_path,
+        buckets=buckets,
+        program=program,
+        preload=preload,
+        capture=capture,
+        prehashed=prehashed,
+        loader=loader or serving.fastest_loader(),
     )
     return _finish(runner, started, hashed, import_s, opened, waited)

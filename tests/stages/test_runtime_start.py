@@ -41,6 +41,9 @@ def test_a_started_build_answers_as_an_opened_one(build):
     assert timings["hash_s"] > 0 and timings["open_s"] > 0
     assert started.package.sha256 == read_record(build.package_record("float32"))["programs"][0]["package"]["sha256"]
     assert started.capture_state() == {"capture": "none", "captured": [], "pending": [], "errors": {}}  # the CPU
+    assert (
+        started.package.loader == runtime.fastest_loader() == "direct" and opened.package.loader == "aoti_load_package"
+    )
 
 
 def test_a_started_build_refuses_a_tampered_package_before_loading(build, tmp_path):
