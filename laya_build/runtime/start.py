@@ -103,6 +103,17 @@ def _import(names) -> float:
     return time.perf_counter() - start
 
 
+def _digests(hashed: _Hash | None, wait_from: float) -> tuple[dict, float]:
+    """The digest the hashing thread took (path -> sha256; empty when it could not read the
+    file: the opening then reads it itself), and how long since ``wait_from`` it took to finish."""
+    prehashed = {}
+    if hashed is not None:
+        hashed.join()
+        if hashed.digest is not None:
+            prehashed[hashed.path] = hashed.digest
+    return prehashed, time.perf_counter() - wait_from
+
+
 def _finish(runner, started: float, hashed: _Hash | None, import_s: float, opened: float, waited: float):
     runner.start_timings = {
         "hash_s": round(hashed.seconds, 4) if hashed else None,
@@ -159,12 +170,7 @@ def start_release(
     if signature is not None:
         signature.result()
         keys_given = []  # checked above
-    prehashed = {}
-    if hashed is not None:
-        hashed.join()
-        if hashed.digest is not None:
-            prehashed[hashed.path] = hashed.digest
-    waited = time.perf_counter() - wait_from
+    prehashed, waited = _digests(hashed, wait_from)
     opened = time.perf_counter()
     runner = serving.open_release(
         vdir,
@@ -218,13 +224,7 @@ def start_build(
     import_s = _import(preload)
     from laya_build.runtime import serving
 
-    wait_from = time.perf_counter()
-    prehashed = {}
-    if hashed is not None:
-        hashed.join()
-        if hashed.digest is not None:
-            prehashed[hashed.path] = hashed.digest
-    waited = time.perf_counter() - wait_from
+    prehashed, waited = _digests(hashed, time.perf_counter())
     opened = time.perf_counter()
     runner = serving.open_build(
         record_path,
