@@ -130,6 +130,11 @@ def dispatch(
 
     if not ray.is_initialized():
         ray.init(address=executor.address, namespace="laya-build", log_to_driver=False, logging_level="ERROR")
+    if resource not in ray.cluster_resources():  # an autoscaler may still add such a node
+        cache.note(
+            f"{stage.task}: no node of the Ray cluster offers {resource} now; waiting up to "
+            f"{executor.timeout_s:g} s (executor.timeout_s) for one"
+        )
     task = ray.remote(_on_worker).options(
         resources={resource: 1}, num_cpus=executor.num_cpus, max_retries=0, name=f"laya-build {stage.task}"
     )

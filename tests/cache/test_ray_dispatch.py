@@ -164,3 +164,19 @@ def test_a_verification_sent_to_the_cluster_runs_on_the_worker_every_time(cluste
     ours_pkg = dispatcher.version_dir() / "aoti_package" / "cpu-float32" / "decision.pt2"
     theirs_pkg = worker.version_dir() / "aoti_package" / "cpu-float32" / "decision.pt2"
     assert sha256_file(ours_pkg) == sha256_file(theirs_pkg)  # the worker verified the build's bytes
+
+
+def test_a_stage_no_worker_takes_fails_after_the_timeout_naming_its_resource(cluster):
+    """No node offers the resource: the build says so at once, waits executor.timeout_s for one,
+    then fails naming the resource and how to start such a worker; nothing of the stage is written."""
+    lonely = worktree(cluster["local"], cluster["base"] / "lonely")
+    lonely.edit_config(
+        lambda c: c.update(executor={"kind": "ray", "timeout_s": 5, "resources": {"cpu": "laya_target:nowhere"}})
+    )
+    run = lonely.doit(EXPORT, env=_env(cluster, "lonely-cache"), timeout=900)
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out
+    assert "no node of the Ray cluster offers laya_target:nowhere now; waiting up to 5 s" in run.stderr
+    assert "laya-build: RemoteStageError" in out and "within 5 s (resource laya_target:nowhere)" in out
+    assert "--resources='{\"laya_target:nowhere\": 1}'" in out
+    assert not (lonely.version_dir() / "export" / "cpu-float32" / "exported.pt2").exists()
