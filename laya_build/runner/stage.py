@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 
 from laya_build import errors
 from laya_build.diskspace import full_near, is_no_space
@@ -105,10 +107,29 @@ def _full_disk(stage: Stage, exc: Exception) -> DiskFullError | None:
 
 
 def _call(stage: Stage):
-    """An inline stage: its function in this process, its record validated and written here."""
+    """An inline stage: its function in this process, its record validated and written here,
+    with the stage's environment (and ``LAYA_TASK``) set while it runs, as a stage process has
+    it, so that the processes it starts inherit it."""
     from laya_build.records import write_record
 
-    value = getattr(importlib.import_module(stage.module), stage.function)(**stage.spec)
+    with _environment({**stage.env, **({"LAYA_TASK": stage.task} if stage.task else {})}):
+        value = getattr(importlib.import_module(stage.module), stage.function)(**stage.spec)
     if stage.record is not None:
         write_record(stage.record, value)
     return value
+
+
+@contextlib.contextmanager
+def _environment(env: dict):
+    """``env`` in ``os.environ`` within the block, what was there before restored after it (doit
+    runs one task at a time in a process)."""
+    before = {name: os.environ.get(name) for name in env}
+    os.environ.update({name: str(value) for name, value in env.items()})
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

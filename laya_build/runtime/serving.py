@@ -53,6 +53,7 @@ Buckets and CUDA graphs (:class:`DecisionRunner`)
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import importlib
@@ -62,6 +63,7 @@ import os
 import platform
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -367,6 +369,8 @@ class DecisionRunner:
             raise ValueError(f"capture must be one of {', '.join(map(repr, CAPTURE_MODES))}, got {capture!r}")
         self.package = package
         self.device = package.device
+        if self.device.type == "cuda" and self.device.index is None:  # the package records "cuda"
+            self.device = torch.device("cuda", torch.cuda.current_device())  # the caller's device
         self.dims = ExportDims.from_dims(dims)
         self.buckets = parse_buckets(buckets, self.dims, where="buckets")
         on_cuda = self.device.type == "cuda"
@@ -376,6 +380,7 @@ class DecisionRunner:
         self.capture_warmup = capture_warmup
         self.capture_mode = "none" if not self.graphed else ("background" if capture == BACKGROUND else "up-front")
         self.capture_errors: dict[Bucket, str] = {}
+        self.capture_failure: str | None = None  # the background captures stopped on this
         self._lock = threading.Lock()
         self._answered = threading.Event()
         self._captured = threading.Event()
@@ -392,6 +397,7 @@ class DecisionRunner:
                 target=self._capture_behind, args=(capture_delay_s,), name="laya-runtime-capture", daemon=True
             )
             self._thread.start()
+            atexit.register(_close_at_exit, weakref.ref(self))  # no capture left running at exit
         else:
             for slot in self._slots.values():
                 if self.graphed:
@@ -415,12 +421,14 @@ class DecisionRunner:
                             self._capture(slot)
                         except Exception as exc:  # the bucket stays on plain calls
                             self.capture_errors[slot.bucket] = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # every bucket not captured stays on plain calls
+            self.capture_failure = f"{type(exc).__name__}: {exc}"
         finally:
             self._captured.set()
 
     def wait_captured(self, timeout: float | None = None) -> bool:
-        """Wait until every bucket's graph is captured (or failed: :attr:`capture_errors`);
-        False if ``timeout`` seconds went by first."""
+        """Wait until the background captures ended: every bucket captured, or failed
+        (:meth:`capture_state`), or the runner closed; False if ``timeout`` seconds went by first."""
         return self._captured.wait(timeout)
 
     def close(self) -> None:
@@ -462,10 +470,12 @@ class DecisionRunner:
             # (torch/_inductor/cudagraph_trees.py, clear_cublass_cache, does both for its graphs).
             torch._C._cuda_clearCublasWorkspaces()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-                outputs = self.package(*slot.static)
-            torch.cuda.synchronize(self.device)
-            torch._C._cuda_clearCublasWorkspaces()
+            try:
+                with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+                    outputs = self.package(*slot.static)
+                torch.cuda.synchronize(self.device)
+            finally:
+                torch._C._cuda_clearCublasWorkspaces()
         slot.graph, slot.outputs, slot.stream = graph, outputs, stream
         slot.capture_s = time.perf_counter() - start
 
@@ -560,17 +570,28 @@ class DecisionRunner:
 
     def capture_state(self) -> dict:
         """How the graphs are captured (``none``, ``up-front``, ``background``), which buckets
-        have one now, and why a capture failed."""
+        have one now, which are still to be captured, and why a capture failed (``stopped``:
+        why the background captures ended early, or that the runner was closed)."""
+        errors = dict(self.capture_errors)  # one copy: the capture thread may add to it
+        done = self._captured.is_set()
+        stopped = self.capture_failure or ("closed" if self._closed and done else None)
         return {
             "capture": self.capture_mode,
             "captured": [str(s.bucket) for s in self._slots.values() if s.graph is not None],
             "pending": [
-                str(s.bucket) for s in self._slots.values() if s.graph is None and s.bucket not in self.capture_errors
-            ]
-            if self.graphed
-            else [],
-            "errors": {str(b): e for b, e in self.capture_errors.items()},
+                str(s.bucket)
+                for s in self._slots.values()
+                if self.graphed and not done and s.graph is None and s.bucket not in errors
+            ],
+            "errors": {str(b): e for b, e in errors.items()},
+            "stopped": stopped,
         }
+
+
+def _close_at_exit(ref) -> None:
+    runner = ref()
+    if runner is not None:
+        runner.close()
 
 
 # ------------------------------------------------------------------------------ opening
@@ -597,10 +618,18 @@ def _program(record: dict, record_path: Path, program: str) -> dict:
         raise PackageIntegrityError(f"{record_path}: not an aoti_package record")
     if record.get("status") != "ok":
         raise PackageIntegrityError(f"{record_path}: the build was skipped ({record.get('reason')}); no package")
-    found = next((p for p in record["programs"] if p["name"] == program), None)
+    programs = record.get("programs")
+    if not isinstance(programs, list) or not all(isinstance(p, dict) for p in programs):
+        raise PackageIntegrityError(f"{record_path}: not an aoti_package record (no list of programs)")
+    found = next((p for p in programs if p.get("name") == program), None)
     if found is None:
-        names = ", ".join(p["name"] for p in record["programs"])
+        names = ", ".join(str(p.get("name")) for p in programs)
         raise PackageIntegrityError(f"{record_path}: no program {program!r} (has {names})")
+    package = found.get("package")
+    if not (
+        isinstance(package, dict) and isinstance(package.get("path"), str) and isinstance(package.get("sha256"), str)
+    ):
+        raise PackageIntegrityError(f"{record_path}: program {program!r} names no package (path and sha256)")
     return found
 
 
@@ -708,6 +737,7 @@ def open_release(
     record = _read_json(checked(record_rel), "package record")
     entry = _program(record, vdir / record_rel, program)
     package_rel = f"aoti_package/{build}/{entry['package']['path']}"
+    _no_link(vdir, package_rel)
     if package_rel not in listed or not (vdir / package_rel).is_file():
         raise PackageIntegrityError(f"{vdir / package_rel}: missing from the release or its manifest")
     if listed[package_rel] != entry["package"]["sha256"]:

@@ -8,7 +8,9 @@ hashing with the import, and leave the captures behind the first answer:
 1. this module imports no torch: it reads the manifest (or the package record) and starts a
    thread that hashes the package (``hashlib.file_digest`` releases the GIL while it hashes);
    with trusted keys, a second thread checks the release's files and signature;
-2. the calling thread imports torch and the release's preload modules meanwhile;
+2. the calling thread imports torch meanwhile (the release's preload modules are imported by the
+   opening, once the configuration that names them is checked; :func:`start_build` imports the
+   caller's ``preload`` here);
 3. once the threads are done, :func:`laya_build.runtime.serving.open_release` (or
    ``open_build``) opens the package exactly as it always does (every file it reads against the
    manifest, the package against the digest the thread took: nothing is loaded before its bytes
@@ -29,12 +31,13 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import os
 import sys
 import threading
 import time
 from pathlib import Path
 
-from laya_build.layout import EFFECTIVE_CONFIG_NAME, MANIFEST_NAME, package_record_path
+from laya_build.layout import MANIFEST_NAME, package_record_path
 
 
 class _Hash(threading.Thread):
@@ -44,6 +47,7 @@ class _Hash(threading.Thread):
         super().__init__(name=f"laya-runtime-sha256 {path.name}", daemon=True)
         self.path = path
         self.digest: str | None = None
+        self.identity: tuple | None = None  # (device, inode, size, mtime) of the bytes hashed
         self.error: BaseException | None = None
         self.seconds = 0.0
         self.torch_imported_at_start = "torch" in sys.modules
@@ -53,6 +57,7 @@ class _Hash(threading.Thread):
         try:
             with open(self.path, "rb") as fh:
                 self.digest = hashlib.file_digest(fh, "sha256").hexdigest()
+                self.identity = _identity(os.fstat(fh.fileno()))
         except BaseException as exc:  # reported by the opening, which reads the file itself
             self.error = exc
         self.seconds = time.perf_counter() - start
@@ -78,19 +83,36 @@ class _Call(threading.Thread):
             raise self.error
 
 
+MAX_JSON_BYTES = 16 << 20  # as the opening reads them
+
+
+def _identity(st: os.stat_result) -> tuple:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def _json(path: Path) -> dict | None:
-    """A small JSON file of a release, or None when it cannot be read here (the opening then
-    reads it itself and says what is wrong)."""
+    """A small JSON object of a release, only to find the package to hash, or None when it
+    cannot be read so (a link, too large, not a JSON object...): the opening then reads it
+    itself, checked, and says what is wrong."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        if path.is_symlink():
+            return None
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_JSON_BYTES + 1)
+        doc = json.loads(raw) if len(raw) <= MAX_JSON_BYTES else None
+    except Exception:  # noqa: BLE001  (nothing here decides; the opening reads and checks it)
         return None
+    return doc if isinstance(doc, dict) else None
 
 
-def _preload_names(config: dict | None, target: str | None) -> list[str]:
-    if not isinstance(config, dict) or target is None:
-        return []
-    return list(config.get("verify", {}).get("preload", {}).get(target, []))
+def _package_of(record: dict | None, program: str) -> str | None:
+    """The package path a package record names for ``program`` (None: it names none)."""
+    try:
+        entry = next(p for p in record["programs"] if p.get("name") == program)
+        path = entry["package"]["path"]
+    except Exception:  # noqa: BLE001  (the opening reads the record again, checked)
+        return None
+    return path if isinstance(path, str) else None
 
 
 def _import(names) -> float:
@@ -104,12 +126,18 @@ def _import(names) -> float:
 
 
 def _digests(hashed: _Hash | None, wait_from: float) -> tuple[dict, float]:
-    """The digest the hashing thread took (path -> sha256; empty when it could not read the
-    file: the opening then reads it itself), and how long since ``wait_from`` it took to finish."""
+    """The digest the hashing thread took (path -> sha256), and how long since ``wait_from`` it
+    took to finish.  Empty (the opening then hashes the file itself) when the thread could not
+    read the file, or when the file is no longer the one it hashed (another inode, size or
+    modification time: replaced or rewritten since)."""
     prehashed = {}
     if hashed is not None:
         hashed.join()
-        if hashed.digest is not None:
+        try:
+            same = hashed.identity is not None and _identity(os.stat(hashed.path)) == hashed.identity
+        except OSError:
+            same = False
+        if hashed.digest is not None and same:
             prehashed[hashed.path] = hashed.digest
     return prehashed, time.perf_counter() - wait_from
 
@@ -146,15 +174,10 @@ def start_release(
     listed = {}
     if isinstance(manifest, dict) and isinstance(manifest.get("files"), list):
         listed = {f.get("path"): f.get("sha256") for f in manifest["files"] if isinstance(f, dict)}
-    config = _json(vdir / EFFECTIVE_CONFIG_NAME)
-    record = _json(vdir / package_record_path(build))
+    package = _package_of(_json(vdir / package_record_path(build)), program)
     hashed = None
-    target = record.get("target") if isinstance(record, dict) else None
-    entry = None
-    if isinstance(record, dict):
-        entry = next((p for p in record.get("programs", []) if p.get("name") == program), None)
-    if entry is not None:
-        rel = f"aoti_package/{build}/{entry['package']['path']}"
+    if package is not None:
+        rel = f"aoti_package/{build}/{package}"
         if rel in listed and (vdir / rel).is_file() and not (vdir / rel).is_symlink():
             hashed = _Hash(vdir / rel)
             hashed.start()
@@ -163,7 +186,7 @@ def start_release(
     if trusted_keys is None or trusted_keys:
         signature = _Call(_check_signature, vdir, trusted_keys)
         signature.start()
-    import_s = _import(_preload_names(config, target))
+    import_s = _import(())  # the release's preload: by the opening, from its checked configuration
     from laya_build.runtime import serving
 
     wait_from = time.perf_counter()
@@ -214,13 +237,11 @@ def start_build(
     imports and the graphs captured behind the first answers."""
     started = time.perf_counter()
     record_path = Path(package_record_path)
-    record = _json(record_path)
+    package = _package_of(_json(record_path), program)
     hashed = None
-    if isinstance(record, dict):
-        entry = next((p for p in record.get("programs", []) if p.get("name") == program), None)
-        if entry is not None and (record_path.parent / entry["package"]["path"]).is_file():
-            hashed = _Hash(record_path.parent / entry["package"]["path"])
-            hashed.start()
+    if package is not None and (record_path.parent / package).is_file():
+        hashed = _Hash(record_path.parent / package)
+        hashed.start()
     import_s = _import(preload)
     from laya_build.runtime import serving
 

@@ -50,3 +50,15 @@ def spawn_and_sleep(**spec) -> None:
         fh.write(f"{os.getpid()} {sleeper.pid}")
     os.replace(spec["pidfile"] + ".tmp", spec["pidfile"])
     time.sleep(600)
+
+
+def environment_seen(**spec) -> dict:
+    """What a stage, and a process it starts, find in the environment."""
+    import subprocess
+
+    names = spec["names"]
+    code = f"import json, os; print(json.dumps({{n: os.environ.get(n) for n in {names!r}}}))"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    import json
+
+    return {"stage": {n: os.environ.get(n) for n in names}, "child": json.loads(child.stdout)}

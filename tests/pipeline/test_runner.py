@@ -137,3 +137,26 @@ def test_a_new_place_removes_those_of_ended_processes():
     finally:
         live.rmdir()
         place._remove()
+
+
+@pytest.mark.parametrize("process", ["inline", "fork", "fresh"])
+def test_every_stage_process_and_what_it_starts_have_the_stage_environment(process):
+    """An inline stage (run in doit's process) gets its environment and LAYA_TASK as a stage
+    process does, for itself and the processes it starts; doit's environment is as it was after."""
+    from laya_build.runner.stage import run_stage
+    from laya_build.stage import Stage
+
+    names = ["LAYA_TEST_STAGE_ENV", "LAYA_TASK"]
+    stage = Stage(
+        basename="probe",
+        name="env",
+        doc="environment",
+        entry="tests.pipeline.runner_jobs:environment_seen",
+        spec={"names": names},
+        process=process,
+        env={"LAYA_TEST_STAGE_ENV": "set"},
+    )
+    before = {n: os.environ.get(n) for n in names}
+    seen = run_stage(stage)
+    assert seen["stage"] == seen["child"] == {"LAYA_TEST_STAGE_ENV": "set", "LAYA_TASK": "probe:env"}
+    assert {n: os.environ.get(n) for n in names} == before

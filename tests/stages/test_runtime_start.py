@@ -40,7 +40,7 @@ def test_a_started_build_answers_as_an_opened_one(build):
     timings = started.start_timings
     assert timings["hash_s"] > 0 and timings["open_s"] > 0
     assert started.package.sha256 == read_record(build.package_record("float32"))["programs"][0]["package"]["sha256"]
-    assert started.capture_state() == {"capture": "none", "captured": [], "pending": [], "errors": {}}  # the CPU
+    assert started.capture_state() == {"capture": "none", "captured": [], "pending": [], "errors": {}, "stopped": None}
     assert (
         started.package.loader == runtime.fastest_loader() == "direct" and opened.package.loader == "aoti_load_package"
     )
@@ -111,3 +111,44 @@ def test_an_unknown_capture_mode_is_refused(build):
     record = read_record(build.package_record("float32"))
     with pytest.raises(ValueError, match=r"capture must be one of None, True, False, 'background', got 'later'"):
         runtime.DecisionRunner(package, dims=record["dims"], buckets=BUCKETS, capture="later")
+
+
+def test_a_digest_is_used_only_for_the_bytes_it_was_taken_of(tmp_path):
+    """A package replaced or rewritten after its hash was taken is hashed again by the opening."""
+    import os
+    import time
+
+    from laya_build.runtime import start
+
+    path = tmp_path / "decision.pt2"
+    path.write_bytes(b"a" * 4096)
+    hashed = start._Hash(path)
+    hashed.start()
+    kept, _ = start._digests(hashed, time.perf_counter())
+    assert kept == {path: hashed.digest}
+    other = tmp_path / "other.pt2"
+    other.write_bytes(b"b" * 4096)
+    os.replace(other, path)  # same size, another inode
+    assert start._digests(hashed, time.perf_counter())[0] == {}
+    hashed = start._Hash(path)
+    hashed.start()
+    hashed.join()
+    with open(path, "r+b") as fh:  # rewritten in place
+        fh.write(b"c")
+    os.utime(path, ns=(0, 0))
+    assert start._digests(hashed, time.perf_counter())[0] == {}
+
+
+def test_a_malformed_or_linked_record_is_left_to_the_opening(build, tmp_path):
+    pkg_dir = shutil.copytree(build.package_dir("float32"), tmp_path / "pkg")
+    record = pkg_dir / "aoti_package.json"
+    doc = json.loads(record.read_text())
+    doc["programs"] = [{"name": "decision"}]  # no package
+    record.write_text(json.dumps(doc))
+    with pytest.raises(PackageIntegrityError, match=r"program 'decision' names no package \(path and sha256\)"):
+        start_build(record)
+    linked = tmp_path / "linked.json"
+    linked.symlink_to("/dev/zero")
+    from laya_build.runtime import start
+
+    assert start._json(linked) is None
