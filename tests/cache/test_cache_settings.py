@@ -110,9 +110,13 @@ def test_which_stages_go_to_the_cluster():
     p.data = data
     export_cpu = Stage("export", "cpu-float32", "", "m:f", config={"target": "cpu"})
     verify_cpu = Stage("verify", "cpu-float32", "", "m:f", config={"target": "cpu"}, always=True)
+    verify_released = Stage("verify", "cpu-float32", "", "m:f", always=True)  # a release's: no target
+    release = Stage("release", None, "", "m:f", config={"target": "cpu"}, always=True)
     tir = Stage("tir", "rope.bfloat16", "", "m:f", config={"target": {"kind": "cuda", "arch": "sm_90"}})
     assert remote_resource(p, export_cpu, ray) == resource_name("cpu", data, ray)
-    assert remote_resource(p, verify_cpu, ray) is None  # verify runs where the release is checked
+    assert remote_resource(p, verify_cpu, ray) == resource_name("cpu", data, ray)  # a build's: on the cluster
+    assert remote_resource(p, verify_released, ray) is None  # a release is verified where it is asked
+    assert remote_resource(p, release, ray) is None  # runs every time, here
     assert remote_resource(p, tir, ray) is None
     assert remote_resource(p, export_cpu, None) is None
     assert executor_settings(None, env={}) is None
