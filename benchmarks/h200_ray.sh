@@ -2,6 +2,7 @@
 # The CUDA package built through a Ray worker (docs/measurements/cache.md, "On a GPU machine").
 #
 #   benchmarks/h200_ray.sh            # in the project root of a GPU machine; TileLang and Ray importable
+#   RAY="python3 -m ray.scripts.scripts" benchmarks/h200_ray.sh   # Ray importable, its `ray` command not installed
 #
 # On one GPU machine: a Ray head (no CPUs of its own) and a worker node that offers
 # `laya_target:cuda-sm90` with its own copy of the project ($WORK/worker); then
@@ -77,7 +78,7 @@ remote=(CUDA_VISIBLE_DEVICES= LAYA_BUILD_EXECUTOR=ray "LAYA_BUILD_RAY_ADDRESS=12
 step build build "${remote[@]}" -- aoti_package:cuda-bfloat16
 step verify build "${remote[@]}" -- verify
 step warm warm LAYA_BUILD_CACHE_WRITE=no -- aoti_package
-# step again build "${remote[@]}" -- verify
+step again build "${remote[@]}" -- verify
 for copy in build worker warm; do
   sha256sum "$WORK/$copy/artifacts/$VERSION/aoti_package/cuda-bfloat16/decision.pt2" 2>&1 | tee -a "$log"
 done
