@@ -362,16 +362,17 @@ def module_constant(module: str, name: str, default=None, root: Path = PROJECT_R
 RUNNER = ("laya_build.runner", "laya_build.runner.__main__")  # what every stage process runs first
 
 
-STARTS_PROCESSES = Path("laya_build") / "runner" / "process.py"  # who imports it can start stage processes
+STARTS_PROCESSES = "laya_build.runner.process"  # who imports it can start stage processes
 
 
 def code_deps(root: Path, stage: Stage) -> tuple[list[str], frozenset[str]]:
     """(project files + schema files, third-party imports) of a stage's process: the runner's
     entry as well for a stage run in a process of its own, and for an inline stage that starts
     such processes itself (``verify``: the fresh verification process runs the runner's entry)."""
-    entries = (*RUNNER, stage.module) if stage.process != "inline" else (stage.module,)
-    files, third_party = project(root).closure(entries + stage.code, exclude=stage.code_excluded)
-    if stage.process == "inline" and (Path(root) / STARTS_PROCESSES).resolve() in {Path(f).resolve() for f in files}:
-        files, third_party = project(root).closure((*RUNNER, *entries) + stage.code, exclude=stage.code_excluded)
+    graph = project(root)
+    files, third_party = graph.closure((stage.module, *stage.code), exclude=stage.code_excluded)
+    if stage.process != "inline" or graph.modules.get(STARTS_PROCESSES) in files:
+        runner_files, runner_imports = graph.closure(RUNNER, exclude=stage.code_excluded)
+        files, third_party = files | runner_files, third_party | runner_imports
     schema_files = schema_closure(root / SCHEMA_DIR.name, stage.schemas)
     return sorted(str(f) for f in files | schema_files), third_party
