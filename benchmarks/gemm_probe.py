@@ -1,0 +1,212 @@
+"""The decision model's GEMMs on a GPU, one shape at a time: cuBLAS, TileLang tiles, Inductor templates.
+
+    python benchmarks/gemm_probe.py --out gemm.json [--budget-s 420]
+
+Each GEMM of the H200 configuration (``pipeline.h200.yaml``: hidden 1024, GLU 2624, 28 layers) at
+the two serving shapes (M = 1 x 128 and 7 x 256 tokens) is timed the way the graphed runner runs
+it: 28 calls on 28 distinct weight matrices (as many as the model has layers, so the weights come
+from HBM, not L2) captured in one CUDA graph, replayed; the time per GEMM is the replay's median
+over 28.  Next to each time: the bytes the GEMM must move (weights, input, output) over that
+time, and the time those bytes take at ``--peak-tbs`` (the bandwidth bound).  Candidates:
+
+- ``cublas``: ``torch.nn.functional.linear``, what the package calls today;
+- ``tilelang:<block_M>x<block_N>x<block_K>/s<stages>/t<threads>``: ``kernels.gemm_kernel`` with
+  that tile, checked against cuBLAS first;
+- ``inductor:<options>``: ``torch.compile`` of the linear with ``max-autotune`` GEMM templates
+  (Triton, and Hopper's persistent TMA templates), graphed the same way.
+
+Results are written after each measurement, so a run stopped early keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's kernels
+
+HIDDEN, GLU, LAYERS = 1024, 2624, 28
+SHAPES = {  # name: (N, K) of W [N, K], as torch.nn.Linear stores it
+    "qkv": (3 * HIDDEN, HIDDEN),
+    "attn_out": (HIDDEN, HIDDEN),
+    "mlp_in": (2 * GLU, HIDDEN),
+    "mlp_out": (HIDDEN, GLU),
+}
+ROWS = {"1x128": 128, "7x256": 7 * 256}
+TILES = (  # (block_M, block_N, block_K, num_stages, threads)
+    (64, 32, 128, 4, 128),
+    (128, 32, 128, 4, 128),
+    (64, 64, 128, 3, 128),
+    (128, 64, 64, 4, 128),
+    (64, 16, 256, 3, 128),
+)
+INDUCTOR = {
+    "max-autotune": {"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"},
+    "max-autotune+persistent-tma": {
+        "max_autotune": True,
+        "max_autotune_gemm_backends": "ATEN,TRITON",
+        "triton.enable_persistent_tma_matmul": True,
+    },
+}
+
+
+def graphed_ms(torch, calls) -> float:
+    """Median ms of one replay of a CUDA graph holding ``calls`` (each a no-argument callable)."""
+    from torch.utils import benchmark
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            for call in calls:
+                call()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for call in calls:
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    m = benchmark.Timer(stmt="g.replay(); torch.cuda.synchronize()", globals={"g": graph, "torch": torch})
+    return m.blocked_autorange(min_run_time=0.4).median * 1e3
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting new measurements after this")
+    parser.add_argument("--peak-tbs", type=float, default=4.3, help="HBM bandwidth of the bound, TB/s")
+    parser.add_argument("--skip", default="", help="sections to leave out: tilelang,inductor")
+    args = parser.parse_args()
+    start = time.monotonic()
+    skip = set(filter(None, args.skip.split(",")))
+
+    import torch
+    import torch.nn.functional as F
+
+    result = {
+        "command": "benchmarks/gemm_probe.py",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "peak_tbs": args.peak_tbs,
+        "layers": LAYERS,
+        "rows": [],
+        "errors": [],
+    }
+
+    def save():
+        tmp = args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+        os.replace(tmp, args.out)
+
+    def over() -> bool:
+        return time.monotonic() - start > args.budget_s
+
+    torch.manual_seed(0)
+    dt = torch.bfloat16
+    data = {}
+    for shape, (N, K) in SHAPES.items():
+        weights = [torch.randn(N, K, device="cuda", dtype=dt) / K**0.5 for _ in range(LAYERS)]
+        for rows, M in ROWS.items():
+            x = torch.randn(M, K, device="cuda", dtype=dt)
+            outs = [torch.empty(M, N, device="cuda", dtype=dt) for _ in range(LAYERS)]
+            data[shape, rows] = (weights, x, outs)
+
+    def record(candidate, shape, rows, ms_per_layer, max_abs=None):
+        N, K = SHAPES[shape]
+        M = ROWS[rows]
+        moved = 2 * (N * K + M * K + M * N)
+        row = {
+            "candidate": candidate,
+            "shape": shape,
+            "rows": rows,
+            "M": M,
+            "N": N,
+            "K": K,
+            "us": round(ms_per_layer * 1e3, 2),
+            "tb_s": round(moved / (ms_per_layer * 1e-3) / 1e12, 3),
+            "tflop_s": round(2 * M * N * K / (ms_per_layer * 1e-3) / 1e12, 1),
+            "bound_us": round(moved / (args.peak_tbs * 1e12) * 1e6, 2),
+        }
+        if max_abs is not None:
+            row["max_abs_vs_cublas"] = max_abs
+        result["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        save()
+
+    # cuBLAS, as the package calls it
+    for (shape, rows), (weights, x, outs) in data.items():
+        calls = [lambda w=w, o=o, x=x: torch.mm(x, w.t(), out=o) for w, o in zip(weights, outs)]
+        record("cublas", shape, rows, graphed_ms(torch, calls) / LAYERS)
+
+    if "tilelang" not in skip:
+        try:
+            from kernels import gemm_kernel
+        except Exception as exc:  # noqa: BLE001 - a probe records what failed and goes on
+            result["errors"].append(f"tilelang: {type(exc).__name__}: {exc}")
+            save()
+        else:
+            for shape, (N, K) in SHAPES.items():
+                for tile in TILES:
+                    if over():
+                        break
+                    bm, bn, bk, st, th = tile
+                    name = f"tilelang:{bm}x{bn}x{bk}/s{st}/t{th}"
+                    try:
+                        kernel = gemm_kernel(N, K, block_M=bm, block_N=bn, block_K=bk, num_stages=st, threads=th)
+                        bias = torch.zeros(N, device="cuda")
+                        for rows in ROWS:
+                            weights, x, outs = data[shape, rows]
+                            kernel(x, weights[0], bias, outs[0])
+                            torch.cuda.synchronize()
+                            ref = F.linear(x, weights[0])
+                            err = (outs[0].float() - ref.float()).abs().max().item()
+                            calls = [
+                                lambda w=w, o=o, x=x, k=kernel, b=bias: k(x, w, b, o) for w, o in zip(weights, outs)
+                            ]
+                            record(name, shape, rows, graphed_ms(torch, calls) / LAYERS, round(err, 4))
+                    except Exception as exc:  # noqa: BLE001
+                        result["errors"].append(f"{name} {shape}: {type(exc).__name__}: {str(exc)[:300]}")
+                        save()
+
+    if "inductor" not in skip:
+        for label, options in INDUCTOR.items():
+            for shape in SHAPES:
+                if over():
+                    break
+                rows = "1x128"
+                weights, x, outs = data[shape, rows]
+                try:
+                    torch._dynamo.reset()
+                    t0 = time.monotonic()
+                    fn = torch.compile(lambda a, w: F.linear(a, w), options=options, dynamic=False, fullgraph=True)
+                    fn(x, weights[0])
+                    compile_s = time.monotonic() - t0
+                    ref = F.linear(x, weights[0])
+                    err = (fn(x, weights[0]).float() - ref.float()).abs().max().item()
+                    results = [None] * LAYERS
+
+                    def call(i, w, fn=fn, x=x, results=results):
+                        results[i] = fn(x, w)
+
+                    calls = [lambda i=i, w=w: call(i, w) for i, w in enumerate(weights)]
+                    record(f"inductor:{label}", shape, rows, graphed_ms(torch, calls) / LAYERS, round(err, 4))
+                    result["rows"][-1]["compile_s"] = round(compile_s, 1)
+                    save()
+                except Exception as exc:  # noqa: BLE001
+                    result["errors"].append(f"inductor:{label} {shape}: {type(exc).__name__}: {str(exc)[:300]}")
+                    save()
+    result["elapsed_s"] = round(time.monotonic() - start, 1)
+    save()
+    print(json.dumps({"done": True, "elapsed_s": result["elapsed_s"], "errors": result["errors"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
