@@ -211,7 +211,7 @@ def bench_runner(args) -> int:
     start = time.perf_counter()
     runner = runtime.DecisionRunner(runtime.load_package(path, sha), dims=record["dims"], buckets=buckets)
     setup_s = time.perf_counter() - start
-    default = runtime.load_package(path, sha, single_threaded=False)
+    default = runtime.load_package(path, sha, single_threaded=False, loader="aoti_load_package")
     direct = runtime.load_package(path, sha, loader="direct")
     inputs = torch.load(args.inputs, weights_only=True)
     device = str(runner.device)

@@ -4,11 +4,12 @@ the image needs, and whether the runner's CUDA graphs survive other CUDA work in
 
     python benchmarks/serving_probe.py first RECORD INPUTS [--rounds N] [--preload a,b] [--out F]
         fresh processes, side by side per round: `import torch` alone; runtime.start.start_build
-        (hash while torch imports, graphs behind the first answer); serving.open_build (hash, load,
-        every graph captured, then the call); each to its first answer
+        (hash while torch imports, the direct loader, graphs behind the first answer);
+        serving.open_build with torch's aoti_load_package (hash, load, every graph captured, then
+        the call); each to its first answer
     python benchmarks/serving_probe.py preload RECORD INPUTS [--candidates none,tvm_ffi,tilelang]
-        one fresh process per candidate preload: does the package load and answer (exit status,
-        signal), and what the preload costs
+        one fresh process per candidate preload: does the package load (the runtime's own loader)
+        and answer (exit status, signal), and what the preload costs
     python benchmarks/serving_probe.py mixed RECORD INPUTS [--buckets JSON] [--preload a,b]
                                           [--without-workspace-fix]
         in this process: the runner's graphs, then another model, a torch.compile with CUDA
@@ -60,7 +61,7 @@ FIRST = {
     "open_build": ARGV
     + "import torch\n"
     + "from laya_build.runtime import serving\n"
-    + "r = serving.open_build(record, buckets=buckets, preload=preload)\n"
+    + "r = serving.open_build(record, buckets=buckets, preload=preload, loader='aoti_load_package')\n"
     + ANSWER
     + "print(json.dumps({'first_s': first, 'capture_s': r.capture_s}))\n",
 }

@@ -26,9 +26,12 @@ Loading fast (:func:`load_package`)
     (``valid_vec_isa_list`` is swapped and restored under a lock), so a later
     ``torch.compile`` in the same process still probes for itself.  Not covered by any ISA
     check, by torch or here: the package is compiled with ``-march=native`` and may use
-    other features of the build machine's CPU.  ``loader="direct"`` skips
-    ``aoti_load_package`` (and with it the import of Inductor and Dynamo) and calls the C++
-    loader it wraps; the pipeline keeps the public API.
+    other features of the build machine's CPU.  The ``direct`` loader skips
+    ``aoti_load_package`` (and with it the import of Inductor and Dynamo: 2 s on the CPU
+    machine) and calls the C++ loader it wraps, with the flat inputs; it is the default
+    wherever torch has that loader (:func:`fastest_loader`), so ``verify`` checks a package
+    through the loader a serving process uses.  ``loader="aoti_load_package"`` keeps
+    torch's public API (with the ISA answer above).
 
 Buckets and CUDA graphs (:class:`DecisionRunner`)
     Loaded with ``run_single_threaded=True`` (the model pool of a default load queries CUDA
@@ -116,11 +119,11 @@ def fastest_loader() -> str:
     return "direct" if hasattr(aoti, "AOTIModelPackageLoader") else "aoti_load_package"
 
 
-def import_loader_modules(loader: str = "aoti_load_package") -> None:
+def import_loader_modules(loader: str | None = None) -> None:
     """Import what :func:`load_package` needs, so a caller can time imports apart from the
     load: for ``aoti_load_package`` Inductor's package loader (which imports Dynamo; ~2 s on
-    the CPU machine), for ``direct`` nothing beyond torch."""
-    if loader == "aoti_load_package":
+    the CPU machine), for ``direct`` nothing beyond torch; ``None``: :func:`fastest_loader`."""
+    if (loader or fastest_loader()) == "aoti_load_package":
         import torch._inductor.codecache  # noqa: F401
         import torch._inductor.cpu_vec_isa  # noqa: F401
         import torch._inductor.package  # noqa: F401
@@ -240,7 +243,7 @@ def load_package(
     *,
     what: str = "package record",
     single_threaded: bool = True,
-    loader: str = "aoti_load_package",
+    loader: str | None = None,
     digest: str | None = None,
 ) -> LoadedPackage:
     """Check ``path`` against ``sha256`` (from ``what``) and the CPU against the package's
@@ -249,10 +252,11 @@ def load_package(
     ``loader``: ``aoti_load_package`` (torch's API; its ISA question answered from the
     package) or ``direct``: the ``torch._C._aoti.AOTIModelPackageLoader`` that
     ``aoti_load_package`` wraps, called with the flat inputs, without importing Inductor or
-    Dynamo and without the wrapper's per-call pytree parsing (private API: measured in
-    ``benchmarks/runtime_bench.py``, not used by the pipeline).  ``digest``: the package's
-    sha256, already taken (:mod:`laya_build.runtime.start` hashes while torch imports).
+    Dynamo and without the wrapper's per-call pytree parsing (measured in
+    ``benchmarks/runtime_bench.py``); ``None``: :func:`fastest_loader`.  ``digest``: the
+    package's sha256, already taken (:mod:`laya_build.runtime.start` hashes while torch imports).
     """
+    loader = loader or fastest_loader()
     if loader not in LOADERS:
         raise ValueError(f"loader must be one of {', '.join(LOADERS)}, got {loader!r}")
     path = Path(path)
@@ -642,7 +646,7 @@ def open_build(
     capture: bool | str | None = None,
     capture_warmup: int = CAPTURE_WARMUP,
     prehashed: dict | None = None,
-    loader: str = "aoti_load_package",
+    loader: str | None = None,
 ) -> DecisionRunner:
     """The runner of a build folder's package (``aoti_package.json`` beside the ``.pt2``);
     the package must match the record's sha256 (``prehashed``: path -> sha256 already taken;
@@ -688,7 +692,7 @@ def open_release(
     capture_warmup: int = CAPTURE_WARMUP,
     trusted_keys=None,
     prehashed: dict | None = None,
-    loader: str = "aoti_load_package",
+    loader: str | None = None,
 ) -> DecisionRunner:
     """The runner of a released build (``<target>-<dtype>``, e.g. ``cuda-bfloat16``).
 

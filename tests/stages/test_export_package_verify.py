@@ -59,6 +59,7 @@ def test_fresh_process_verification_passes(build, dtype, tmp_path, verify_cfg):
         assert main["summary"][head]["max_logit_delta"] <= record["thresholds"][head]["logit_atol"]
     child = record["child"]
     assert child["forbidden_modules_loaded"] == [] and child["aoti_runtime_check_inputs"] == "1"
+    assert child["loader"] == "direct"  # the runtime's own loader: no Inductor in the process
     assert set(child["masked"]) == {
         "torch.compile",
         "torch.export.export",
@@ -66,11 +67,12 @@ def test_fresh_process_verification_passes(build, dtype, tmp_path, verify_cfg):
         "torch._export.aot_compile",
         "torch._inductor.cpp_builder.CppBuilder.build",
     }
-    # the CPU-ISA question was answered from the package: nothing was compiled or cached
+    # the package loaded without Inductor's ISA question: nothing was compiled or cached
     assert record["inductor_cache"] == {"initial": [], "after_run": [], "removed": True}
     assert all(p["cache_during_load"] == [] for p in record["programs"])
     fresh = record["fresh_load"]
-    assert fresh["isa"]["mode"] == "pre-answered" and fresh["runner"] == "padded_calls"
+    assert fresh["isa"]["mode"] == "not-asked" and fresh["runner"] == "padded_calls"
+    assert fresh["isa"]["package"] and fresh["isa"]["cpu"]  # the CPU's features checked against the package's
     phases = ("import_s", "sha256_s", "probe_s", "load_s", "capture_s", "first_call_s")
     assert fresh["total_s"] == pytest.approx(sum(fresh[k] for k in phases)) and fresh["capture_s"] == 0
     # the runtime's runner (default cpu buckets 1x32, 4x128) against eager.pt

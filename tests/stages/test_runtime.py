@@ -164,7 +164,7 @@ def test_the_isa_question_is_answered_from_the_package(build):
     original = cpu_vec_isa.valid_vec_isa_list
     path = build.package_dir("float32") / "decision.pt2"
     sha = read_record(build.package_record("float32"))["programs"][0]["package"]["sha256"]
-    package = runtime.load_package(path, sha)
+    package = runtime.load_package(path, sha, loader="aoti_load_package")
     assert cpu_vec_isa.valid_vec_isa_list is original
     recorded = runtime.package_metadata(path)["AOTI_CPU_ISA"]
     assert package.isa["package"] == recorded
@@ -204,7 +204,7 @@ def test_the_direct_loader_gives_the_same_bits_and_checks_the_call_spec(build, i
     record = read_record(build.package_record("bfloat16"))
     path, sha = build.package_dir("bfloat16") / "decision.pt2", record["programs"][0]["package"]["sha256"]
     direct = runtime.load_package(path, sha, loader="direct")
-    usual = runtime.load_package(path, sha)
+    usual = runtime.load_package(path, sha, loader="aoti_load_package")
     assert direct.isa["mode"] == "not-asked" and direct.device == usual.device == torch.device("cpu")
     with torch.inference_mode():
         for batch in inputs["batches"]:

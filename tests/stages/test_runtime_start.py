@@ -34,7 +34,7 @@ def _answers(runner, inputs):
 def test_a_started_build_answers_as_an_opened_one(build):
     inputs = torch.load(build.inputs, weights_only=True)
     started = start_build(build.package_record("float32"), buckets=BUCKETS)
-    opened = runtime.open_build(build.package_record("float32"), buckets=BUCKETS)
+    opened = runtime.open_build(build.package_record("float32"), buckets=BUCKETS, loader="aoti_load_package")
     for (d1, a1), (d2, a2) in zip(_answers(started, inputs), _answers(opened, inputs)):
         assert torch.equal(d1, d2) and torch.equal(a1, a2)
     timings = started.start_timings
@@ -44,6 +44,8 @@ def test_a_started_build_answers_as_an_opened_one(build):
     assert (
         started.package.loader == runtime.fastest_loader() == "direct" and opened.package.loader == "aoti_load_package"
     )
+    # opened without naming a loader: the runtime's own, the one verify checks packages with
+    assert runtime.open_build(build.package_record("float32"), buckets=BUCKETS).package.loader == "direct"
 
 
 def test_a_started_build_refuses_a_tampered_package_before_loading(build, tmp_path):

@@ -12,13 +12,18 @@ Order of work:
 2. The inputs' hash and every eager file's metadata (program, target, dtype, inputs hash)
    and shapes must match the package.
 3. Preload: import the configured modules when installed
-   (:func:`laya_build.runtime.preload_modules`), and Inductor's loader modules.
+   (:func:`laya_build.runtime.preload_modules`), and what the loader needs: the loader is the
+   one the runtime serves with (:func:`laya_build.runtime.serving.fastest_loader`: torch's
+   C++ package loader where torch has it, which imports no Inductor; else
+   ``aoti_load_package``, with Inductor's loader modules).
 4. Mask ``torch.compile``, ``torch.export.export``, ``torch._inductor.aoti_compile_and_package``,
    ``torch._export.aot_compile`` and Inductor's C++ builder (``CppBuilder.build``) with
-   functions that raise: the process cannot compile anything.
+   functions that raise: the process cannot compile anything.  A module not imported yet is
+   masked the moment it is imported (:class:`MaskOnImport`), so the check costs no import.
 5. Load each package with :func:`laya_build.runtime.load_package`: its sha256 must equal
-   its record's BEFORE it is loaded (a ``.pt2`` runs native code); the CPU vector-ISA
-   question is answered from the package (no probe compiles); single-threaded, as the
+   its record's BEFORE it is loaded (a ``.pt2`` runs native code); the CPU's vector features
+   are checked against the ISA the package records (with ``aoti_load_package``, its ISA
+   question is answered from the package: no probe compiles); single-threaded, as the
    runtime serves it.  What appeared in the (empty, temporary) Inductor cache during the
    load is listed.
 6. The decision program also goes behind :class:`laya_build.runtime.DecisionRunner` with
@@ -49,6 +54,7 @@ STARTED = time.perf_counter()
 os.environ["AOTI_RUNTIME_CHECK_INPUTS"] = "1"
 
 import faulthandler  # noqa: E402
+import importlib.abc  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 
@@ -136,28 +142,75 @@ def forbidden_modules() -> list[str]:
     )
 
 
+def _blocked(name: str):
+    def blocked(*args, **kwargs):
+        raise RuntimeError(
+            f"{name} is disabled in the verification process: it may only load the package, never compile or export"
+        )
+
+    return blocked
+
+
+# (module, attribute path in it): every entry point that compiles or exports
+COMPILERS = (
+    ("torch", "compile"),
+    ("torch.export", "export"),
+    ("torch._inductor", "aoti_compile_and_package"),
+    ("torch._export", "aot_compile"),
+    ("torch._inductor.cpp_builder", "CppBuilder.build"),
+)
+
+
+def _mask(module, attr_path: str) -> None:
+    *owners, attr = attr_path.split(".")
+    owner = module
+    for name in owners:
+        owner = getattr(owner, name)
+    setattr(owner, attr, _blocked(f"{module.__name__}.{attr_path}"))
+
+
+class MaskOnImport(importlib.abc.MetaPathFinder):
+    """Masks the entry points of a module the moment it is imported: the finder asks the
+    finders after it for the module's spec and runs the masks right after its loader has
+    executed it, before any importer sees it."""
+
+    def __init__(self, pending: dict[str, list[str]]):
+        self.pending = pending
+
+    def find_spec(self, name, path, target=None):
+        if name not in self.pending:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        attrs, execute = self.pending.pop(name), spec.loader.exec_module
+
+        def exec_and_mask(module):
+            execute(module)
+            for attr in attrs:
+                _mask(module, attr)
+
+        spec.loader.exec_module = exec_and_mask
+        return spec
+
+
 def mask_compilers() -> list[str]:
-    import torch._export
-    import torch._inductor
-    from torch._inductor.cpp_builder import CppBuilder
-
-    targets = [
-        ("torch.compile", torch, "compile"),
-        ("torch.export.export", torch.export, "export"),
-        ("torch._inductor.aoti_compile_and_package", torch._inductor, "aoti_compile_and_package"),
-        ("torch._export.aot_compile", torch._export, "aot_compile"),
-        ("torch._inductor.cpp_builder.CppBuilder.build", CppBuilder, "build"),
-    ]
-    for name, owner, attr in targets:
-
-        def blocked(*args, _name=name, **kwargs):
-            raise RuntimeError(
-                f"{_name} is disabled in the verification process: it may only "
-                "load the package, never compile or export"
-            )
-
-        setattr(owner, attr, blocked)
-    return [name for name, _, _ in targets]
+    """Mask every entry point of :data:`COMPILERS`: now where its module is imported, else
+    as it is imported.  Returns their names."""
+    pending: dict[str, list[str]] = {}
+    for module, attr in COMPILERS:
+        if module in sys.modules:
+            _mask(sys.modules[module], attr)
+        else:
+            pending.setdefault(module, []).append(attr)
+    if pending:
+        sys.meta_path.insert(0, MaskOnImport(pending))
+    return [f"{module}.{attr}" for module, attr in COMPILERS]
 
 
 def simulate_crash() -> None:
@@ -167,13 +220,15 @@ def simulate_crash() -> None:
         os.kill(os.getpid(), getattr(signal, name))
 
 
-def load(p: dict):
+def load(p: dict, loader: str):
     try:
-        return runtime.load_package(p["package"], p["sha256"], what="package record", single_threaded=True)
+        return runtime.load_package(
+            p["package"], p["sha256"], what="package record", single_threaded=True, loader=loader
+        )
     except (PackageIntegrityError, PackageIsaError):
         raise
     except Exception as exc:
-        raise VerificationError(f"{p['package']}: aoti_load_package failed: {type(exc).__name__}: {exc}") from exc
+        raise VerificationError(f"{p['package']}: loading it ({loader}) failed: {type(exc).__name__}: {exc}") from exc
 
 
 def call(fn, args, what: str):
@@ -246,7 +301,8 @@ def verify(job: dict) -> dict:
 
     start = time.perf_counter()
     preloaded = preload_modules(job["preload"])
-    runtime.import_loader_modules()
+    loader = runtime.fastest_loader()
+    runtime.import_loader_modules(loader)
     import_s = (IMPORTED - STARTED) + (time.perf_counter() - start)
     masked = mask_compilers()
     simulate_crash()
@@ -255,7 +311,7 @@ def verify(job: dict) -> dict:
     results, fresh_load = [], None
     for p, eager in zip(programs, eagers):
         cache_before = list_tree(cache_dir)
-        package = load(p)
+        package = load(p, loader)
         cache_after_load = list_tree(cache_dir)
         batches = inputs[p["batches_key"]]
         runner = None
@@ -296,6 +352,7 @@ def verify(job: dict) -> dict:
             "python": sys.version.split()[0],
             "torch": torch.__version__,
             "preload": preloaded,
+            "loader": loader,
             "masked": masked,
             "aoti_runtime_check_inputs": os.environ.get("AOTI_RUNTIME_CHECK_INPUTS"),
             "forbidden_modules_loaded": forbidden_modules(),
