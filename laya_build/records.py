@@ -6,13 +6,13 @@ before writing (atomically), so an invalid record fails its task and leaves noth
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
 from laya_build.atomic import write_json
 from laya_build.errors import RecordError
+from laya_build.runtime import digest
 from laya_build.schema import validate
 
 
@@ -66,8 +66,7 @@ def read_record(path: str | os.PathLike) -> dict:
 
 
 def sha256_file(path: str | os.PathLike) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
+    return digest.sha256_file(path)
 
 
 def file_entry(path: str | os.PathLike, root: str | os.PathLike | None = None) -> dict:

@@ -7,7 +7,9 @@
   checks ``runtime.buckets`` with it);
 * :mod:`.formats`: the saved-input and eager-output formats, calling a program on saved batches;
 * :mod:`.parity`: comparing heads, decision probabilities calibrated as upstream Laya publishes them;
-* :mod:`.timing`: timing calls to a budget (``torch.utils.benchmark``).
+* :mod:`.timing`: timing calls to a budget (``torch.utils.benchmark``);
+* :mod:`.digest`: a file's sha256 in large blocks (no torch);
+* :mod:`.preload`: what a process loads before a package (no torch).
 
 ``laya_build.runtime.<name>`` is :mod:`.serving`'s, imported when first asked for, so that
 importing :mod:`.buckets` imports no torch.
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 
-SUBMODULES = ("serving", "start", "buckets", "formats", "parity", "timing")
+SUBMODULES = ("serving", "start", "buckets", "digest", "preload", "formats", "parity", "timing")
 
 
 def __getattr__(name: str):

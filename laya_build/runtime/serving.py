@@ -58,9 +58,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import hashlib
-import importlib
-import importlib.util
 import json
 import os
 import platform
@@ -74,7 +71,9 @@ import torch
 
 from laya_build.errors import PackageIntegrityError, PackageIsaError, RuntimeInputError
 from laya_build.layout import EFFECTIVE_CONFIG_NAME, MANIFEST_NAME, package_record_path
+from laya_build.runtime import digest
 from laya_build.runtime.buckets import Bucket, ExportDims, parse_buckets, smallest_holding
+from laya_build.runtime.preload import preload_all
 
 ARG_NAMES = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
 MODEL_NAME = "model"  # the model inside a .pt2 that aoti_load_package loads
@@ -91,8 +90,7 @@ _ISA_LOCK = threading.Lock()
 
 
 def sha256_file(path) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
+    return digest.sha256_file(path)
 
 
 def check_sha256(path, expected: str, what: str, *, digest: str | None = None) -> str:
@@ -290,20 +288,14 @@ def load_package(
 
 
 def preload_modules(names) -> dict:
-    """Import each named module that is installed, before a package is loaded.
+    """Load each preload entry that is installed (a module, or ``lib:<package>``'s native
+    library: :mod:`laya_build.runtime.preload`), before a package is loaded.
 
     Every process that loads a package calls this with its stage's ``preload.<target>`` list
-    (default ``[tilelang]`` for cuda: the GPU image's load crash, docs/guides/gpu-builds.md "How verify
-    copes with the image's load crash").
+    (default ``[lib:tvm_ffi]`` for cuda: the GPU image's load crash, docs/guides/gpu-builds.md,
+    "Preloads").
     """
-    done, missing = [], []
-    for name in names:
-        if importlib.util.find_spec(name) is None:
-            missing.append(name)
-        else:
-            importlib.import_module(name)
-            done.append(name)
-    return {"imported": done, "missing": missing}
+    return preload_all(names)
 
 
 # ------------------------------------------------------------------------------- runner

@@ -6,7 +6,8 @@ and captures a CUDA graph per bucket.  :func:`start_release` and :func:`start_bu
 hashing with the import, and leave the captures behind the first answer:
 
 1. this module imports no torch: it reads the manifest (or the package record) and starts a
-   thread that hashes the package (``hashlib.file_digest`` releases the GIL while it hashes);
+   thread that hashes the package (in 32 MiB blocks, :mod:`laya_build.runtime.digest`: the GIL
+   is released for each whole read and hash);
    with trusted keys, a second thread checks the release's files and signature;
 2. the calling thread imports torch meanwhile (the release's preload modules are imported by the
    opening, once the configuration that names them is checked; :func:`start_build` imports the
@@ -27,9 +28,6 @@ hashing with the import, and leave the captures behind the first answer:
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
 import json
 import os
 import sys
@@ -38,6 +36,8 @@ import time
 from pathlib import Path
 
 from laya_build.layout import MANIFEST_NAME, package_record_path
+from laya_build.runtime.digest import sha256_of
+from laya_build.runtime.preload import preload_all
 
 
 class _Hash(threading.Thread):
@@ -56,7 +56,7 @@ class _Hash(threading.Thread):
         start = time.perf_counter()
         try:
             with open(self.path, "rb") as fh:
-                self.digest = hashlib.file_digest(fh, "sha256").hexdigest()
+                self.digest = sha256_of(fh)
                 self.identity = _identity(os.fstat(fh.fileno()))
         except BaseException as exc:  # reported by the opening, which reads the file itself
             self.error = exc
@@ -119,9 +119,7 @@ def _import(names) -> float:
     start = time.perf_counter()
     import torch  # noqa: F401
 
-    for name in names:
-        if importlib.util.find_spec(name) is not None:
-            importlib.import_module(name)
+    preload_all(names)
     return time.perf_counter() - start
 
 
