@@ -10,7 +10,9 @@ folders (or on different machines of one type) get the same key for the same bui
 * the toolchain: Python, the distributions it imports (and their requirements), its compilers;
 * the machine type: the architecture and, for stages that compile native code for this CPU
   (their ``TOOLS`` name a C++ compiler), its vector features; for a stage dispatched to other
-  machines, the resource it asks for instead.
+  machines, the resource it asks for instead, and for a stage bound to ``cuda`` built here, the
+  resource a worker with this machine's GPU offers (``laya_target:cuda-sm90``:
+  :func:`laya_build.executors.key_resource`), so that GPUs of two architectures never share a key.
 
 Never the checkout's absolute path, a time or a host name.  Computing a key reads no heavy
 module (no torch): files are hashed, once per process per (path, size, mtime).

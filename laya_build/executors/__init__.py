@@ -21,8 +21,11 @@ Environment (over the file): ``LAYA_BUILD_EXECUTOR`` (``local`` or ``ray``),
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,6 +101,57 @@ def stage_target(stage) -> str | None:
         return None
     target = stage.config.get("target")
     return target if target in TARGETS else None
+
+
+@functools.cache
+def local_cuda_archs() -> tuple[str, ...]:
+    """The compute capabilities of the GPUs CUDA would use here (``("sm90",)``), asked of
+    ``nvidia-smi`` (CUDA is not initialised, torch not imported); honours
+    ``CUDA_VISIBLE_DEVICES`` given as indices or UUIDs.  Empty without a visible GPU; where
+    ``nvidia-smi`` cannot say, the GPUs' model names from the driver instead."""
+    if not gpu_visible():
+        return ()
+    smi = shutil.which("nvidia-smi")
+    rows = []
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=index,uuid,compute_cap", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+            rows = [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines() if line.count(",") == 2]
+        except (OSError, subprocess.TimeoutExpired):
+            rows = []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        wanted = [v.strip() for v in visible.split(",") if v.strip()]
+        rows = [r for r in rows if r[0] in wanted or r[1] in wanted]
+    archs = {f"sm{r[2].replace('.', '')}" for r in rows if r[2].replace(".", "").isdigit()}
+    if archs:
+        return tuple(sorted(archs))
+    models = set()
+    for info in Path("/proc/driver/nvidia/gpus").glob("*/information"):
+        for line in info.read_text(errors="replace").splitlines():
+            if line.startswith("Model:"):
+                models.add(line.split(":", 1)[1].strip().replace(" ", "_"))
+    return tuple(sorted(models)) or ("unknown",)
+
+
+def key_resource(p, stage, settings: ExecutorSettings | None) -> str | None:
+    """The machine type in the cache key of ``stage`` (:func:`laya_build.cache.keys.machine`):
+    the resource it is sent to; for a stage bound to ``cuda`` built here, the resource a worker
+    like this machine offers by default (``laya_target:cuda-<arch of its GPU>``), so a package
+    built on a worker and one built here on the same kind of GPU share a key, and GPUs of two
+    architectures never do; None otherwise."""
+    remote = remote_resource(p, stage, settings)
+    if remote is not None:
+        return remote
+    if stage_target(stage) == "cuda" and (archs := local_cuda_archs()):
+        return f"{RESOURCE_PREFIX}cuda-{'+'.join(archs)}"
+    return None
 
 
 def resource_name(target: str, data: dict, settings: ExecutorSettings) -> str:

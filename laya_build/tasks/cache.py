@@ -35,12 +35,13 @@ def cached_action(p, stage: Stage, code: list[str], third_party: frozenset[str],
     """The doit python-action of ``stage`` with the cache (and the executor) in front of it."""
     from laya_build import cache
     from laya_build.cache.settings import cache_settings
-    from laya_build.executors import executor_settings, remote_resource
+    from laya_build.executors import executor_settings, key_resource, remote_resource
     from laya_build.tasks.failures import reported
 
     settings = cache_settings(p.cache)
     executor = executor_settings(p.executor)
     resource = remote_resource(p, stage, executor)
+    machine_type = key_resource(p, stage, executor)  # the resource, or this machine's GPU for a cuda stage
     root = Path(p.root).resolve()
 
     @reported()
@@ -56,7 +57,7 @@ def cached_action(p, stage: Stage, code: list[str], third_party: frozenset[str],
         report_to = p.artifacts.cache_report(p.version)
         start = time.perf_counter()
         parts = keys.key_parts(
-            root, stage, code=code, version=p.version, third_party=third_party, tools=tools, resource=resource
+            root, stage, code=code, version=p.version, third_party=third_party, tools=tools, resource=machine_type
         )
         if remote_always:  # a verification on the cluster: made for this run, its key never asked for again
             parts[keys.RUN_PART] = uuid.uuid4().hex

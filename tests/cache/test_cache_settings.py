@@ -123,6 +123,61 @@ def test_which_stages_go_to_the_cluster():
     assert executor_settings({}, env={"LAYA_BUILD_EXECUTOR": "ray"}).address == "auto"
 
 
+def _fake_smi(tmp_path, monkeypatch, rows: list[str]) -> None:
+    from laya_build import executors
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\ncat <<'EOF'\n" + "\n".join(rows) + "\nEOF\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(executors, "gpu_visible", lambda: True)
+    executors.local_cuda_archs.cache_clear()
+
+
+def test_a_cuda_stage_built_here_is_keyed_by_the_arch_of_its_gpu(tmp_path, monkeypatch):
+    """A CUDA package built here and one built on a worker for this kind of GPU share a key;
+    packages built on GPUs of two architectures never do (their cubins differ)."""
+    from laya_build import executors
+    from laya_build.executors import key_resource
+
+    data = {"cuda": {"archs": [{"kind": "cuda", "arch": "sm_90"}]}}
+
+    class P:
+        pass
+
+    p = P()
+    p.data = data
+    package_cuda = Stage("aoti_package", "cuda-bfloat16", "", "m:f", config={"target": "cuda"})
+    package_cpu = Stage("aoti_package", "cpu-float32", "", "m:f", config={"target": "cpu"})
+    dispatched = key_resource(p, package_cuda, executor_settings({"kind": "ray", "remote_targets": ["cuda"]}, env={}))
+    assert dispatched == resource_name("cuda", data, executor_settings({"kind": "ray"}, env={}))
+    try:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        _fake_smi(tmp_path, monkeypatch, ["0, GPU-aaaa, 9.0"])
+        here = key_resource(p, package_cuda, None)
+        assert here == dispatched == "laya_target:cuda-sm90"
+        assert keys.machine((), here) == keys.machine((), dispatched)
+        assert key_resource(p, package_cpu, None) is None  # a CPU stage: the CPU's type, as before
+
+        _fake_smi(tmp_path, monkeypatch, ["0, GPU-aaaa, 8.0"])
+        assert key_resource(p, package_cuda, None) == "laya_target:cuda-sm80"
+
+        _fake_smi(tmp_path, monkeypatch, ["0, GPU-aaaa, 8.0", "1, GPU-bbbb, 9.0"])
+        assert key_resource(p, package_cuda, None) == "laya_target:cuda-sm80+sm90"
+        for visible, arch in (("1", "sm90"), ("GPU-aaaa", "sm80")):
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+            executors.local_cuda_archs.cache_clear()
+            assert key_resource(p, package_cuda, None) == f"laya_target:cuda-{arch}"
+
+        monkeypatch.setattr(executors, "gpu_visible", lambda: False)  # no GPU here: nothing to name
+        executors.local_cuda_archs.cache_clear()
+        assert key_resource(p, package_cuda, None) is None
+    finally:
+        executors.local_cuda_archs.cache_clear()
+
+
 def test_a_key_does_not_depend_on_the_checkout_folder(tmp_path):
     """The same sources, config and inputs in two folders: one key; one byte changed: another."""
     parts = []
