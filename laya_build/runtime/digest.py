@@ -16,10 +16,15 @@ BLOCK = 32 << 20  # bytes per read and per hash update
 
 
 def sha256_of(fh) -> str:
-    """The hex sha256 of what is left to read in the binary file ``fh``."""
-    digest = hashlib.sha256()
-    buffer = bytearray(BLOCK)
+    """The hex sha256 of what is left to read in the binary file ``fh``.  The buffer is a block,
+    or the file's size where that is less (a small file costs no block-sized allocation)."""
+    try:
+        left = os.fstat(fh.fileno()).st_size - fh.tell()
+    except (AttributeError, OSError, ValueError):  # not a plain file: read in blocks
+        left = BLOCK
+    buffer = bytearray(max(1, min(BLOCK, left + 1)))  # + 1: the read that finds the end
     view = memoryview(buffer)
+    digest = hashlib.sha256()
     while n := fh.readinto(buffer):
         digest.update(view[:n])
     return digest.hexdigest()
