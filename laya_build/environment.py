@@ -180,17 +180,24 @@ def tool_line(role: str) -> str | None:
     return lines[-1] if role == "nvcc" else lines[0]
 
 
-def pip_list_freeze() -> str:
-    """What ``python -m pip list --format=freeze`` prints for this interpreter, read from the
-    installed distributions' metadata: one ``Name==version`` line per distribution, the first
-    of a name on ``sys.path`` as pip takes it, sorted by canonical name as pip sorts.  The same
-    text without starting pip (2 s on the project's CPU machine)."""
-    first: dict[str, str] = {}
+@functools.cache
+def installed() -> dict[str, tuple[str, str]]:
+    """Every installed distribution: canonical name -> (its ``Name``, version), the first of a
+    name on ``sys.path`` (the one an import finds, and the one pip lists).  Read once per process."""
+    first: dict[str, tuple[str, str]] = {}
     for dist in md.distributions():
         name = dist.metadata["Name"]
         if name:
-            first.setdefault(_canonical(name), f"{name}=={dist.version}")
-    return "\n".join(line for _, line in sorted(first.items()))
+            first.setdefault(_canonical(name), (name, dist.version))
+    return first
+
+
+def pip_list_freeze() -> str:
+    """What ``python -m pip list --format=freeze`` prints for this interpreter, read from the
+    installed distributions' metadata (:func:`installed`): one ``Name==version`` line per
+    distribution, sorted by canonical name as pip sorts.  The same text without starting pip
+    (2 s on the project's CPU machine)."""
+    return "\n".join(f"{name}=={version}" for _, (name, version) in sorted(installed().items()))
 
 
 @contextlib.contextmanager

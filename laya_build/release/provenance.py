@@ -36,15 +36,9 @@ def run_started(environ=os.environ) -> float | None:
 
 def distributions() -> list[tuple[str, str]]:
     """(normalised name, version) of every Python distribution of the build's environment."""
-    import re
-    from importlib import metadata
+    from laya_build.environment import installed
 
-    found = {}
-    for dist in metadata.distributions():
-        name = dist.metadata["Name"]
-        if name:
-            found.setdefault(re.sub(r"[-_.]+", "-", name).lower(), dist.version)
-    return sorted(found.items())
+    return sorted((name, version) for name, (_, version) in installed().items())
 
 
 def toolchain(env: dict) -> dict[str, str | None]:

@@ -15,11 +15,13 @@ def synchronize(device: str) -> None:
 IQR_THRESHOLD = 0.1  # adaptive timing stops once the blocks' IQR is under 10 % of their median
 
 
-def time_calls(fn, args: tuple, timing: dict, device: str) -> dict:
+def time_calls(fn, args: tuple, timing: dict, device: str, *, called: int = 0) -> dict:
     """Per-call milliseconds of ``fn(*args)`` timed to a budget with ``torch.utils.benchmark``:
-    ``timing.warmup`` calls, then ``blocked_autorange(min_run_time=timing.min_run_time_s)``,
-    or with ``timing.max_run_time_s`` ``adaptive_autorange`` (at least four blocks, until
-    their IQR is under ``IQR_THRESHOLD`` of the median or ``max_run_time_s`` has passed).
+    ``timing.warmup`` calls (less the ``called`` calls of ``fn(*args)`` the caller has just made
+    itself, e.g. to compare its outputs: they warmed it up the same way), then
+    ``blocked_autorange(min_run_time=timing.min_run_time_s)``, or with ``timing.max_run_time_s``
+    ``adaptive_autorange`` (at least four blocks, until their IQR is under ``IQR_THRESHOLD`` of
+    the median or ``max_run_time_s`` has passed).
     A timing of fixed counts (``warmup``, ``groups``, ``group_size``: the protocol of the first
     releases, :mod:`laya_build.release.formats`) times ``groups`` blocks of ``group_size`` calls.
 
@@ -36,7 +38,7 @@ def time_calls(fn, args: tuple, timing: dict, device: str) -> dict:
         return time.perf_counter()
 
     with torch.inference_mode():
-        for _ in range(timing["warmup"]):
+        for _ in range(max(0, timing["warmup"] - called)):
             fn(*args)
         synchronize(device)
         timer = Timer("fn(*args)", globals={"fn": fn, "args": args}, timer=clock, num_threads=torch.get_num_threads())

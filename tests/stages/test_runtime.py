@@ -320,6 +320,21 @@ def test_timing_to_a_budget_says_what_each_figure_rests_on(timing):
         assert len(result["blocks_ms"]) >= 4 or sum(result["blocks_ms"]) * result["block_size"] / 1e3 > 2.0
 
 
+def test_calls_the_caller_just_made_count_as_warm_up_calls():
+    from laya_build.runtime.timing import time_calls
+
+    timing = {"warmup": 3, "groups": 2, "group_size": 5}  # fixed counts: the same calls every time
+    x = torch.ones(8)
+
+    def counted(called: int) -> int:
+        calls = []
+        time_calls(lambda t: calls.append(1) or t.sum(), (x,), timing, "cpu", called=called)
+        return len(calls)
+
+    alone = counted(0)
+    assert [alone - counted(c) for c in (1, 2, 3, 5)] == [1, 2, 3, 3]  # never fewer than none
+
+
 def test_a_graph_replay_that_differs_from_the_plain_call_fails_verify():
     from laya_build.errors import GraphReplayMismatchError
     from laya_build.stages.verify import runner_checks
