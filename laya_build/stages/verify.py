@@ -21,13 +21,20 @@ lacks fails with :class:`PackageIsaError` before it is loaded.  The record's ``f
 breaks the child's time to its first answer down (imports, sha256, ISA answer, load,
 graph capture, first call).
 
-The child imports the modules of ``verify.preload.<target>`` before loading (why: docs/guides/gpu-builds.md,
+Verifications run side by side (one doit process per core), each child with torch's threads on
+every core: the child runs with ``OMP_WAIT_POLICY=PASSIVE`` (unless the environment sets a policy),
+so that OpenMP threads waiting for work sleep instead of spinning on the cores the other
+verifications compute on (a warm fresh clone's ``doit release`` on the 2-core machine: 14.4 s
+instead of 16.9–21.3 s, docs/measurements/cache.md).  The child records the policy it ran with.
+
+The child loads ``verify.preload.<target>`` before loading (why: docs/guides/gpu-builds.md,
 "How verify copes with the image's load crash"); if it still crashes, the signal is reported
 as a failure.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -51,6 +58,7 @@ from laya_build.runtime.parity import summarize
 from laya_build.stages.common import skip_if_blocked, upstream
 
 CHILD_MODULE = "laya_build.stages.children.verify"
+VERIFY_OMP_WAIT_POLICY = "PASSIVE"  # waiting OpenMP threads sleep: verifications share the cores
 MEASURES = (("logit", "logits", LogitParityError), ("prob", "probabilities", ProbabilityParityError))
 
 
@@ -188,7 +196,11 @@ def run_verify(
             reraise=True,
             crash_error=VerifyChildCrashError,
             label=f"verification process for {programs[0]['package']}",
-            env={"TORCHINDUCTOR_CACHE_DIR": str(cache), "AOTI_RUNTIME_CHECK_INPUTS": "1"},
+            env={
+                "TORCHINDUCTOR_CACHE_DIR": str(cache),
+                "AOTI_RUNTIME_CHECK_INPUTS": "1",
+                "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY") or VERIFY_OMP_WAIT_POLICY,
+            },
         )
         result = run(f"{CHILD_MODULE}:verify", {"job": job}, child, result=True)
     runners = runner_checks(result["programs"])

@@ -4,6 +4,7 @@ verification must fail (tampered package, mismatched inputs, a crashing child)."
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -60,6 +61,7 @@ def test_fresh_process_verification_passes(build, dtype, tmp_path, verify_cfg):
     child = record["child"]
     assert child["forbidden_modules_loaded"] == [] and child["aoti_runtime_check_inputs"] == "1"
     assert child["loader"] == "direct"  # the runtime's own loader: no Inductor in the process
+    assert child["omp_wait_policy"] == (os.environ.get("OMP_WAIT_POLICY") or "PASSIVE")  # verifications share cores
     assert set(child["masked"]) == {
         "torch.compile",
         "torch.export.export",

@@ -354,6 +354,7 @@ def verify(job: dict) -> dict:
             "torch": torch.__version__,
             "preload": preloaded,
             "loader": loader,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "masked": masked,
             "aoti_runtime_check_inputs": os.environ.get("AOTI_RUNTIME_CHECK_INPUTS"),
             "forbidden_modules_loaded": forbidden_modules(),
