@@ -51,7 +51,7 @@ def test_partial_sections_take_defaults():
         "cpu": {"warmup": 0, "min_run_time_s": 0.1, "max_run_time_s": 0.5},
         "cuda": {"warmup": 10, "min_run_time_s": 1.0, "max_run_time_s": 5.0},
     }
-    assert cfg["preload"] == {"cpu": [], "cuda": ["tilelang"]}
+    assert cfg["preload"] == {"cpu": [], "cuda": ["lib:tvm_ffi"]}
     assert section("runtime", {"buckets": {"cuda": []}})["buckets"]["cpu"] == [
         {"rows": 1, "tokens": 32},
         {"rows": 4, "tokens": 128},
