@@ -192,12 +192,30 @@ def installed() -> dict[str, tuple[str, str]]:
     return first
 
 
+PIP_SKIPS = frozenset({"python", "wsgiref", "argparse"})  # pip's own stdlib_pkgs: never listed
+
+
+def _pip_version(version: str) -> str:
+    """A version as pip prints it: normalised (``1.0-rc1`` -> ``1.0rc1``), else as written."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return str(Version(version))
+    except InvalidVersion:
+        return version
+
+
 def pip_list_freeze() -> str:
     """What ``python -m pip list --format=freeze`` prints for this interpreter, read from the
     installed distributions' metadata (:func:`installed`): one ``Name==version`` line per
-    distribution, sorted by canonical name as pip sorts.  The same text without starting pip
-    (2 s on the project's CPU machine)."""
-    return "\n".join(f"{name}=={version}" for _, (name, version) in sorted(installed().items()))
+    distribution but pip's own skips, versions normalised as pip prints them, sorted by canonical
+    name as pip sorts.  The same text without starting pip (2 s on the project's CPU machine);
+    tests/pipeline/test_release_environment.py compares it with pip's."""
+    return "\n".join(
+        f"{name}=={_pip_version(version)}"
+        for key, (name, version) in sorted(installed().items())
+        if key not in PIP_SKIPS
+    )
 
 
 @contextlib.contextmanager

@@ -103,12 +103,43 @@ def stage_target(stage) -> str | None:
     return target if target in TARGETS else None
 
 
+UNIDENTIFIED_GPU = "unidentified"  # local_cuda_archs() where nothing names the GPU: never cached
+
+
+def _visible(rows: list[list[str]], visible: str | None) -> list[list[str]]:
+    """The rows (index, uuid, compute capability) of the GPUs ``CUDA_VISIBLE_DEVICES`` leaves to
+    CUDA, or all of them where that cannot be told for certain: indices count in CUDA's order,
+    which is ``nvidia-smi``'s only with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; UUIDs (or their
+    prefixes) match case-insensitively; a MIG or other name keeps every GPU of the host."""
+    if not visible:
+        return rows
+    chosen = []
+    for entry in (e.strip() for e in visible.split(",")):
+        if not entry:
+            continue
+        if entry.lstrip("-").isdigit():
+            if int(entry) < 0:
+                break  # CUDA stops at the first invalid index
+            if os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+                return rows
+            found = [r for r in rows if r[0] == entry]
+        elif entry.upper().startswith("GPU-"):
+            found = [r for r in rows if r[1].upper().startswith(entry.upper())]
+        else:
+            return rows
+        if not found:
+            return rows
+        chosen += found
+    return chosen or rows
+
+
 @functools.cache
 def local_cuda_archs() -> tuple[str, ...]:
     """The compute capabilities of the GPUs CUDA would use here (``("sm90",)``), asked of
-    ``nvidia-smi`` (CUDA is not initialised, torch not imported); honours
-    ``CUDA_VISIBLE_DEVICES`` given as indices or UUIDs.  Empty without a visible GPU; where
-    ``nvidia-smi`` cannot say, the GPUs' model names from the driver instead."""
+    ``nvidia-smi`` (CUDA is not initialised, torch not imported), as ``CUDA_VISIBLE_DEVICES``
+    leaves them (:func:`_visible`: every GPU of the host where that is uncertain).  Empty
+    without a visible GPU; where ``nvidia-smi`` cannot say, the GPUs' model names from the
+    driver; where nothing names them, ``(UNIDENTIFIED_GPU,)``."""
     if not gpu_visible():
         return ()
     smi = shutil.which("nvidia-smi")
@@ -125,11 +156,8 @@ def local_cuda_archs() -> tuple[str, ...]:
             rows = [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines() if line.count(",") == 2]
         except (OSError, subprocess.TimeoutExpired):
             rows = []
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        wanted = [v.strip() for v in visible.split(",") if v.strip()]
-        rows = [r for r in rows if r[0] in wanted or r[1] in wanted]
-    archs = {f"sm{r[2].replace('.', '')}" for r in rows if r[2].replace(".", "").isdigit()}
+    rows = [r for r in rows if r[2].replace(".", "").isdigit()]
+    archs = {f"sm{r[2].replace('.', '')}" for r in _visible(rows, os.environ.get("CUDA_VISIBLE_DEVICES"))}
     if archs:
         return tuple(sorted(archs))
     models = set()
@@ -137,7 +165,7 @@ def local_cuda_archs() -> tuple[str, ...]:
         for line in info.read_text(errors="replace").splitlines():
             if line.startswith("Model:"):
                 models.add(line.split(":", 1)[1].strip().replace(" ", "_"))
-    return tuple(sorted(models)) or ("unknown",)
+    return tuple(sorted(models)) or (UNIDENTIFIED_GPU,)
 
 
 def key_resource(p, stage, settings: ExecutorSettings | None) -> str | None:

@@ -11,23 +11,30 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 
 BLOCK = 32 << 20  # bytes per read and per hash update
+SMALLEST = 1 << 16  # the buffer for a file whose size says nothing (0 in /proc, a pipe)
 
 
 def sha256_of(fh) -> str:
     """The hex sha256 of what is left to read in the binary file ``fh``.  The buffer is a block,
     or the file's size where that is less (a small file costs no block-sized allocation)."""
     try:
-        left = os.fstat(fh.fileno()).st_size - fh.tell()
-    except (AttributeError, OSError, ValueError):  # not a plain file: read in blocks
+        st = os.fstat(fh.fileno())
+        left = st.st_size - fh.tell() if stat.S_ISREG(st.st_mode) and st.st_size > 0 else SMALLEST
+    except (AttributeError, OSError, ValueError):  # no file descriptor: read in blocks
         left = BLOCK
-    buffer = bytearray(max(1, min(BLOCK, left + 1)))  # + 1: the read that finds the end
+    buffer = bytearray(max(SMALLEST, min(BLOCK, left + 1)))  # + 1: the read that finds the end
     view = memoryview(buffer)
     digest = hashlib.sha256()
-    while n := fh.readinto(buffer):
+    while True:
+        n = fh.readinto(buffer)
+        if n is None:  # a non-blocking stream with nothing to read now: no digest of it
+            raise BlockingIOError(f"{getattr(fh, 'name', fh)!r}: no data to hash without blocking")
+        if not n:
+            return digest.hexdigest()
         digest.update(view[:n])
-    return digest.hexdigest()
 
 
 def sha256_file(path: str | os.PathLike) -> str:

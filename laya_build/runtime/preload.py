@@ -20,7 +20,8 @@ LIB_PREFIX = "lib:"
 
 def library_of(package: str) -> Path | None:
     """``<package>/lib/lib<name>.so`` of an installed package (``name``: its last component),
-    found without importing it; None where the package or the file is missing."""
+    found without importing it (a dotted name's parent packages are imported to find it); None
+    where the package or the file is missing."""
     try:
         spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):

@@ -35,13 +35,12 @@ def cached_action(p, stage: Stage, code: list[str], third_party: frozenset[str],
     """The doit python-action of ``stage`` with the cache (and the executor) in front of it."""
     from laya_build import cache
     from laya_build.cache.settings import cache_settings
-    from laya_build.executors import executor_settings, key_resource, remote_resource
+    from laya_build.executors import UNIDENTIFIED_GPU, executor_settings, key_resource, remote_resource
     from laya_build.tasks.failures import reported
 
     settings = cache_settings(p.cache)
     executor = executor_settings(p.executor)
     resource = remote_resource(p, stage, executor)
-    machine_type = key_resource(p, stage, executor)  # the resource, or this machine's GPU for a cuda stage
     root = Path(p.root).resolve()
 
     @reported()
@@ -54,6 +53,14 @@ def cached_action(p, stage: Stage, code: list[str], third_party: frozenset[str],
             return None
         from laya_build.cache import keys
 
+        machine_type = key_resource(p, stage, executor)  # the resource, or this machine's GPU for a cuda stage
+        if machine_type is not None and machine_type.endswith(UNIDENTIFIED_GPU):
+            cache.note(
+                f"{stage.task}: nothing names this machine's GPU (no nvidia-smi, no driver information): "
+                "built here, neither fetched nor stored"
+            )
+            run_stage(stage)
+            return None
         report_to = p.artifacts.cache_report(p.version)
         start = time.perf_counter()
         parts = keys.key_parts(

@@ -164,12 +164,33 @@ def test_a_cuda_stage_built_here_is_keyed_by_the_arch_of_its_gpu(tmp_path, monke
         _fake_smi(tmp_path, monkeypatch, ["0, GPU-aaaa, 8.0"])
         assert key_resource(p, package_cuda, None) == "laya_target:cuda-sm80"
 
-        _fake_smi(tmp_path, monkeypatch, ["0, GPU-aaaa, 8.0", "1, GPU-bbbb, 9.0"])
+        _fake_smi(tmp_path, monkeypatch, ["0, GPU-aaaa1111, 8.0", "1, GPU-bbbb2222, 9.0"])
         assert key_resource(p, package_cuda, None) == "laya_target:cuda-sm80+sm90"
-        for visible, arch in (("1", "sm90"), ("GPU-aaaa", "sm80")):
+        both = "sm80+sm90"  # where CUDA's choice cannot be told for certain: every GPU of the host
+        for order, visible, arch in (
+            ("PCI_BUS_ID", "1", "sm90"),
+            ("PCI_BUS_ID", "0", "sm80"),
+            (None, "1", both),  # CUDA counts fastest first unless told PCI_BUS_ID: not nvidia-smi's index
+            (None, "GPU-aaaa1111", "sm80"),
+            (None, "gpu-BBBB", "sm90"),  # a UUID prefix, in any case, as CUDA takes it
+            (None, "MIG-0f3c1e8a-1234", both),
+            (None, "GPU-cccc", both),  # names no GPU of nvidia-smi's
+            ("PCI_BUS_ID", "1,-1,0", "sm90"),  # CUDA stops at the first invalid index
+        ):
+            if order:
+                monkeypatch.setenv("CUDA_DEVICE_ORDER", order)
+            else:
+                monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
             monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
             executors.local_cuda_archs.cache_clear()
-            assert key_resource(p, package_cuda, None) == f"laya_target:cuda-{arch}"
+            assert key_resource(p, package_cuda, None) == f"laya_target:cuda-{arch}", (order, visible)
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+
+        _fake_smi(tmp_path, monkeypatch, [])  # nothing names the GPU: such a build is never cached
+        monkeypatch.setattr(executors, "Path", lambda *a: tmp_path / "no-driver-information")
+        executors.local_cuda_archs.cache_clear()
+        assert key_resource(p, package_cuda, None) == f"laya_target:cuda-{executors.UNIDENTIFIED_GPU}"
+        monkeypatch.undo()
 
         monkeypatch.setattr(executors, "gpu_visible", lambda: False)  # no GPU here: nothing to name
         executors.local_cuda_archs.cache_clear()

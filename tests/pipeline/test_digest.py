@@ -25,3 +25,25 @@ def test_a_files_digest_is_hashlibs(tmp_path, size):
 def test_a_stream_without_a_file_is_hashed_in_blocks():
     data = b"laya" * 1000
     assert digest.sha256_of(io.BytesIO(data)) == hashlib.sha256(data).hexdigest()
+
+
+def test_a_file_whose_size_says_nothing_is_hashed_whole():
+    path = "/proc/version"  # st_size 0, content of its own
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        pytest.skip(f"{path} cannot be read here")
+    assert data and digest.sha256_file(path) == hashlib.sha256(data).hexdigest()
+
+
+def test_a_non_blocking_stream_without_data_has_no_digest():
+    import os
+
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    try:
+        with open(read_end, "rb", buffering=0) as fh, pytest.raises(BlockingIOError):
+            digest.sha256_of(fh)
+    finally:
+        os.close(write_end)

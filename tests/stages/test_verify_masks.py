@@ -17,6 +17,8 @@ from laya_build.stages.children import verify
 before = sorted(m for m in ("torch._inductor", "torch._inductor.cpp_builder", "torch._dynamo") if m in sys.modules)
 masked = verify.mask_compilers()
 after_mask = sorted(m for m in ("torch._inductor", "torch._inductor.cpp_builder", "torch._dynamo") if m in sys.modules)
+import importlib.util
+looked_up = importlib.util.find_spec("torch._inductor") is not None  # a look-up alone masks nothing
 import torch._inductor
 from torch._inductor.cpp_builder import CppBuilder
 calls = {
@@ -33,7 +35,9 @@ for name, call in calls.items():
         refused[name] = "ran"
     except RuntimeError as exc:
         refused[name] = str(exc)
-print(json.dumps({"before": before, "after_mask": after_mask, "masked": masked, "refused": refused}))
+finders = [type(f).__name__ for f in sys.meta_path if type(f).__name__ == "MaskOnImport"]
+print(json.dumps({"before": before, "after_mask": after_mask, "masked": masked, "refused": refused,
+                  "looked_up": looked_up, "finders_left": finders}))
 """
 
 
@@ -56,7 +60,9 @@ def assert_refused(out: dict) -> None:
 def test_compilers_imported_after_the_masks_are_masked_on_import():
     out = probe()
     assert out["before"] == out["after_mask"] == []  # masking imported no compiler
+    assert out["looked_up"] is True  # a spec asked for first: the import after it is masked all the same
     assert_refused(out)
+    assert out["finders_left"] == []  # once every module is masked, the import system is as it was
 
 
 def test_compilers_imported_before_the_masks_are_masked_at_once():

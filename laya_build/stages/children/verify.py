@@ -57,6 +57,7 @@ import faulthandler  # noqa: E402
 import importlib.abc  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
+import threading  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -169,13 +170,34 @@ def _mask(module, attr_path: str) -> None:
     setattr(owner, attr, _blocked(f"{module.__name__}.{attr_path}"))
 
 
+class _MaskingLoader(importlib.abc.Loader):
+    """A module's own loader, and the masks run right after it has executed the module."""
+
+    def __init__(self, loader, finder: MaskOnImport, name: str):
+        self._loader, self._finder, self._name = loader, finder, name
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        self._finder.executed(self._name, module)
+
+    def __getattr__(self, attr):  # get_source, get_resource_reader...: the module's own loader's
+        return getattr(self._loader, attr)
+
+
 class MaskOnImport(importlib.abc.MetaPathFinder):
     """Masks the entry points of a module the moment it is imported: the finder asks the
-    finders after it for the module's spec and runs the masks right after its loader has
-    executed it, before any importer sees it."""
+    finders after it for the module's spec and gives it a loader that runs the masks right
+    after the module's own loader has executed it, before any importer sees it.  A module
+    counts as masked only once that has happened (a spec looked up and never loaded, or an
+    import that failed half-way, leaves it pending); the finder leaves ``sys.meta_path`` when
+    nothing is pending."""
 
     def __init__(self, pending: dict[str, list[str]]):
         self.pending = pending
+        self._lock = threading.Lock()
 
     def find_spec(self, name, path, target=None):
         if name not in self.pending:
@@ -188,15 +210,17 @@ class MaskOnImport(importlib.abc.MetaPathFinder):
                 break
         else:
             return None
-        attrs, execute = self.pending.pop(name), spec.loader.exec_module
-
-        def exec_and_mask(module):
-            execute(module)
-            for attr in attrs:
-                _mask(module, attr)
-
-        spec.loader.exec_module = exec_and_mask
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            raise ImportError(f"{name} cannot be imported in the verification process: its compilers cannot be masked")
+        spec.loader = _MaskingLoader(spec.loader, self, name)
         return spec
+
+    def executed(self, name: str, module) -> None:
+        with self._lock:
+            for attr in self.pending.pop(name, ()):
+                _mask(module, attr)
+            if not self.pending and self in sys.meta_path:
+                sys.meta_path.remove(self)
 
 
 def mask_compilers() -> list[str]:
