@@ -182,8 +182,11 @@ def tool_line(role: str) -> str | None:
 
 @functools.cache
 def installed() -> dict[str, tuple[str, str]]:
-    """Every installed distribution: canonical name -> (its ``Name``, version), the first of a
-    name on ``sys.path`` (the one an import finds, and the one pip lists).  Read once per process."""
+    """Every installed distribution on this process's ``sys.path``: canonical name -> (its
+    ``Name``, version), the first of a name (the one an import finds, and the one pip lists).
+    Read once per process; in a fresh interpreter (the release and package processes) the
+    distributions pip lists, while a path added since (``setuptools`` puts its vendored
+    packages on ``sys.path`` when imported) adds its own."""
     first: dict[str, tuple[str, str]] = {}
     for dist in md.distributions():
         name = dist.metadata["Name"]
