@@ -12,7 +12,7 @@ from pathlib import Path
 
 from laya_build.atomic import write_json
 from laya_build.errors import RecordError
-from laya_build.runtime import digest
+from laya_build.runtime.digest import sha256_file  # the one file sha256 (re-exported)
 from laya_build.schema import validate
 
 
@@ -63,10 +63,6 @@ def read_record(path: str | os.PathLike) -> dict:
         raise RecordError(f"{path}: not a stage record (no top-level 'stage')")
     validate(record["stage"], record, what=str(path))
     return record
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    return digest.sha256_file(path)
 
 
 def file_entry(path: str | os.PathLike, root: str | os.PathLike | None = None) -> dict:

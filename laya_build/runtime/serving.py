@@ -71,8 +71,8 @@ import torch
 
 from laya_build.errors import PackageIntegrityError, PackageIsaError, RuntimeInputError
 from laya_build.layout import EFFECTIVE_CONFIG_NAME, MANIFEST_NAME, package_record_path
-from laya_build.runtime import digest
 from laya_build.runtime.buckets import Bucket, ExportDims, parse_buckets, smallest_holding
+from laya_build.runtime.digest import sha256_file
 from laya_build.runtime.preload import preload_all
 
 ARG_NAMES = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
@@ -87,10 +87,6 @@ _ISA_LOCK = threading.Lock()
 
 
 # ------------------------------------------------------------------------------ integrity
-
-
-def sha256_file(path) -> str:
-    return digest.sha256_file(path)
 
 
 def check_sha256(path, expected: str, what: str, *, digest: str | None = None) -> str:

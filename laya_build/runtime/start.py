@@ -202,7 +202,7 @@ def start_release(
         capture_warmup=serving.CAPTURE_WARMUP if capture_warmup is None else capture_warmup,
         trusted_keys=keys_given,
         prehashed=prehashed,
-        loader=loader or serving.fastest_loader(),
+        loader=loader,
     )
     return _finish(runner, started, hashed, import_s, opened, waited)
 
@@ -252,6 +252,6 @@ def start_build(
         preload=preload,
         capture=capture,
         prehashed=prehashed,
-        loader=loader or serving.fastest_loader(),
+        loader=loader,
     )
     return _finish(runner, started, hashed, import_s, opened, waited)
