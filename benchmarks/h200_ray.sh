@@ -10,6 +10,7 @@
 #      `doit config=pipeline.h200.yaml aoti_package:cuda-bfloat16` and then `verify` with
 #      `executor: ray` and a folder cache ($WORK/cache): export, package and verify run on the worker;
 #   2. `warm`: a fresh copy that sees the GPU, no executor, the same cache: `aoti_package` (all fetched);
+#      it runs before the build copy's `verify`, which takes the worker for a minute;
 #   3. `again`: `verify` in the build copy once more (a verification is never answered from the cache).
 # Each step's time, exit status and the cache report go to $WORK/ray.log (and $OUT when set).
 # If Ray refuses a second node on the machine, the head itself offers the resource.
@@ -76,8 +77,8 @@ step() {  # step NAME COPY ENV... -- DOIT-ARGS...
 }
 remote=(CUDA_VISIBLE_DEVICES= LAYA_BUILD_EXECUTOR=ray "LAYA_BUILD_RAY_ADDRESS=127.0.0.1:$PORT")
 step build build "${remote[@]}" -- aoti_package:cuda-bfloat16
-step verify build "${remote[@]}" -- verify
 step warm warm LAYA_BUILD_CACHE_WRITE=no -- aoti_package
+step verify build "${remote[@]}" -- verify
 step again build "${remote[@]}" -- verify
 for copy in build worker warm; do
   sha256sum "$WORK/$copy/artifacts/$VERSION/aoti_package/cuda-bfloat16/decision.pt2" 2>&1 | tee -a "$log"
