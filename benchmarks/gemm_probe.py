@@ -13,7 +13,13 @@ time, and the time those bytes take at ``--peak-tbs`` (the bandwidth bound).  Ca
 - ``tilelang:<block_M>x<block_N>x<block_K>/s<stages>/t<threads>``: ``kernels.gemm_kernel`` with
   that tile, checked against cuBLAS first;
 - ``inductor:<options>``: ``torch.compile`` of the linear with ``max-autotune`` GEMM templates
-  (Triton, and Hopper's persistent TMA templates), graphed the same way.
+  (Triton, and Hopper's persistent TMA templates), graphed the same way;
+- ``cublaslt``: the same call with ``torch.backends.cuda.preferred_blas_library("cublaslt")``;
+- ``triton:<block_M>x<block_N>x<block_K>/k<split>/w<warps>/s<stages>``: the skinny-M kernels of
+  ``benchmarks/triton_skinny.py`` (split-K with an in-kernel, ordered reduction), checked
+  against cuBLAS first;
+- for the MLP's first GEMM also its GeGLU: ``cublas+geglu`` (cuBLAS, then one fused pointwise
+  kernel, as the package runs it) against ``triton-geglu:<tile>`` (one kernel).
 
 Results are written after each measurement, so a run stopped early keeps what it measured.
 """
@@ -44,6 +50,41 @@ TILES = (  # (block_M, block_N, block_K, num_stages, threads)
     (128, 64, 64, 4, 128),
     (64, 16, 256, 3, 128),
 )
+TRITON = {  # shape: (block_M, block_N, block_K, split_k, num_warps, num_stages), for M = 128
+    "qkv": [
+        (128, 64, 128, 1, 4, 3),
+        (128, 32, 128, 1, 4, 4),
+        (128, 64, 128, 2, 4, 3),
+        (64, 64, 128, 1, 4, 3),
+        (128, 128, 128, 4, 8, 3),
+        (128, 64, 64, 2, 4, 4),
+    ],
+    "attn_out": [
+        (128, 32, 128, 4, 4, 4),
+        (128, 64, 128, 8, 4, 3),
+        (128, 64, 128, 4, 4, 3),
+        (64, 64, 128, 4, 4, 3),
+        (128, 16, 128, 2, 4, 4),
+        (128, 32, 64, 4, 4, 4),
+    ],
+    "mlp_in": [
+        (128, 64, 128, 1, 4, 3),
+        (128, 32, 128, 1, 4, 4),
+        (128, 64, 128, 2, 4, 3),
+        (64, 64, 128, 1, 4, 3),
+        (128, 128, 64, 2, 8, 3),
+    ],
+    "mlp_out": [
+        (128, 32, 128, 4, 4, 4),
+        (128, 64, 128, 8, 4, 3),
+        (128, 64, 64, 8, 4, 4),
+        (64, 64, 128, 4, 4, 3),
+        (128, 32, 128, 7, 4, 4),
+        (128, 64, 128, 4, 4, 3),
+    ],
+}
+TRITON_LARGE = [(128, 128, 64, 1, 8, 3), (128, 256, 64, 1, 8, 3)]  # also at M = 1,792: large tiles
+GEGLU = [(128, 32, 128, 4, 3), (128, 64, 64, 4, 3), (64, 32, 128, 4, 3), (128, 16, 128, 4, 4)]  # bm, bn, bk, w, s
 INDUCTOR = {
     "max-autotune": {"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"},
     "max-autotune+persistent-tma": {
@@ -76,12 +117,75 @@ def graphed_ms(torch, calls) -> float:
     return m.blocked_autorange(min_run_time=0.4).median * 1e3
 
 
+def triton_section(torch, F, data, record, result, save, over) -> None:
+    """The skinny-M Triton kernels, and the GeGLU GEMM with its epilogue in one kernel."""
+    try:
+        from benchmarks.triton_skinny import geglu_pointwise, skinny_geglu, skinny_mm
+    except Exception as exc:  # noqa: BLE001
+        result["errors"].append(f"triton: {type(exc).__name__}: {exc}")
+        save()
+        return
+
+    def run(name, shape, rows, fn, ref):
+        try:
+            fn(0)
+            torch.cuda.synchronize()
+            err = (fn(0).float() - ref.float()).abs().max().item()
+            calls = [lambda i=i: fn(i) for i in range(LAYERS)]
+            record(name, shape, rows, graphed_ms(torch, calls) / LAYERS, round(err, 4))
+        except Exception as exc:  # noqa: BLE001
+            result["errors"].append(f"{name} {shape} {rows}: {type(exc).__name__}: {str(exc)[:300]}")
+            save()
+
+    for shape, tiles in TRITON.items():
+        for rows in ROWS:
+            weights, x, outs = data[shape, rows]
+            ref = F.linear(x, weights[0])
+            for bm, bn, bk, split, warps, stages in tiles if rows == "1x128" else tiles + TRITON_LARGE:
+                if over():
+                    return
+                M, N = outs[0].shape
+                part = torch.empty(split * M * N, device=x.device, dtype=torch.float32)
+                count = torch.zeros(triton_tiles(N, bn) * triton_tiles(M, bm), device=x.device, dtype=torch.int32)
+
+                def fn(i, w=weights, o=outs, x=x, t=(bm, bn, bk, split, warps, stages), part=part, count=count):
+                    return skinny_mm(x, w[i], o[i], *t[:4], num_warps=t[4], num_stages=t[5], part=part, count=count)
+
+                run(f"triton:{bm}x{bn}x{bk}/k{split}/w{warps}/s{stages}", shape, rows, fn, ref)
+    # the MLP's first GEMM and its GeGLU
+    for rows in ROWS:
+        weights, x, outs = data["mlp_in", rows]
+        M = x.shape[0]
+        acts = [torch.empty(M, GLU, device=x.device, dtype=x.dtype) for _ in range(LAYERS)]
+        hidden = F.linear(x, weights[0])
+        up, gate = hidden.chunk(2, dim=-1)
+        ref = F.gelu(up.float()) * gate.float()
+
+        def cublas_geglu(i, w=weights, o=outs, x=x, a=acts):
+            torch.mm(x, w[i].t(), out=o[i])
+            return geglu_pointwise(o[i], a[i])
+
+        run("cublas+geglu", "mlp_in_geglu", rows, cublas_geglu, ref)
+        for bm, bn, bk, warps, stages in GEGLU if rows == "1x128" else [*GEGLU, (128, 64, 64, 8, 3)]:
+            if over():
+                return
+
+            def fused(i, w=weights, x=x, a=acts, t=(bm, bn, bk, warps, stages)):
+                return skinny_geglu(x, w[i], a[i], *t[:3], num_warps=t[3], num_stages=t[4])
+
+            run(f"triton-geglu:{bm}x{bn}x{bk}/w{warps}/s{stages}", "mlp_in_geglu", rows, fused, ref)
+
+
+def triton_tiles(n: int, block: int) -> int:
+    return -(-n // block)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting new measurements after this")
     parser.add_argument("--peak-tbs", type=float, default=4.3, help="HBM bandwidth of the bound, TB/s")
-    parser.add_argument("--skip", default="", help="sections to leave out: tilelang,inductor")
+    parser.add_argument("--skip", default="", help="sections to leave out: tilelang,inductor,cublaslt,triton")
     args = parser.parse_args()
     start = time.monotonic()
     skip = set(filter(None, args.skip.split(",")))
@@ -119,9 +223,9 @@ def main() -> int:
             data[shape, rows] = (weights, x, outs)
 
     def record(candidate, shape, rows, ms_per_layer, max_abs=None):
-        N, K = SHAPES[shape]
+        N, K = SHAPES["mlp_in" if shape == "mlp_in_geglu" else shape]
         M = ROWS[rows]
-        moved = 2 * (N * K + M * K + M * N)
+        moved = 2 * (N * K + M * K + M * (N // 2 if shape == "mlp_in_geglu" else N))
         row = {
             "candidate": candidate,
             "shape": shape,
@@ -144,6 +248,21 @@ def main() -> int:
     for (shape, rows), (weights, x, outs) in data.items():
         calls = [lambda w=w, o=o, x=x: torch.mm(x, w.t(), out=o) for w, o in zip(weights, outs)]
         record("cublas", shape, rows, graphed_ms(torch, calls) / LAYERS)
+
+    if "cublaslt" not in skip:
+        try:
+            torch.backends.cuda.preferred_blas_library("cublaslt")
+            for (shape, rows), (weights, x, outs) in data.items():
+                calls = [lambda w=w, o=o, x=x: torch.mm(x, w.t(), out=o) for w, o in zip(weights, outs)]
+                record("cublaslt", shape, rows, graphed_ms(torch, calls) / LAYERS)
+        except Exception as exc:  # noqa: BLE001
+            result["errors"].append(f"cublaslt: {type(exc).__name__}: {str(exc)[:300]}")
+            save()
+        finally:
+            torch.backends.cuda.preferred_blas_library("cublas")
+
+    if "triton" not in skip:
+        triton_section(torch, F, data, record, result, save, over)
 
     if "tilelang" not in skip:
         try:

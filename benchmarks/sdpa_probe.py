@@ -1,0 +1,110 @@
+"""The decision model's attention call on a GPU, one SDPA backend at a time.
+
+    python benchmarks/sdpa_probe.py --out sdpa.json
+
+The H200 configuration's attention (16 heads of 64, bf16) at the two serving shapes (1 x 128 and
+7 x 256 tokens), called as the model calls it: ``q``/``k`` after the rotary embedding,
+``v`` a strided view of the packed QKV, a boolean ``[B, 1, S, S]`` mask (padding only for the
+global layers, and the ±64 window of the local ones).  Each backend is timed the way the graphed
+runner runs it: 28 calls on 28 distinct inputs in one CUDA graph, replayed; the time per call is
+the replay's median over 28.  ``none`` is the call without a mask (a backend that takes no mask
+can only run that one).  Every result is compared with the math backend in fp32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.gemm_probe import graphed_ms  # noqa: E402  (one graph timer for the GPU probes)
+
+HEADS, HEAD_DIM, LAYERS, HALF_WINDOW = 16, 64, 28, 64
+SHAPES = {"1x128": (1, 128), "7x256": (7, 256)}
+BACKENDS = ("CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "FLASH_ATTENTION", "MATH")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    start = time.monotonic()
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    result = {
+        "command": "benchmarks/sdpa_probe.py",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "rows": [],
+        "errors": [],
+    }
+
+    def save():
+        tmp = args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+        os.replace(tmp, args.out)
+
+    torch.manual_seed(0)
+    for shape, (B, S) in SHAPES.items():
+        packed = [torch.randn(B, S, 3, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
+        qkv = [
+            (
+                p[:, :, 0].transpose(1, 2).contiguous(),
+                p[:, :, 1].transpose(1, 2).contiguous(),
+                p[:, :, 2].transpose(1, 2),
+            )
+            for p in packed
+        ]
+        pos = torch.arange(S, device="cuda")
+        window = (pos[None, :] - pos[:, None]).abs() <= HALF_WINDOW
+        masks = {
+            "none": None,
+            "padding": torch.ones(B, 1, S, S, device="cuda", dtype=torch.bool),
+            "window": window.expand(B, 1, S, S),
+        }
+        for mask_name, mask in masks.items():
+            q, k, v = qkv[0]
+            ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+            for backend in BACKENDS:
+                name = f"{backend.lower()}"
+                try:
+                    outs = [None] * LAYERS
+
+                    def call(i, mask=mask, qkv=qkv, outs=outs):
+                        q, k, v = qkv[i]
+                        outs[i] = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+                    with sdpa_kernel(getattr(SDPBackend, backend)):
+                        call(0)
+                        err = (outs[0].float() - ref).abs().max().item()
+                        ms = graphed_ms(torch, [lambda i=i: call(i) for i in range(LAYERS)])
+                    row = {
+                        "backend": name,
+                        "shape": shape,
+                        "mask": mask_name,
+                        "us": round(ms / LAYERS * 1e3, 2),
+                        "max_abs_vs_math_fp32": round(err, 5),
+                    }
+                    result["rows"].append(row)
+                    print(json.dumps(row), flush=True)
+                except Exception as exc:  # noqa: BLE001 - a probe records what failed and goes on
+                    result["errors"].append(f"{name} {shape} {mask_name}: {type(exc).__name__}: {str(exc)[:200]}")
+                save()
+    result["elapsed_s"] = round(time.monotonic() - start, 1)
+    save()
+    print(json.dumps({"done": True, "elapsed_s": result["elapsed_s"], "errors": result["errors"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
