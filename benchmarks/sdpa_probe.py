@@ -8,7 +8,10 @@ The H200 configuration's attention (16 heads of 64, bf16) at the two serving sha
 global layers, and the ±64 window of the local ones).  Each backend is timed the way the graphed
 runner runs it: 28 calls on 28 distinct inputs in one CUDA graph, replayed; the time per call is
 the replay's median over 28.  ``none`` is the call without a mask (a backend that takes no mask
-can only run that one).  Every result is compared with the math backend in fp32.
+can only run that one).  ``flash_varlen`` is FlashAttention called directly
+(``aten._flash_attention_forward``) on the packed ``[B * S, H, Dh]`` layout: padding as each
+sequence's key count (``seqused_k``) and the window as ``window_size_left/right``, so no mask
+is made or read.  Every result is compared with the math backend in fp32 with the mask it stands for.
 """
 
 from __future__ import annotations
@@ -27,6 +30,54 @@ from benchmarks.gemm_probe import graphed_ms  # noqa: E402  (one graph timer for
 HEADS, HEAD_DIM, LAYERS, HALF_WINDOW = 16, 64, 28, 64
 SHAPES = {"1x128": (1, 128), "7x256": (7, 256)}
 BACKENDS = ("CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "FLASH_ATTENTION", "MATH")
+
+
+def flash_varlen(torch, result, save, qkv, mask_name, ref, B, S) -> None:
+    """FlashAttention on the packed layout, the padding as key counts, the window as its sizes."""
+    if mask_name == "none":
+        return
+    name = "flash_varlen"
+    try:
+        starts = torch.arange(0, (B + 1) * S, S, device="cuda", dtype=torch.int32)
+        lengths = torch.full((B,), S, device="cuda", dtype=torch.int32)  # every key of each sequence used
+        window = HALF_WINDOW if mask_name == "window" else None
+        packed = [tuple(t.transpose(1, 2).reshape(B * S, HEADS, HEAD_DIM) for t in triple) for triple in qkv]
+        outs = [None] * LAYERS
+
+        def call(i):
+            q, k, v = packed[i]
+            outs[i] = torch.ops.aten._flash_attention_forward(
+                q,
+                k,
+                v,
+                starts,
+                starts,
+                S,
+                S,
+                0.0,
+                False,
+                False,
+                window_size_left=window,
+                window_size_right=window,
+                seqused_k=lengths,
+            )[0]
+
+        call(0)
+        got = outs[0].reshape(B, S, HEADS, HEAD_DIM).transpose(1, 2)
+        err = (got.float() - ref).abs().max().item()
+        ms = graphed_ms(torch, [lambda i=i: call(i) for i in range(LAYERS)])
+        row = {
+            "backend": name,
+            "shape": f"{B}x{S}",
+            "mask": mask_name,
+            "us": round(ms / LAYERS * 1e3, 2),
+            "max_abs_vs_math_fp32": round(err, 5),
+        }
+        result["rows"].append(row)
+        print(json.dumps(row), flush=True)
+    except Exception as exc:  # noqa: BLE001
+        result["errors"].append(f"{name} {B}x{S} {mask_name}: {type(exc).__name__}: {str(exc)[:200]}")
+    save()
 
 
 def main() -> int:
@@ -100,6 +151,7 @@ def main() -> int:
                 except Exception as exc:  # noqa: BLE001 - a probe records what failed and goes on
                     result["errors"].append(f"{name} {shape} {mask_name}: {type(exc).__name__}: {str(exc)[:200]}")
                 save()
+            flash_varlen(torch, result, save, qkv, mask_name, ref, B, S)
     result["elapsed_s"] = round(time.monotonic() - start, 1)
     save()
     print(json.dumps({"done": True, "elapsed_s": result["elapsed_s"], "errors": result["errors"]}))

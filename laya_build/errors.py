@@ -97,6 +97,7 @@ class DiskFullError(LayaBuildError):
     the filesystem's free space.  The partial file was removed."""
 
     hint = "free space on that filesystem (or give artifacts/ a larger one), then run the same command again"
+    surfaces = True  # said as itself from whichever process hit it (the machine's, not the stage's)
 
 
 class CheckpointError(LayaBuildError):

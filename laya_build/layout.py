@@ -12,6 +12,7 @@ from pathlib import Path
 ARTIFACTS_DIR = "artifacts"
 CACHE_DIR = ".cache"  # compiler caches and extracted baselines: never part of a version
 DOIT_DB_DIR = ".doit"  # doit's task state, one sqlite3 database per version
+DIGESTS_NAME = "digests.sqlite3"  # the files' sha256 while unchanged (laya_build.filedigests), in DOIT_DB_DIR
 VERIFICATIONS_DIR = "verifications"  # results of `doit verify` on a released version
 RELEASE_DIFF_DIR = "release_diff"
 
@@ -115,6 +116,10 @@ class ArtifactsLayout:
 
     def doit_db(self, version: str) -> Path:
         return self.root / DOIT_DB_DIR / f"{version}.sqlite3"
+
+    def digests_db(self) -> Path:
+        """The checkout's remembered file digests (:mod:`laya_build.filedigests`)."""
+        return self.root / DOIT_DB_DIR / DIGESTS_NAME
 
     def outputs_record(self, version: str, task: str) -> Path:
         """The digest of a task's outputs after its last complete run (outside the version)."""

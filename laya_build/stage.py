@@ -15,8 +15,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from laya_build import filedigests
 from laya_build.layout import tmp_leftovers
-from laya_build.records import sha256_file
 
 # How a stage's function runs: a child forked from the build's fork server (torch and
 # TileLang imported once), a fresh interpreter, or in the doit process itself (no heavy import).
@@ -80,17 +80,18 @@ class Stage:
 
 def outputs_digest(files: tuple[Path, ...], dirs: tuple[Path, ...]) -> dict[str, str | None]:
     """sha256 of every output: the files (None when missing; an interrupted write's temporary
-    file beside one counts as an output of its own) and every file under the folders."""
+    file beside one counts as an output of its own) and every file under the folders (hashed
+    once while unchanged: :mod:`laya_build.filedigests`)."""
     digest: dict[str, str | None] = {}
     for path in files:
-        digest[str(path)] = sha256_file(path) if path.is_file() else None
+        digest[str(path)] = filedigests.sha256(path) if path.is_file() else None
         for tmp in tmp_leftovers(path):
             digest[str(tmp)] = "unfinished write"
     for folder in dirs:
         if folder.is_dir():
             for path in sorted(folder.rglob("*")):
                 if path.is_file():
-                    digest[str(path)] = sha256_file(path)
+                    digest[str(path)] = filedigests.sha256(path)
         else:
             digest[str(folder)] = None
     return digest

@@ -180,11 +180,14 @@ def fetch(stage: Stage, key: str, *, root: Path, settings: CacheSettings, scratc
         outputs = prepare_outputs(stage)
         for d in stage.dirs:
             Path(d).mkdir(parents=True, exist_ok=True)
-        for i, (rel, _) in enumerate(sorted(files.items())):
+        from laya_build import filedigests
+
+        for i, (rel, sha) in enumerate(sorted(files.items())):
             dest = root / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.chmod(tmp / str(i), _file_mode())
             os.replace(tmp / str(i), dest)
+            filedigests.remember(dest, sha)  # its bytes were hashed as they came
         outputs.save()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

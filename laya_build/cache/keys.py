@@ -15,7 +15,7 @@ folders (or on different machines of one type) get the same key for the same bui
   :func:`laya_build.executors.key_resource`), so that GPUs of two architectures never share a key.
 
 Never the checkout's absolute path, a time or a host name.  Computing a key reads no heavy
-module (no torch): files are hashed, once per process per (path, size, mtime).
+module (no torch): files are hashed once while they are unchanged (:mod:`laya_build.filedigests`).
 """
 
 from __future__ import annotations
@@ -23,12 +23,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import platform
 from pathlib import Path
 
-from laya_build import environment
-from laya_build.records import sha256_file
+from laya_build import environment, filedigests
 from laya_build.stage import Stage
 
 KEY_FORMAT = 1  # bumped when what a key covers changes
@@ -38,17 +36,11 @@ RUN_PART = "run"  # in the key of a stage run on the cluster every time (verify)
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "amx_tile", "asimd", "sve")
 
 
-@functools.cache
-def _sha(path: str, size: int, mtime: int) -> str:
-    return sha256_file(Path(path))
-
-
 def file_sha(path: Path) -> str | None:
     try:
-        st = os.stat(path)
+        return filedigests.sha256(path)
     except FileNotFoundError:
         return None
-    return _sha(str(path), st.st_size, st.st_mtime_ns)
 
 
 @functools.cache

@@ -21,9 +21,9 @@ Protocol: the parent sends ``{"entry", "spec", "record", "result", "error", "sys
 stage's record); if ``result`` is set, writes the returned value there as JSON (the parent
 returns it).  A failure in the child is written as ``{"type", "message", "hint"}``: the
 parent raises :class:`StageFailed` with it, or with ``reraise`` the child's own
-:mod:`laya_build.errors` class.  A child killed by a signal raises ``crash_error`` naming the
-signal; one past its timeout is killed with its group and raises :class:`StageError`:
-neither can ever pass as success.
+:mod:`laya_build.errors` class (always for a class that ``surfaces``, e.g. a full disk).  A
+child killed by a signal raises ``crash_error`` naming the signal; one past its timeout is
+killed with its group and raises :class:`StageError`: neither can ever pass as success.
 """
 
 from __future__ import annotations
@@ -120,6 +120,8 @@ def _raise(what: str, returncode: int, text: str, reported: dict | None, child: 
         known = isinstance(cls, type) and issubclass(cls, errors.LayaBuildError)
         if child.reraise and known:
             raise cls(reported["message"], hint=reported.get("hint"))
+        if known and getattr(cls, "surfaces", False):  # e.g. a full disk: the same error, the stage named
+            raise cls(f"{what}: {reported['message']}", hint=reported.get("hint"))
         message = f"{what}: {reported['type']}: {reported['message']}".replace("\n", " | ")
         raise StageFailed(message, hint=reported.get("hint") if known else None)
     where = f"Last output ({child.log})" if child.log else "Last output"

@@ -92,6 +92,9 @@ def default_processes() -> int:
 def doit_config(p: config_mod.Pipeline) -> dict:
     db = p.artifacts.doit_db(p.version)
     db.parent.mkdir(parents=True, exist_ok=True)
+    from laya_build import filedigests
+
+    filedigests.use(p.artifacts.digests_db())  # doit's processes hash a file once while it is unchanged
     return {
         # sqlite3: transactional, unlike dbm (locks and corrupts under concurrent runs) and json
         # (rewritten whole with a plain open(): an interrupted dump leaves it truncated), and
@@ -101,4 +104,5 @@ def doit_config(p: config_mod.Pipeline) -> dict:
         "dep_file": str(db),
         "default_tasks": DEFAULT_TASKS,
         "num_process": default_processes(),
+        "check_file_uptodate": state.Sha256Checker,
     }

@@ -24,8 +24,11 @@ import os
 import sqlite3
 import sys
 
-from doit.dependency import SqliteDB
+from doit.dependency import FileChangedChecker, SqliteDB, get_file_md5
 
+from laya_build import filedigests
+
+MD5_HEX = 32  # the length of a digest doit's own checker saved
 LAST_ENTRY = "deps:"  # the last entry Dependency.save_success sets for a task
 # doit's own methods (``__wrapped__`` if another import of this module has installed already)
 _SET = getattr(SqliteDB.set, "__wrapped__", SqliteDB.set)
@@ -77,3 +80,25 @@ def install() -> None:
 
 def installed() -> bool:
     return SqliteDB.set is _set and SqliteDB.remove is _remove
+
+
+class Sha256Checker(FileChangedChecker):
+    """doit's check of file dependencies by sha256, the digest the cache keys and the outputs'
+    record use (:mod:`laya_build.filedigests`: hashed once while the file is unchanged), in place
+    of doit's md5, which hashed every large input (a 745 MB export) once more after each run.
+
+    A state is ``(mtime, size, sha256)``, as doit's md5 states are ``(mtime, size, md5)``; a
+    dependency saved by doit's md5 checker is compared by its md5, once."""
+
+    def check_modified(self, file_path, file_stat, state):
+        _, size, saved = state
+        if file_stat.st_size != size:
+            return True
+        if len(saved) == MD5_HEX:
+            return saved != get_file_md5(file_path)
+        return saved != filedigests.sha256(file_path)
+
+    def get_state(self, dep, current_state):
+        st = os.stat(dep)
+        state = (st.st_mtime, st.st_size, filedigests.sha256(dep))
+        return None if state == (tuple(current_state) if current_state else None) else state
