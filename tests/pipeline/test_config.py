@@ -108,6 +108,16 @@ BAD = {
         "kernels.variants.rope.kwargs",
         "dtype",
     ),
+    "varlen attention on the cpu": (
+        lambda d: d.setdefault("export", {}).update(attention={"cpu": "varlen"}),
+        "export.attention.cpu",
+        "is not one of ['sdpa']",
+    ),
+    "unknown attention": (
+        lambda d: d.setdefault("export", {}).update(attention={"cuda": "flash"}),
+        "export.attention.cuda",
+        "is not one of ['sdpa', 'varlen']",
+    ),
     "baseline is itself": (
         lambda d: d["cuda"].update(baseline={"version": d["version"]}),
         "cuda.baseline.version",
@@ -205,6 +215,8 @@ def test_h200_config_is_valid_and_differs_only_where_documented(tmp_path):
         }
     )
     expected["export"]["dims"]["rows"]["max"] = 7
+    # attention without masks on the GPU (docs/measurements/runtime-h200.md, Attention)
+    expected["export"]["attention"]["cuda"] = "varlen"
     expected["runtime"]["buckets"]["cuda"] = [
         {"rows": 1, "tokens": 32},
         {"rows": 1, "tokens": 128},

@@ -1,0 +1,107 @@
+"""The encoder's attention without a materialised mask (``export.attention: {cuda: varlen}``).
+
+With ``sdpa`` (transformers' default here) every layer reads a boolean ``[B, 1, S, S]`` mask —
+padding for the global layers, padding and the ±window band for the local ones — and a fused
+kernel before each attention writes it.  On the H200 that doubles cuDNN's attention time at the
+serving shapes (docs/measurements/runtime-h200.md, "Attention").  ``varlen`` calls
+FlashAttention's variable-length entry (``aten._flash_attention_forward``) on the packed
+``[B * S, H, Dh]`` layout instead: the padding as each row's key count (``seqused_k``) and the
+local layers' window as its size, so no mask is made or read.
+
+Semantics are those of the masks it replaces, for a padding mask that is a prefix of ones in
+each row (right padding: the tokenizer's batches and the runtime's buckets): every query, a
+padded one included, attends to its row's first ``count`` keys, within the window on local
+layers.  Off CUDA (the tests) the same counts and window build the boolean mask and call
+``scaled_dot_product_attention``: the reference the CUDA path is compared with.
+
+Registered with transformers' attention and mask interfaces under :data:`NAME` on import.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NAME = "laya_varlen"
+IMPLEMENTATIONS = ("sdpa", "varlen")  # export.attention's values
+
+
+def key_counts(attention_mask: torch.Tensor | None = None, kv_length: int | None = None, **_) -> torch.Tensor | None:
+    """The mask function: each row's number of keys (int32 ``[B]``) from its 2D padding mask."""
+    if attention_mask is None:
+        return None
+    if kv_length is not None:
+        attention_mask = attention_mask[:, -kv_length:]
+    return attention_mask.sum(-1, dtype=torch.int32)
+
+
+def varlen_attention(
+    module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    **_,
+) -> tuple[torch.Tensor, None]:
+    """``[B, H, S, Dh]`` query, key and value, the key counts of :func:`key_counts` (None: every
+    key) -> ``([B, S, H, Dh], None)``.  ``sliding_window`` is transformers' (the half-window + 1)."""
+    if dropout:
+        raise ValueError(f"{NAME} attention is for inference: dropout {dropout} given")
+    B, H, S, D = query.shape
+    window = sliding_window - 1 if sliding_window is not None else None
+    if attention_mask is None:
+        attention_mask = torch.full((B,), S, dtype=torch.int32, device=query.device)
+    if query.device.type != "cuda":
+        return _reference(query, key, value, attention_mask, scaling, window), None
+    q, k, v = (t.transpose(1, 2).reshape(B * S, H, D) for t in (query, key, value))
+    starts = torch.arange(B + 1, dtype=torch.int32, device=query.device) * S
+    out = torch.ops.aten._flash_attention_forward(
+        q,
+        k,
+        v,
+        starts,
+        starts,
+        S,
+        S,
+        0.0,
+        False,
+        False,
+        scale=scaling,
+        window_size_left=window,
+        window_size_right=window,
+        seqused_k=attention_mask,
+    )[0]
+    return out.view(B, S, H, D), None
+
+
+def _reference(query, key, value, counts, scaling, window):
+    S = query.shape[2]
+    pos = torch.arange(S, device=query.device)
+    visible = pos[None, None, None, :] < counts[:, None, None, None]
+    if window is not None:
+        visible = visible & ((pos[:, None] - pos[None, :]).abs() <= window)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=visible, scale=scaling)
+    return out.transpose(1, 2)
+
+
+def register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, varlen_attention)
+    AttentionMaskInterface.register(NAME, key_counts)
+
+
+def use(model: torch.nn.Module, implementation: str) -> None:
+    """Run ``model``'s encoder attention as ``implementation`` (one of :data:`IMPLEMENTATIONS`)."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"attention {implementation!r} is not one of {', '.join(IMPLEMENTATIONS)}")
+    if implementation == "sdpa":
+        return
+    register()
+    model.encoder.set_attn_implementation(NAME)
+
+
+register()
