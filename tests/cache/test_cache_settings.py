@@ -237,3 +237,46 @@ def test_a_key_does_not_depend_on_the_checkout_folder(tmp_path):
     )
     assert keys.digest(changed) != keys.digest(parts[0])
     assert keys.differences(changed, parts[0]) == ["code: pkg/mod.py"]
+
+
+def test_a_cuda_build_on_a_gpu_nothing_names_is_built_here_neither_fetched_nor_stored(tmp_path, monkeypatch, capsys):
+    """Its key could not tell its GPU from any other unnamed one: the cache is not asked."""
+    from laya_build import cache, executors
+    from laya_build.layout import ArtifactsLayout
+    from laya_build.runner import stage as runner_stage
+    from laya_build.tasks.cache import cached_action
+
+    class P:
+        pass
+
+    p = P()
+    p.cache, p.executor, p.root, p.version = {"url": str(tmp_path / "cache")}, None, tmp_path, "0.1.0"
+    p.data = {"cuda": {"archs": [{"kind": "cuda", "arch": "sm_90"}]}}
+    p.artifacts = ArtifactsLayout(tmp_path / "artifacts")
+    version = tmp_path / "artifacts" / "0.1.0"
+    stage = Stage(
+        "aoti_package",
+        "cuda-bfloat16",
+        "",
+        "m:f",
+        config={"target": "cuda"},
+        files=(version / "aoti_package" / "decision.pt2",),
+        writes_into=version,
+        outputs_record=tmp_path / "artifacts" / ".doit" / "outputs" / "0.1.0" / "aoti_package.json",
+    )
+    for name in ("LAYA_BUILD_CACHE", "LAYA_BUILD_CACHE_URL", "LAYA_BUILD_CACHE_READ", "LAYA_BUILD_CACHE_WRITE"):
+        monkeypatch.delenv(name, raising=False)
+    assert cache.cacheable(stage)
+    done = []
+    monkeypatch.setattr(runner_stage, "run_stage", lambda s: done.append("built"))
+    monkeypatch.setattr(cache, "fetch", lambda *a, **k: done.append("asked") and False)  # a miss
+    monkeypatch.setattr(cache, "store", lambda *a, **k: done.append("stored"))
+    monkeypatch.setattr(executors, "local_cuda_archs", lambda: ("sm90",))
+    cached_action(p, stage, [], frozenset(), ())()
+    assert done == ["asked", "built", "stored"]  # a named GPU: the cache is asked, the build stored
+    done.clear()
+    monkeypatch.setattr(executors, "local_cuda_archs", lambda: (executors.UNIDENTIFIED_GPU,))
+    capsys.readouterr()
+    cached_action(p, stage, [], frozenset(), ())()
+    assert done == ["built"]
+    assert "nothing names this machine's GPU" in capsys.readouterr().err
