@@ -14,7 +14,9 @@ padded one included, attends to its row's first ``count`` keys, within the windo
 layers.  Off CUDA (the tests) the same counts and window build the boolean mask and call
 ``scaled_dot_product_attention``: the reference the CUDA path is compared with.
 
-Registered with transformers' attention and mask interfaces under :data:`NAME` on import.
+Registered with transformers' attention and mask interfaces under :data:`NAME` on import; the
+exported program holds it as one op, ``laya::varlen_attention``, which the package child has
+Inductor compile as the ops it runs (:func:`compile_through`).
 """
 
 from __future__ import annotations
@@ -45,18 +47,44 @@ def varlen_attention(
     sliding_window: int | None = None,
     **_,
 ) -> tuple[torch.Tensor, None]:
-    """``[B, H, S, Dh]`` query, key and value, the key counts of :func:`key_counts` (None: every
-    key) -> ``([B, S, H, Dh], None)``.  ``sliding_window`` is transformers' (the half-window + 1)."""
+    """transformers' attention function: ``[B, H, S, Dh]`` query, key and value, the key counts
+    of :func:`key_counts` (None: every key) -> ``([B, S, H, Dh], None)``.  ``sliding_window`` is
+    transformers' (the half-window + 1)."""
     if dropout:
         raise ValueError(f"{NAME} attention is for inference: dropout {dropout} given")
     B, H, S, D = query.shape
-    window = sliding_window - 1 if sliding_window is not None else None
     if attention_mask is None:
         attention_mask = torch.full((B,), S, dtype=torch.int32, device=query.device)
+    scale = scaling if scaling is not None else D**-0.5
+    window = sliding_window - 1 if sliding_window is not None else -1
+    return torch.ops.laya.varlen_attention(query, key, value, attention_mask, scale, window), None
+
+
+@torch.library.custom_op("laya::varlen_attention", mutates_args=())
+def _varlen_op(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, counts: torch.Tensor, scale: float, window: int
+) -> torch.Tensor:
+    """One op in the exported program (``laya::varlen_attention``): FlashAttention's entry has a
+    uint64 output (its RNG state) that torch.export cannot save on every torch this runs on.
+    The package child has Inductor compile it as :func:`_computed` (:func:`compile_through`), so
+    the package calls FlashAttention itself and needs nothing of laya-build to load."""
+    return _computed(query, key, value, counts, scale, window)
+
+
+@_varlen_op.register_fake
+def _(query, key, value, counts, scale, window):
+    B, H, S, D = query.shape
+    return query.new_empty((B, S, H, D))
+
+
+def _computed(query, key, value, counts, scale, window):
+    """``[B, S, H, Dh]``: FlashAttention's variable-length entry on CUDA, else the reference."""
+    B, H, S, D = query.shape
     if query.device.type != "cuda":
-        return _reference(query, key, value, attention_mask, scaling, window), None
+        return _reference(query, key, value, counts, scale, window if window >= 0 else None)
     q, k, v = (t.transpose(1, 2).reshape(B * S, H, D) for t in (query, key, value))
     starts = torch.arange(B + 1, dtype=torch.int32, device=query.device) * S
+    size = window if window >= 0 else None
     out = torch.ops.aten._flash_attention_forward(
         q,
         k,
@@ -68,22 +96,33 @@ def varlen_attention(
         0.0,
         False,
         False,
-        scale=scaling,
-        window_size_left=window,
-        window_size_right=window,
-        seqused_k=attention_mask,
+        scale=scale,
+        window_size_left=size,
+        window_size_right=size,
+        seqused_k=counts,
     )[0]
-    return out.view(B, S, H, D), None
+    return out.view(B, S, H, D)
 
 
-def _reference(query, key, value, counts, scaling, window):
+def _reference(query, key, value, counts, scale, window):
     S = query.shape[2]
     pos = torch.arange(S, device=query.device)
     visible = pos[None, None, None, :] < counts[:, None, None, None]
     if window is not None:
         visible = visible & ((pos[:, None] - pos[None, :]).abs() <= window)
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=visible, scale=scaling)
-    return out.transpose(1, 2)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=visible, scale=scale)
+    return out.transpose(1, 2).contiguous()
+
+
+def compile_through() -> None:
+    """Have Inductor compile ``laya::varlen_attention`` as the ops it runs (the package child's
+    step before compiling), so that a package calls FlashAttention itself and needs nothing of
+    laya-build to load."""
+    from torch._inductor.decomposition import decompositions, register_decomposition
+
+    op = torch.ops.laya.varlen_attention.default
+    if op not in decompositions:
+        register_decomposition(op)(_computed)
 
 
 def register() -> None:

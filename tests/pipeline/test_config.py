@@ -215,8 +215,6 @@ def test_h200_config_is_valid_and_differs_only_where_documented(tmp_path):
         }
     )
     expected["export"]["dims"]["rows"]["max"] = 7
-    # attention without masks on the GPU (docs/measurements/runtime-h200.md, Attention)
-    expected["export"]["attention"]["cuda"] = "varlen"
     expected["runtime"]["buckets"]["cuda"] = [
         {"rows": 1, "tokens": 32},
         {"rows": 1, "tokens": 128},

@@ -9,10 +9,15 @@ tokens of the pipeline.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from transformers import ModernBertConfig
 
+from laya_build import PROJECT_ROOT
 from laya_build.model import attention
 from laya_build.model.decision import DecisionModel
 
@@ -66,12 +71,9 @@ def test_varlen_gives_the_sdpa_outputs_bit_for_bit(monkeypatch):
         assert torch.equal(e, g)
 
 
-def test_varlen_exports_with_dynamic_rows_and_tokens():
+def exported(model):
     from torch.export import Dim
 
-    model = small_model()
-    attention.use(model, "varlen")
-    args = batch()
     rows, tokens = Dim("rows", min=1, max=4), 16 * Dim("tokens16", min=2, max=8)
     shapes = {
         "input_ids": {0: rows, 1: tokens},
@@ -81,10 +83,57 @@ def test_varlen_exports_with_dynamic_rows_and_tokens():
         "qtype": {0: rows},
     }
     with torch.inference_mode():
-        program = torch.export.export(model, args, dynamic_shapes=shapes)
-        other = batch((32, 9), width=32)  # another row count and width than the traced example
-        reference = small_model()  # sdpa, eager
-        for e, g in zip(reference(*other), program.module()(*other)):
+        return torch.export.export(model, batch(), dynamic_shapes=shapes)
+
+
+def calls(ep) -> set[str]:
+    return {str(n.target) for m in ep.graph_module.modules() for n in getattr(m, "graph", ()).nodes}
+
+
+def test_varlen_exports_with_dynamic_rows_and_tokens():
+    model = small_model()
+    attention.use(model, "varlen")
+    program = exported(model)
+    other = batch((32, 9), width=32)  # another row count and width than the traced example
+    with torch.inference_mode():
+        for e, g in zip(small_model()(*other), program.module()(*other)):
+            torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.build(seconds=150)  # one AOTInductor compile of the small model on the CPU
+def test_the_package_child_compiles_the_saved_op_into_a_package_that_needs_no_laya_build(tmp_path):
+    """torch.export saves ``laya::varlen_attention`` as one op (FlashAttention's own has an output
+    type that not every torch can save); the package child has Inductor compile it as the ops it
+    runs, so the package loads and answers in a process that has never heard of laya-build."""
+    model = small_model()
+    attention.use(model, "varlen")
+    torch.export.save(exported(model), tmp_path / "exported.pt2")
+    assert "laya.varlen_attention.default" in calls(torch.export.load(tmp_path / "exported.pt2"))
+    compile_code = textwrap.dedent(
+        f"""
+        from laya_build.stages.children.package import compile_program
+        program = {{"name": "decision", "exported": {str(tmp_path / "exported.pt2")!r},
+                   "package_tmp": {str(tmp_path / "decision.pt2")!r}}}
+        compile_program(program, {{"inductor_configs": {{"aot_inductor.check_lowerbound": False}}}})
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", compile_code], cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    other = batch((32, 9), width=32)
+    torch.save(other, tmp_path / "args.pt")
+    load_code = textwrap.dedent(
+        f"""
+        import sys, torch
+        package = torch._inductor.aoti_load_package({str(tmp_path / "decision.pt2")!r})
+        with torch.inference_mode():
+            torch.save(package(*torch.load({str(tmp_path / "args.pt")!r})), {str(tmp_path / "out.pt")!r})
+        assert not any(m.startswith("laya_build") for m in sys.modules), "laya_build was imported"
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", load_code], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    with torch.inference_mode():
+        for e, g in zip(small_model()(*other), torch.load(tmp_path / "out.pt")):
             torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
 

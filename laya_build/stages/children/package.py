@@ -69,6 +69,9 @@ def restore_symbol_hints(ep) -> list[str]:
 
 
 def compile_program(program: dict, job: dict) -> dict:
+    from laya_build.model import attention  # its op, for torch.export.load
+
+    attention.compile_through()
     ep = torch.export.load(program["exported"])
     restored = restore_symbol_hints(ep)
     start = time.perf_counter()
