@@ -95,6 +95,30 @@ INDUCTOR = {
 }
 
 
+def probe_result(torch, command: str, **fields) -> dict:
+    """The head of a GPU probe's JSON: the command, when, on what, and its rows and errors."""
+    return {
+        "command": command,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        **fields,
+        "rows": [],
+        "errors": [],
+    }
+
+
+def saver(result: dict, out: Path):
+    """A function writing ``result`` to ``out`` whole (temp + rename): a stopped probe keeps what it measured."""
+
+    def save():
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+        os.replace(tmp, out)
+
+    return save
+
+
 def graphed_ms(torch, calls) -> float:
     """Median ms of one replay of a CUDA graph holding ``calls`` (each a no-argument callable)."""
     from torch.utils import benchmark
@@ -193,21 +217,8 @@ def main() -> int:
     import torch
     import torch.nn.functional as F
 
-    result = {
-        "command": "benchmarks/gemm_probe.py",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "peak_tbs": args.peak_tbs,
-        "layers": LAYERS,
-        "rows": [],
-        "errors": [],
-    }
-
-    def save():
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1) + "\n")
-        os.replace(tmp, args.out)
+    result = probe_result(torch, "benchmarks/gemm_probe.py", peak_tbs=args.peak_tbs, layers=LAYERS)
+    save = saver(result, args.out)
 
     def over() -> bool:
         return time.monotonic() - start > args.budget_s

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemm_probe import graphed_ms  # noqa: E402  (one graph timer for the GPU probes)
+from benchmarks.gemm_probe import graphed_ms, probe_result, saver  # noqa: E402  (shared by the GPU probes)
 
 HEADS, HEAD_DIM, LAYERS, HALF_WINDOW = 16, 64, 28, 64
 SHAPES = {"1x128": (1, 128), "7x256": (7, 256)}
@@ -90,20 +89,8 @@ def main() -> int:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    result = {
-        "command": "benchmarks/sdpa_probe.py",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cudnn": torch.backends.cudnn.version(),
-        "rows": [],
-        "errors": [],
-    }
-
-    def save():
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1) + "\n")
-        os.replace(tmp, args.out)
+    result = probe_result(torch, "benchmarks/sdpa_probe.py", cudnn=torch.backends.cudnn.version())
+    save = saver(result, args.out)
 
     torch.manual_seed(0)
     for shape, (B, S) in SHAPES.items():
