@@ -14,7 +14,8 @@ padded one included, attends to its row's first ``count`` keys, within the windo
 layers.  Off CUDA (the tests) the same counts and window build the boolean mask and call
 ``scaled_dot_product_attention``: the reference the CUDA path is compared with.
 
-Registered with transformers' attention and mask interfaces under :data:`NAME` on import; the
+Registered with transformers' attention and mask interfaces under :data:`NAME` by :func:`use`
+(importing this module imports no transformers: the package child needs only the op); the
 exported program holds it as one op, ``laya::varlen_attention``, which the package child has
 Inductor compile as the ops it runs (:func:`compile_through`).
 """
@@ -141,6 +142,3 @@ def use(model: torch.nn.Module, implementation: str) -> None:
         return
     register()
     model.encoder.set_attn_implementation(NAME)
-
-
-register()
