@@ -190,17 +190,23 @@ def verify_tasks(p):
         )
 
 
-def missing_packages(p, version_dir) -> list[str]:
-    """The package records of ``p``'s builds that a version folder lacks (relative paths)."""
+def missing_packages(p, version_dir, builds: set[str] | None = None) -> list[str]:
+    """The package records of ``p``'s builds (or of those named ``<target>-<dtype>`` in
+    ``builds``) that a version folder lacks (relative paths)."""
     from laya_build.layout import VersionLayout
 
     layout = VersionLayout(version_dir)
-    return [layout.rel(r) for t, d in model_builds(p) if not (r := layout.build_record("aoti_package", t, d)).is_file()]
+    return [
+        layout.rel(r)
+        for t, d in model_builds(p)
+        if (builds is None or f"{t}-{d}" in builds) and not (r := layout.build_record("aoti_package", t, d)).is_file()
+    ]
 
 
 def check_verifiable(p, selected: list[str]) -> None:
-    """When only ``verify`` is asked for: the version must be a release or a complete build
-    (``verify`` never builds; :mod:`laya_build.tasks.run`)."""
+    """When only ``verify`` is asked for: the version must be a release or a complete build;
+    ``verify:<build>`` alone needs only that build's package (``verify`` never builds;
+    :mod:`laya_build.tasks.run`)."""
     from laya_build.errors import UsageError
     from laya_build.tasks.run import only
 
@@ -208,7 +214,8 @@ def check_verifiable(p, selected: list[str]) -> None:
         return
     if release.state(p.version_dir) in ("released", "damaged"):
         return
-    missing = missing_packages(p, p.version_dir)
+    asked = None if "verify" in selected else {name.split(":", 1)[1] for name in selected}
+    missing = missing_packages(p, p.version_dir, asked)
     if not missing:
         return
     released = release.released_versions(p.output_root)
@@ -226,6 +233,15 @@ def check_verifiable(p, selected: list[str]) -> None:
         else []
     )
     what = "nothing of it is built" if not p.version_dir.is_dir() else f"it lacks {', '.join(missing)}"
+    if asked is not None:
+        tasks = " ".join(sorted(selected))
+        raise UsageError(
+            f"{tasks} version={p.version}: the package it verifies is not built ({what}); "
+            "verify checks what exists and builds nothing",
+            hint=f"build it first: `doit version={p.version} "
+            + " ".join(f"aoti_package:{m.split('/')[-2]}" for m in missing)
+            + "`",
+        )
     raise UsageError(
         f"verify version={p.version}: version {p.version} is neither a release nor a complete build "
         f"({what}); verify checks what exists and builds nothing",

@@ -121,3 +121,32 @@ def test_a_command_line_error_in_a_task_exits_3(project):
     run = project.doit("release_diff", "--old", "0.1.0", "--new", "9.9.9", timeout=120)
     assert run.returncode == 3, run.stdout + run.stderr
     assert "laya-build: UsageError: release_diff --old 0.1.0:" in run.stdout
+
+
+def test_verify_of_one_build_needs_only_that_builds_package(tmp_path):
+    """``doit verify:<build>`` after ``doit aoti_package:<build>``: the other builds of the version
+    need not exist; ``doit verify`` still asks for every one, and a missing asked-for package is
+    named with the command that builds it."""
+    from laya_build import config
+    from laya_build.errors import UsageError
+    from laya_build.layout import VersionLayout
+    from laya_build.tasks.model import check_verifiable, model_builds
+
+    (tmp_path / "pipeline.yaml").write_text((ROOT / "pipeline.yaml").read_text())
+    p = config.load(tmp_path / "pipeline.yaml", root=tmp_path)
+    builds = [f"{t}-{d}" for t, d in model_builds(p)]
+    assert "cpu-float32" in builds and len(builds) > 1
+    record = VersionLayout(p.version_dir).build_record("aoti_package", "cpu", "float32")
+    record.parent.mkdir(parents=True)
+    record.write_text("{}")
+    check_verifiable(p, ["verify:cpu-float32"])  # that build's package is there: nothing refused
+    with pytest.raises(UsageError, match="is neither a release nor a complete build") as whole:
+        check_verifiable(p, ["verify"])
+    assert "cpu-float32/" not in str(whole.value) and "cpu-bfloat16/aoti_package.json" in str(whole.value)
+    with pytest.raises(UsageError) as one:
+        check_verifiable(p, ["verify:cpu-float32", "verify:cpu-bfloat16"])
+    assert str(one.value).startswith(
+        f"verify:cpu-bfloat16 verify:cpu-float32 version={p.version}: the package it verifies is not built "
+        "(it lacks aoti_package/cpu-bfloat16/aoti_package.json)"
+    )
+    assert f"`doit version={p.version} aoti_package:cpu-bfloat16`" in one.value.hint
