@@ -119,6 +119,14 @@ def saver(result: dict, out: Path):
     return save
 
 
+def finish(result: dict, save, start: float) -> int:
+    """A probe's last write and line: how long it took, and what failed."""
+    result["elapsed_s"] = round(time.monotonic() - start, 1)
+    save()
+    print(json.dumps({"done": True, "elapsed_s": result["elapsed_s"], "errors": result["errors"]}))
+    return 0
+
+
 def graphed_ms(torch, calls) -> float:
     """Median ms of one replay of a CUDA graph holding ``calls`` (each a no-argument callable)."""
     from torch.utils import benchmark
@@ -332,10 +340,7 @@ def main() -> int:
                 except Exception as exc:  # noqa: BLE001
                     result["errors"].append(f"inductor:{label} {shape}: {type(exc).__name__}: {str(exc)[:300]}")
                     save()
-    result["elapsed_s"] = round(time.monotonic() - start, 1)
-    save()
-    print(json.dumps({"done": True, "elapsed_s": result["elapsed_s"], "errors": result["errors"]}))
-    return 0
+    return finish(result, save, start)
 
 
 if __name__ == "__main__":

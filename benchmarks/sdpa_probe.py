@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemm_probe import graphed_ms, probe_result, saver  # noqa: E402  (shared by the GPU probes)
+from benchmarks.gemm_probe import finish, graphed_ms, probe_result, saver  # noqa: E402  (shared by the GPU probes)
 
 HEADS, HEAD_DIM, LAYERS, HALF_WINDOW = 16, 64, 28, 64
 SHAPES = {"1x128": (1, 128), "7x256": (7, 256)}
@@ -139,10 +139,7 @@ def main() -> int:
                     result["errors"].append(f"{name} {shape} {mask_name}: {type(exc).__name__}: {str(exc)[:200]}")
                 save()
             flash_varlen(torch, result, save, qkv, mask_name, ref, B, S)
-    result["elapsed_s"] = round(time.monotonic() - start, 1)
-    save()
-    print(json.dumps({"done": True, "elapsed_s": result["elapsed_s"], "errors": result["errors"]}))
-    return 0
+    return finish(result, save, start)
 
 
 if __name__ == "__main__":
