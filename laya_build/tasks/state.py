@@ -88,14 +88,15 @@ class Sha256Checker(FileChangedChecker):
     of doit's md5, which hashed every large input (a 745 MB export) once more after each run.
 
     A state is ``(mtime, size, sha256)``, as doit's md5 states are ``(mtime, size, md5)``; a
-    dependency saved by doit's md5 checker is compared by its md5, once."""
+    dependency saved by doit's md5 checker is compared as that checker does (mtime, then md5)
+    until its task next runs."""
 
     def check_modified(self, file_path, file_stat, state):
-        _, size, saved = state
+        mtime, size, saved = state
         if file_stat.st_size != size:
             return True
-        if len(saved) == MD5_HEX:
-            return saved != get_file_md5(file_path)
+        if len(saved) == MD5_HEX:  # doit's own rule for its states: the same mtime is the same file
+            return file_stat.st_mtime != mtime and saved != get_file_md5(file_path)
         return saved != filedigests.sha256(file_path)
 
     def get_state(self, dep, current_state):

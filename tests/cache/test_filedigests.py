@@ -193,6 +193,8 @@ def test_doit_states_saved_by_its_md5_checker_are_compared_by_md5(tmp_path, dige
     md5_state = (st.st_mtime, st.st_size, hashlib.md5(b"dependency").hexdigest())
     checker = Sha256Checker()
     assert not checker.check_modified(str(f), st, md5_state)
+    os.utime(f, (st.st_atime + 5, st.st_mtime + 5))  # touched, the same bytes: the md5 says unchanged
+    assert not checker.check_modified(str(f), f.stat(), md5_state)
     f.write_bytes(b"dependencY")
     assert checker.check_modified(str(f), f.stat(), md5_state)
     assert checker.get_state(str(f), md5_state)[2] == sha(b"dependencY")
