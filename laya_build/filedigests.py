@@ -60,7 +60,7 @@ def _conn() -> sqlite3.Connection | None:
     except (OSError, sqlite3.Error):
         _STATE["db"] = None  # unusable here: hash every time
         return None
-    _STATE.update(conn=conn, pid=os.getpid(), memo={})
+    _STATE.update(conn=conn, pid=os.getpid())
     return conn
 
 

@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from laya_build import filedigests
 from laya_build.cache.settings import CacheSettings, cache_settings
 from laya_build.cache.store import BlobMismatch, CacheUnavailable, MissingBlob, Store
 from laya_build.stage import Stage
@@ -180,8 +181,6 @@ def fetch(stage: Stage, key: str, *, root: Path, settings: CacheSettings, scratc
         outputs = prepare_outputs(stage)
         for d in stage.dirs:
             Path(d).mkdir(parents=True, exist_ok=True)
-        from laya_build import filedigests
-
         for i, (rel, sha) in enumerate(sorted(files.items())):
             dest = root / rel
             dest.parent.mkdir(parents=True, exist_ok=True)

@@ -81,11 +81,11 @@ def _(query, key, value, counts, scale, window):
 def _computed(query, key, value, counts, scale, window):
     """``[B, S, H, Dh]``: FlashAttention's variable-length entry on CUDA, else the reference."""
     B, H, S, D = query.shape
+    size = window if window >= 0 else None
     if query.device.type != "cuda":
-        return _reference(query, key, value, counts, scale, window if window >= 0 else None)
+        return _reference(query, key, value, counts, scale, size)
     q, k, v = (t.transpose(1, 2).reshape(B * S, H, D) for t in (query, key, value))
     starts = torch.arange(B + 1, dtype=torch.int32, device=query.device) * S
-    size = window if window >= 0 else None
     out = torch.ops.aten._flash_attention_forward(
         q,
         k,

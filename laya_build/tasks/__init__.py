@@ -17,7 +17,7 @@ from pathlib import Path
 
 from doit import doit_cmd
 
-from laya_build import PROJECT_ROOT
+from laya_build import PROJECT_ROOT, filedigests
 from laya_build import config as config_mod
 from laya_build.locks import run_lock
 from laya_build.tasks import cache, dispatch, exits, run, state
@@ -92,8 +92,6 @@ def default_processes() -> int:
 def doit_config(p: config_mod.Pipeline) -> dict:
     db = p.artifacts.doit_db(p.version)
     db.parent.mkdir(parents=True, exist_ok=True)
-    from laya_build import filedigests
-
     filedigests.use(p.artifacts.digests_db())  # doit's processes hash a file once while it is unchanged
     return {
         # sqlite3: transactional, unlike dbm (locks and corrupts under concurrent runs) and json

@@ -190,17 +190,17 @@ def verify_tasks(p):
         )
 
 
-def missing_packages(p, version_dir, builds: set[str] | None = None) -> list[str]:
-    """The package records of ``p``'s builds (or of those named ``<target>-<dtype>`` in
-    ``builds``) that a version folder lacks (relative paths)."""
+def missing_packages(p, version_dir, builds: set[str] | None = None) -> dict[str, str]:
+    """The builds of ``p`` (or those of them named ``<target>-<dtype>`` in ``builds``) whose
+    package record a version folder lacks: build name -> the record's relative path."""
     from laya_build.layout import VersionLayout
 
     layout = VersionLayout(version_dir)
-    return [
-        layout.rel(r)
+    return {
+        f"{t}-{d}": layout.rel(r)
         for t, d in model_builds(p)
         if (builds is None or f"{t}-{d}" in builds) and not (r := layout.build_record("aoti_package", t, d)).is_file()
-    ]
+    }
 
 
 def check_verifiable(p, selected: list[str]) -> None:
@@ -218,6 +218,13 @@ def check_verifiable(p, selected: list[str]) -> None:
     missing = missing_packages(p, p.version_dir, asked)
     if not missing:
         return
+    what = "nothing of it is built" if not p.version_dir.is_dir() else f"it lacks {', '.join(missing.values())}"
+    if asked is not None:
+        raise UsageError(
+            f"{' '.join(sorted(selected))} version={p.version}: the package it verifies is not built ({what}); "
+            "verify checks what exists and builds nothing",
+            hint=f"build it first: `doit version={p.version} {' '.join(f'aoti_package:{b}' for b in missing)}`",
+        )
     released = release.released_versions(p.output_root)
     built = (
         [
@@ -232,16 +239,6 @@ def check_verifiable(p, selected: list[str]) -> None:
         if p.output_root.is_dir()
         else []
     )
-    what = "nothing of it is built" if not p.version_dir.is_dir() else f"it lacks {', '.join(missing)}"
-    if asked is not None:
-        tasks = " ".join(sorted(selected))
-        raise UsageError(
-            f"{tasks} version={p.version}: the package it verifies is not built ({what}); "
-            "verify checks what exists and builds nothing",
-            hint=f"build it first: `doit version={p.version} "
-            + " ".join(f"aoti_package:{m.split('/')[-2]}" for m in missing)
-            + "`",
-        )
     raise UsageError(
         f"verify version={p.version}: version {p.version} is neither a release nor a complete build "
         f"({what}); verify checks what exists and builds nothing",
