@@ -9,6 +9,9 @@ hashing with the import, and leave the captures behind the first answer:
    thread that hashes the package (in 32 MiB blocks, :mod:`laya_build.runtime.digest`: the GIL
    is released for each whole read and hash);
    with trusted keys, a second thread checks the release's files and signature;
+   for a CUDA package, a third thread makes the driver's primary context of the device torch's
+   ``cuda`` names first (:class:`_CudaContext`), which torch's runtime then adopts instead of
+   making it after the import;
 2. the calling thread imports torch meanwhile (the release's preload modules are imported by the
    opening, once the configuration that names them is checked; :func:`start_build` imports the
    caller's ``preload`` here);
@@ -22,12 +25,14 @@ hashing with the import, and leave the captures behind the first answer:
    ``aoti_load_package`` wraps, the same bits without importing Inductor and Dynamo (about 2 s on
    the CPU machine; ``loader="aoti_load_package"`` keeps the public API).
 
-``runner.start_timings`` says where the time went (``hash_s``, ``import_s``, ``open_s``, and
-``hash_wait_s``: how long the opening waited for the hash after torch was imported).
+``runner.start_timings`` says where the time went (``hash_s``, ``import_s``, ``open_s``,
+``hash_wait_s``: how long the opening waited for the hash after torch was imported, and
+``cuda_context_s`` / ``cuda_context``: how long the context took, and ``made`` or why it was not).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import sys
@@ -61,6 +66,52 @@ class _Hash(threading.Thread):
         except BaseException as exc:  # reported by the opening, which reads the file itself
             self.error = exc
         self.seconds = time.perf_counter() - start
+
+
+class _CudaContext(threading.Thread):
+    """The CUDA driver's primary context of device 0 (the device a fresh process's ``cuda``
+    means, within ``CUDA_VISIBLE_DEVICES``), made while torch imports.
+
+    Making a context is the most expensive step of CUDA's start; the runtime API torch uses
+    takes the device's primary context, so made here it is made once and adopted by the
+    package's load.  ``cuInit`` and ``cuDevicePrimaryCtxRetain`` are called through ctypes,
+    which releases the GIL for each call.  Where the driver is missing or answers with an error
+    (no GPU, an empty ``CUDA_VISIBLE_DEVICES``) nothing is made and ``outcome`` says why: the
+    load then starts CUDA as it always does, and reports its own errors."""
+
+    CALLS = ("cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain")
+
+    def __init__(self, library: str = "libcuda.so.1"):
+        super().__init__(name="laya-runtime cuda-context", daemon=True)
+        self.library = library
+        self.outcome = "not started"
+        self.seconds = 0.0
+
+    def run(self) -> None:
+        start = time.perf_counter()
+        try:
+            lib = ctypes.CDLL(self.library)
+            device, context = ctypes.c_int(0), ctypes.c_void_p()
+            arguments = ((ctypes.c_uint(0),), (ctypes.byref(device), ctypes.c_int(0)), (ctypes.byref(context), device))
+            for name, args in zip(self.CALLS, arguments):
+                status = getattr(lib, name)(*args)
+                if status != 0:
+                    self.outcome = f"{name} returned CUDA error {status}"
+                    return
+            self.outcome = "made"
+        except (OSError, AttributeError) as exc:
+            self.outcome = f"no CUDA driver: {exc}"
+        finally:
+            self.seconds = time.perf_counter() - start
+
+
+def _cuda_context(record: dict | None) -> _CudaContext | None:
+    """The primary context's thread, started, for a record whose packages are CUDA's."""
+    if not (isinstance(record, dict) and record.get("target") == "cuda"):
+        return None
+    context = _CudaContext()
+    context.start()
+    return context
 
 
 class _Call(threading.Thread):
@@ -140,7 +191,9 @@ def _digests(hashed: _Hash | None, wait_from: float) -> tuple[dict, float]:
     return prehashed, time.perf_counter() - wait_from
 
 
-def _finish(runner, started: float, hashed: _Hash | None, import_s: float, opened: float, waited: float):
+def _finish(runner, started: float, hashed: _Hash | None, import_s: float, opened: float, waited: float, context):
+    if context is not None:
+        context.join()
     runner.start_timings = {
         "hash_s": round(hashed.seconds, 4) if hashed else None,
         "import_s": round(import_s, 4),
@@ -148,6 +201,8 @@ def _finish(runner, started: float, hashed: _Hash | None, import_s: float, opene
         "open_s": round(time.perf_counter() - opened, 4),
         "total_s": round(time.perf_counter() - started, 4),
         "hash_started_before_torch": bool(hashed and not hashed.torch_imported_at_start),
+        "cuda_context_s": round(context.seconds, 4) if context else None,
+        "cuda_context": context.outcome if context else "not a CUDA package",
     }
     return runner
 
@@ -172,7 +227,9 @@ def start_release(
     listed = {}
     if isinstance(manifest, dict) and isinstance(manifest.get("files"), list):
         listed = {f.get("path"): f.get("sha256") for f in manifest["files"] if isinstance(f, dict)}
-    package = _package_of(_json(vdir / package_record_path(build)), program)
+    record = _json(vdir / package_record_path(build))
+    package = _package_of(record, program)
+    context = _cuda_context(record)
     hashed = None
     if package is not None:
         rel = f"aoti_package/{build}/{package}"
@@ -204,7 +261,7 @@ def start_release(
         prehashed=prehashed,
         loader=loader,
     )
-    return _finish(runner, started, hashed, import_s, opened, waited)
+    return _finish(runner, started, hashed, import_s, opened, waited, context)
 
 
 def _check_signature(vdir: Path, trusted_keys) -> None:
@@ -235,7 +292,9 @@ def start_build(
     imports and the graphs captured behind the first answers."""
     started = time.perf_counter()
     record_path = Path(package_record_path)
-    package = _package_of(_json(record_path), program)
+    record = _json(record_path)
+    package = _package_of(record, program)
+    context = _cuda_context(record)
     hashed = None
     if package is not None and (record_path.parent / package).is_file():
         hashed = _Hash(record_path.parent / package)
@@ -254,4 +313,4 @@ def start_build(
         prehashed=prehashed,
         loader=loader,
     )
-    return _finish(runner, started, hashed, import_s, opened, waited)
+    return _finish(runner, started, hashed, import_s, opened, waited, context)

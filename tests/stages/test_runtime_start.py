@@ -154,3 +154,64 @@ def test_a_malformed_or_linked_record_is_left_to_the_opening(build, tmp_path):
     from laya_build.runtime import start
 
     assert start._json(linked) is None
+
+
+FAKE_DRIVER = r"""
+#include <stdlib.h>
+static int calls = 0;
+int cuInit(unsigned flags) { calls += 1; return flags == 0 ? 0 : 1; }
+int cuDeviceGet(int *device, int ordinal) { calls += 10; *device = ordinal + 7; return 0; }
+int cuDevicePrimaryCtxRetain(void **context, int device) {
+    calls += 100;
+    const char *status = getenv("FAKE_CUDA_RETAIN_STATUS");
+    if (device != 7) return 101;  /* CUDA_ERROR_INVALID_DEVICE: not the device cuDeviceGet gave */
+    *context = (void *)0x1;
+    return status ? atoi(status) : 0;
+}
+int fake_calls(void) { return calls; }
+"""
+
+
+def _fake_driver(tmp_path) -> Path:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the stand-in CUDA driver with")
+    source = tmp_path / "fake_cuda.c"
+    source.write_text(FAKE_DRIVER)
+    library = tmp_path / "libfakecuda.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    return library
+
+
+def test_the_primary_context_is_made_through_the_driver_in_order(tmp_path, monkeypatch):
+    """The three driver calls, in order, with the device the driver handed back; an error
+    status names the call that returned it; no driver is an outcome, not an exception."""
+    import ctypes
+
+    from laya_build.runtime import start
+
+    library = _fake_driver(tmp_path)
+    made = start._CudaContext(str(library))
+    made.start()
+    made.join()
+    assert made.outcome == "made" and made.seconds > 0
+    assert ctypes.CDLL(str(library)).fake_calls() == 111
+    monkeypatch.setenv("FAKE_CUDA_RETAIN_STATUS", "2")
+    refused = start._CudaContext(str(library))
+    refused.run()
+    assert refused.outcome == "cuDevicePrimaryCtxRetain returned CUDA error 2"
+    missing = start._CudaContext(str(tmp_path / "libnone.so"))
+    missing.run()
+    assert missing.outcome.startswith("no CUDA driver: ") and "libnone.so" in missing.outcome
+
+
+def test_only_a_cuda_package_starts_the_cuda_context(build, monkeypatch):
+    from laya_build.runtime import start
+
+    assert start._cuda_context({"target": "cpu"}) is None and start._cuda_context(None) is None
+    seen = []
+    monkeypatch.setattr(start._CudaContext, "run", lambda self: seen.append(self.library))
+    assert start._cuda_context({"target": "cuda"}) is not None
+    runner = start_build(build.package_record("float32"))
+    assert runner.start_timings["cuda_context"] == "not a CUDA package"
+    assert runner.start_timings["cuda_context_s"] is None and seen == ["libcuda.so.1"]
