@@ -4,7 +4,8 @@ the image needs, and whether the runner's CUDA graphs survive other CUDA work in
 
     python benchmarks/serving_probe.py first RECORD INPUTS [--rounds N] [--preload a,b] [--out F]
         fresh processes, side by side per round: `import torch` alone; runtime.start.start_build
-        (hash while torch imports, the direct loader, graphs behind the first answer);
+        (hash while torch imports, the direct loader, graphs behind the first answer), and again
+        with the CUDA context made by the load instead of beside the import;
         serving.open_build with torch's aoti_load_package (hash, load, every graph captured, then
         the call); each to its first answer
     python benchmarks/serving_probe.py preload RECORD INPUTS [--candidates none,tvm_ffi,tilelang]
@@ -57,6 +58,12 @@ FIRST = {
     "start_build": ARGV
     + "from laya_build.runtime.start import start_build\n"
     + "r = start_build(record, buckets=buckets, preload=preload)\n"
+    + ANSWER
+    + "print(json.dumps({'first_s': first, **r.start_timings, **r.capture_state()}))\n",
+    "start_build, context by the load": ARGV  # the CUDA context made when the package loads
+    + "from laya_build.runtime import start\n"
+    + "start._cuda_context = lambda record: None\n"
+    + "r = start.start_build(record, buckets=buckets, preload=preload)\n"
     + ANSWER
     + "print(json.dumps({'first_s': first, **r.start_timings, **r.capture_state()}))\n",
     "open_build": ARGV
