@@ -14,6 +14,8 @@ time, and the time those bytes take at ``--peak-tbs`` (the bandwidth bound).  Ca
   that tile, checked against cuBLAS first;
 - ``inductor:<options>``: ``torch.compile`` of the linear with ``max-autotune`` GEMM templates
   (Triton, and Hopper's persistent TMA templates), graphed the same way;
+- ``cublas-l2``: cuBLAS on one weight matrix 28 times, so that it is read from L2 after the first
+  call: what a GEMM would take with its weights already in L2 (the ceiling of prefetching them);
 - ``cublaslt``: the same call with ``torch.backends.cuda.preferred_blas_library("cublaslt")``;
 - ``triton:<block_M>x<block_N>x<block_K>/k<split>/w<warps>/s<stages>``: the skinny-M kernels of
   ``benchmarks/triton_skinny.py`` (split-K with an in-kernel, ordered reduction), checked
@@ -217,7 +219,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting new measurements after this")
     parser.add_argument("--peak-tbs", type=float, default=4.3, help="HBM bandwidth of the bound, TB/s")
-    parser.add_argument("--skip", default="", help="sections to leave out: tilelang,inductor,cublaslt,triton")
+    parser.add_argument("--skip", default="", help="sections to leave out: l2,tilelang,inductor,cublaslt,triton")
     args = parser.parse_args()
     start = time.monotonic()
     skip = set(filter(None, args.skip.split(",")))
@@ -267,6 +269,11 @@ def main() -> int:
     for (shape, rows), (weights, x, outs) in data.items():
         calls = [lambda w=w, o=o, x=x: torch.mm(x, w.t(), out=o) for w, o in zip(weights, outs)]
         record("cublas", shape, rows, graphed_ms(torch, calls) / LAYERS)
+
+    if "l2" not in skip:  # the same 28 calls on one weight matrix: from L2 after the first
+        for (shape, rows), (weights, x, outs) in data.items():
+            calls = [lambda o=o, x=x, w=weights[0]: torch.mm(x, w.t(), out=o) for o in outs]
+            record("cublas-l2", shape, rows, graphed_ms(torch, calls) / LAYERS)
 
     if "cublaslt" not in skip:
         try:
