@@ -4,6 +4,7 @@
 #
 #   PHASE=build benchmarks/h200_attention.sh     # then, on the same machine:
 #   PHASE=repro benchmarks/h200_attention.sh
+#   PHASE=compare benchmarks/h200_attention.sh   # on its own
 #
 # In the project root, TileLang importable.  Copies of the project under $WORK (default
 # /tmp/laya-attention), each with its own artifacts:
@@ -17,6 +18,10 @@
 #          compared; `verify:cuda-bfloat16` of rep1; the latency of sdpa, varlen (freely tuned) and
 #          rep1 (the tuning file) side by side; then benchmarks/h200_serving.sh on rep1's package
 #          (PHASES, default "first mixed").
+#   compare  `sdpa` and `varlen` built at the same time as in `build`; their latency side by side
+#          with a kernel profile of each (PROFILE replays, default 20); the first answer of sdpa's
+#          package (SERVING_ROUNDS, default 2); `verify:cuda-bfloat16` of varlen; the GEMM probe's
+#          cuBLAS and L2 rows (benchmarks/gemm_probe.py).
 # Stops starting steps DEADLINE_S seconds after its start (default 560).  Its log and JSON go to
 # $OUT (the device's results folder when set).
 set -u
@@ -30,7 +35,7 @@ DEADLINE_S=${DEADLINE_S:-560}
 OUT=${OUT:-$WORK/out}
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONHASHSEED=0
 mkdir -p "$WORK" "$OUT"
-log=$OUT/attention-${PHASE:?set PHASE=build or PHASE=repro}.log
+log=$OUT/attention-${PHASE:?set PHASE=build, repro or compare}.log
 : > "$log"
 say() { echo "$*" | tee -a "$log"; }
 late() { [ $((SECONDS + ${1:-0})) -ge "$DEADLINE_S" ] && { say "deadline: $2 skipped"; return 0; }; return 1; }
@@ -63,17 +68,37 @@ latency() {  # latency OUTFILE NAME...: the named copies' packages side by side
   local s=$SECONDS
   (cd "$WORK/sdpa" && PYTHONPATH="${PYTHONPATH:-}:$WORK/sdpa" "$PY" benchmarks/package_latency.py \
     "artifacts/$VERSION/export/$BUILD" "artifacts/$VERSION/model/inputs.pt" "${args[@]}" \
-    --rounds "${ROUNDS:-4}" --preload lib:tvm_ffi --out "$out") > "$out.log" 2>&1
+    --rounds "${ROUNDS:-4}" --preload lib:tvm_ffi ${PROFILE:+--profile "$PROFILE"} --out "$out") > "$WORK/${out##*/}.log" 2>&1
   say "latency ($*) rc $? in $((SECONDS - s)) s"
-  grep -v Warning "$out.log" | tail -8 | cut -c1-400 | tee -a "$log"
+  grep -v Warning "$WORK/${out##*/}.log" | tail -8 | cut -c1-400 | tee -a "$log"
 }
 
-case "$PHASE" in
-build)
+both() {  # sdpa and varlen built at the same time
   copy sdpa && copy varlen && config varlen none
   doit_in sdpa pipeline.h200.yaml "aoti_package:$BUILD" & a=$!
   doit_in varlen pipeline.varlen.yaml "aoti_package:$BUILD" & b=$!
   wait $a; wait $b
+}
+serving() {  # serving NAME: the first answer of a copy's package
+  OUT=$WORK/serving-$1 PHASES=${PHASES:-first mixed} MIXED=fixed PRELOAD=lib:tvm_ffi ROUNDS=${SERVING_ROUNDS:-3} \
+    benchmarks/h200_serving.sh "$(pkg "$1")/aoti_package.json" "$WORK/$1/artifacts/$VERSION/model/inputs.pt" \
+    2>&1 | tee -a "$log"
+  tar -C "$WORK" -czf "$OUT/serving-$1.tgz" "serving-$1"
+}
+
+case "$PHASE" in
+compare)
+  both
+  cp "$(pkg varlen)/tuning.json" "$OUT/varlen-tuning.json" 2>/dev/null
+  late 70 latency || PROFILE=${PROFILE:-20} latency "$OUT/latency-compare.json" sdpa varlen
+  late 50 serving || PHASES=first SERVING_ROUNDS=${SERVING_ROUNDS:-2} serving sdpa
+  late 30 verify || doit_in varlen pipeline.varlen.yaml "verify:$BUILD"
+  cp "$WORK/varlen/artifacts/$VERSION/verify/$BUILD/verify.json" "$OUT/varlen-verify.json" 2>/dev/null
+  late 30 gemm || "$PY" benchmarks/gemm_probe.py --out "$OUT/gemm-l2.json" --skip tilelang,inductor,cublaslt,triton \
+    > "$WORK/gemm.log" 2>&1
+  ;;
+build)
+  both
   cp "$(pkg varlen)/tuning.json" "$OUT/varlen-tuning.json" 2>/dev/null
   late 60 verify || doit_in varlen pipeline.varlen.yaml "verify:$BUILD"
   cp "$WORK/varlen/artifacts/$VERSION/verify/$BUILD/verify.json" "$OUT/varlen-verify.json" 2>/dev/null
@@ -97,12 +122,7 @@ repro)
   late 60 verify || doit_in rep1 pipeline.varlen.yaml "verify:$BUILD"
   cp "$WORK/rep1/artifacts/$VERSION/verify/$BUILD/verify.json" "$OUT/rep1-verify.json" 2>/dev/null
   late 100 latency || latency "$OUT/latency-repro.json" sdpa varlen rep1
-  if ! late 120 serving; then
-    OUT=$WORK/serving PHASES=${PHASES:-first mixed} MIXED=fixed PRELOAD=lib:tvm_ffi ROUNDS=${SERVING_ROUNDS:-3} \
-      benchmarks/h200_serving.sh "$(pkg rep1)/aoti_package.json" "$WORK/rep1/artifacts/$VERSION/model/inputs.pt" \
-      2>&1 | tee -a "$log"
-    tar -C "$WORK" -czf "$OUT/serving.tgz" serving
-  fi
+  late 120 serving || serving rep1
   ;;
 esac
 tar -C "$WORK" -czf "$OUT/logs-$PHASE.tgz" $(cd "$WORK" && ls ./*.log 2>/dev/null)

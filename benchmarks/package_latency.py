@@ -9,6 +9,9 @@ for each shape and each package in turn: the graph replay and the plain padded c
 with :func:`laya_build.runtime.timing.time_calls` (TIMING, JSON).  Reports per package and shape
 the median over rounds of each round's median, every round's figure, and whether the outputs
 of the packages are equal.  Interleaving keeps clock and thermal drift out of the comparison.
+``--profile N`` then records, per package and shape, N graph replays under torch.profiler: the
+kernels of one forward (count, GPU time, the span from the first kernel's start to the last's
+end) and the kernels taking the most time.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ def main(argv=None) -> int:
     parser.add_argument("--timing", default='{"warmup": 10, "min_run_time_s": 0.4}')
     parser.add_argument("--preload", default="tilelang")
     parser.add_argument("--out", default="latency.json")
+    parser.add_argument("--profile", type=int, default=0, help="graph replays to profile per package and shape")
     args = parser.parse_args(argv)
 
     import torch
@@ -88,6 +92,10 @@ def main(argv=None) -> int:
             for name in runners:
                 for mode, (fn, fn_args) in cases[name].items():
                     rows[shape]["ms"][name][mode].append(time_calls(fn, fn_args, timing, device)["median_ms"])
+        if args.profile:
+            rows[shape]["profile"] = {
+                n: kernel_profile(torch, cases[n]["replay"][0], args.profile) for n in runners if "replay" in cases[n]
+            }
         rows[shape]["median_ms"] = {
             n: {m: statistics.median(v) for m, v in modes.items()} for n, modes in rows[shape]["ms"].items()
         }
@@ -95,6 +103,46 @@ def main(argv=None) -> int:
         Path(args.out).write_text(json.dumps(result, indent=1))
         print(shape, json.dumps(rows[shape]["median_ms"]), rows[shape]["outputs_equal_to_first"], flush=True)
     return 0
+
+
+def kernel_profile(torch, replay, calls: int, top: int = 30) -> dict:
+    """The GPU work of one ``replay()`` (a forward), from torch.profiler's trace of ``calls`` of
+    them: kernels, memsets and copies, their time, and the span from the first one's start to
+    the last one's end."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            replay()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")]
+    if not gpu:
+        return {"calls": calls, "events_per_forward": 0}
+    by_name: dict[str, list[float]] = {}
+    for e in gpu:
+        by_name.setdefault(f"{e['cat']}: {e['name'][:160]}", []).append(float(e["dur"]))
+    busy = sum(float(e["dur"]) for e in gpu)
+    span = max(e["ts"] + e["dur"] for e in gpu) - min(e["ts"] for e in gpu)
+    ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {
+        "calls": calls,
+        "events_per_forward": round(len(gpu) / calls, 2),
+        "kernels_per_forward": round(sum(e["cat"] == "kernel" for e in gpu) / calls, 2),
+        "gpu_us_per_forward": round(busy / calls, 2),
+        "span_us_per_forward": round(span / calls, 2),
+        "top": [
+            {"name": name, "per_forward": round(len(us) / calls, 2), "us_per_forward": round(sum(us) / calls, 2)}
+            for name, us in ranked
+        ],
+    }
 
 
 if __name__ == "__main__":

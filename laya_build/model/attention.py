@@ -28,13 +28,23 @@ NAME = "laya_varlen"
 IMPLEMENTATIONS = ("sdpa", "varlen")  # export.attention's values
 
 
+def key_lengths(counts: torch.Tensor, length: int) -> torch.Tensor:
+    """The lengths the attention of every layer reads (int32 ``[2, B + 1]``): row 0 each row's
+    first position in the packed ``[B * S]`` layout (``0, S, 2S, ...``), row 1 each row's key count
+    (and a 0 after them).  Made once a forward, by the mask function, not once a layer."""
+    rows = counts.shape[0]
+    starts = torch.arange(rows + 1, dtype=torch.int32, device=counts.device) * length
+    return torch.stack((starts, torch.nn.functional.pad(counts.to(torch.int32), (0, 1))))
+
+
 def key_counts(attention_mask: torch.Tensor | None = None, kv_length: int | None = None, **_) -> torch.Tensor | None:
-    """The mask function: each row's number of keys (int32 ``[B]``) from its 2D padding mask."""
+    """The mask function: :func:`key_lengths` of each row's number of keys, from its 2D padding
+    mask (None: every key of every row)."""
     if attention_mask is None:
         return None
     if kv_length is not None:
         attention_mask = attention_mask[:, -kv_length:]
-    return attention_mask.sum(-1, dtype=torch.int32)
+    return key_lengths(attention_mask.sum(-1, dtype=torch.int32), attention_mask.shape[-1])
 
 
 def varlen_attention(
@@ -48,14 +58,14 @@ def varlen_attention(
     sliding_window: int | None = None,
     **_,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention function: ``[B, H, S, Dh]`` query, key and value, the key counts
-    of :func:`key_counts` (None: every key) -> ``([B, S, H, Dh], None)``.  ``sliding_window`` is
+    """transformers' attention function: ``[B, H, S, Dh]`` query, key and value, the lengths of
+    :func:`key_counts` (None: every key) -> ``([B, S, H, Dh], None)``.  ``sliding_window`` is
     transformers' (the half-window + 1)."""
     if dropout:
         raise ValueError(f"{NAME} attention is for inference: dropout {dropout} given")
     B, H, S, D = query.shape
     if attention_mask is None:
-        attention_mask = torch.full((B,), S, dtype=torch.int32, device=query.device)
+        attention_mask = key_lengths(torch.full((B,), S, dtype=torch.int32, device=query.device), S)
     scale = scaling if scaling is not None else D**-0.5
     window = sliding_window - 1 if sliding_window is not None else -1
     return torch.ops.laya.varlen_attention(query, key, value, attention_mask, scale, window), None
@@ -63,29 +73,29 @@ def varlen_attention(
 
 @torch.library.custom_op("laya::varlen_attention", mutates_args=())
 def _varlen_op(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, counts: torch.Tensor, scale: float, window: int
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lengths: torch.Tensor, scale: float, window: int
 ) -> torch.Tensor:
     """One op in the exported program (``laya::varlen_attention``): FlashAttention's entry has a
     uint64 output (its RNG state) that torch.export cannot save on every torch this runs on.
     The package child has Inductor compile it as :func:`_computed` (:func:`compile_through`), so
     the package calls FlashAttention itself and needs nothing of laya-build to load."""
-    return _computed(query, key, value, counts, scale, window)
+    return _computed(query, key, value, lengths, scale, window)
 
 
 @_varlen_op.register_fake
-def _(query, key, value, counts, scale, window):
+def _(query, key, value, lengths, scale, window):
     B, H, S, D = query.shape
     return query.new_empty((B, S, H, D))
 
 
-def _computed(query, key, value, counts, scale, window):
+def _computed(query, key, value, lengths, scale, window):
     """``[B, S, H, Dh]``: FlashAttention's variable-length entry on CUDA, else the reference."""
     B, H, S, D = query.shape
     size = window if window >= 0 else None
+    starts, counts = lengths[0], lengths[1, :B]
     if query.device.type != "cuda":
         return _reference(query, key, value, counts, scale, size)
     q, k, v = (t.transpose(1, 2).reshape(B * S, H, D) for t in (query, key, value))
-    starts = torch.arange(B + 1, dtype=torch.int32, device=query.device) * S
     out = torch.ops.aten._flash_attention_forward(
         q,
         k,

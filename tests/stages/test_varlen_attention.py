@@ -67,6 +67,8 @@ def test_varlen_gives_the_sdpa_outputs_bit_for_bit(monkeypatch):
         got = model(*args)
     assert model.encoder.config._attn_implementation == attention.NAME
     assert counts == [[48, 30, 17]] * 4  # every layer ran it, with the rows' key counts
+    mask = args[1]
+    assert attention.key_counts(mask).tolist() == [[0, 48, 96, 144], [48, 30, 17, 0]]  # made once a forward
     for e, g in zip(expected, got):
         assert torch.equal(e, g)
 
@@ -152,6 +154,7 @@ def test_the_cuda_path_agrees_with_the_reference():
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     counts = torch.tensor([128, 77, 16], device="cuda", dtype=torch.int32)
     for window in (None, 65):  # a global layer, a local one (transformers' half-window + 1)
-        got, _ = attention.varlen_attention(None, q, k, v, counts, scaling=D**-0.5, sliding_window=window)
+        lengths = attention.key_lengths(counts, S)
+        got, _ = attention.varlen_attention(None, q, k, v, lengths, scaling=D**-0.5, sliding_window=window)
         ref = attention._reference(q.float(), k.float(), v.float(), counts, D**-0.5, window and window - 1)
         assert (got.float() - ref).abs().max().item() < 2e-2
