@@ -2,11 +2,12 @@
 
 With ``sdpa`` (transformers' default here) every layer reads a boolean ``[B, 1, S, S]`` mask —
 padding for the global layers, padding and the ±window band for the local ones — and a fused
-kernel before each attention writes it.  On the H200 that doubles cuDNN's attention time at the
-serving shapes (docs/measurements/runtime-h200.md, "Attention").  ``varlen`` calls
-FlashAttention's variable-length entry (``aten._flash_attention_forward``) on the packed
-``[B * S, H, Dh]`` layout instead: the padding as each row's key count (``seqused_k``) and the
-local layers' window as its size, so no mask is made or read.
+kernel before each attention writes it.  ``varlen`` calls FlashAttention's variable-length
+entry (``aten._flash_attention_forward``) on the packed ``[B * S, H, Dh]`` layout instead: the
+padding as each row's key count (``seqused_k``) and the local layers' window as its size, so no
+mask is made or read.  On the H200 with torch 2.11 that is no faster: the mask costs the sdpa
+package about 3 µs a layer at 1×128, and FlashAttention 2's kernel is that much slower than
+cuDNN's (docs/measurements/runtime-h200.md, "The sdpa and varlen packages side by side").
 
 Semantics are those of the masks it replaces, for a padding mask that is a prefix of ones in
 each row (right padding: the tokenizer's batches and the runtime's buckets): every query, a

@@ -61,3 +61,39 @@ def test_first_h200_run_fails_the_threshold_it_failed_on_the_gpu():
     ):
         check_parity(child["programs"], old, "evidence")
     check_parity(child["programs"], h200_thresholds(), "evidence")  # today's threshold passes it
+
+
+ATTENTION = "2026-12-02-h200-attention"
+
+
+@pytest.mark.parametrize("name", ["varlen-verify.json", "rep1-verify.json", "varlen2-verify.json"])
+def test_h200_varlen_verifications_pass_todays_thresholds(name):
+    """The 28-layer package with ``export.attention.cuda: varlen``, verified on the H200: valid
+    records, within today's thresholds by today's rules, loaded the way it is served."""
+    record = load(f"{ATTENTION}/{name}")
+    validate(record["stage"], record, what=name)
+    assert (record["status"], record["target"], record["dtype"]) == ("ok", "cuda", "bfloat16")
+    assert record["thresholds"] == h200_thresholds()
+    check_parity(record["programs"], record["thresholds"], "evidence")
+    assert record["child"]["loader"] == "direct" and record["child"]["preload"]["imported"] == ["lib:tvm_ffi"]
+
+
+def test_h200_varlen_rebuilds_gave_the_verified_bytes():
+    """Both verifications (the freely tuned build, and a rebuild seeded with its tuning) checked
+    the one package that the three builds of the log produced."""
+    log = (EVIDENCE / ATTENTION / "attention-repro.log").read_text()
+    digests = {line.split()[0] for line in log.splitlines() if line.endswith("/decision.pt2")}
+    assert len(digests) == 1
+    verified = {
+        load(f"{ATTENTION}/{n}")["programs"][0]["package"]["sha256"] for n in ("varlen-verify.json", "rep1-verify.json")
+    }
+    assert verified == digests
+
+
+def test_h200_sdpa_package_was_rebuilt_to_the_same_bytes_on_another_day():
+    """The sdpa package of pipeline.h200.yaml, built clean on 2026-12-02 (two machines), has the
+    digest of the warm-cache builds of 2026-12-01."""
+    earlier = (EVIDENCE / "2026-12-01-h200-warm-cache" / "cache.log").read_text()
+    digests = {line.split()[0] for line in earlier.splitlines() if line.endswith("/decision.pt2")}
+    later = {load(f"{ATTENTION}/latency-{run}.json")["packages"]["sdpa"]["sha256"] for run in ("build", "compare")}
+    assert len(digests) == 1 and later == digests
