@@ -16,6 +16,8 @@ time, and the time those bytes take at ``--peak-tbs`` (the bandwidth bound).  Ca
   (Triton, and Hopper's persistent TMA templates), graphed the same way;
 - ``cublas-l2``: cuBLAS on one weight matrix 28 times, so that it is read from L2 after the first
   call: what a GEMM would take with its weights already in L2 (the ceiling of prefetching them);
+- ``cublas-batched``: the 28 GEMMs of a shape as one ``torch.bmm`` (one launch, every weight from
+  HBM): what a GEMM costs once the per-launch cost is shared (the ceiling of chaining them);
 - ``cublaslt``: the same call with ``torch.backends.cuda.preferred_blas_library("cublaslt")``;
 - ``triton:<block_M>x<block_N>x<block_K>/k<split>/w<warps>/s<stages>``: the skinny-M kernels of
   ``benchmarks/triton_skinny.py`` (split-K with an in-kernel, ordered reduction), checked
@@ -219,7 +221,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting new measurements after this")
     parser.add_argument("--peak-tbs", type=float, default=4.3, help="HBM bandwidth of the bound, TB/s")
-    parser.add_argument("--skip", default="", help="sections to leave out: l2,tilelang,inductor,cublaslt,triton")
+    parser.add_argument(
+        "--skip", default="", help="sections to leave out: l2,batched,tilelang,inductor,cublaslt,triton"
+    )
     args = parser.parse_args()
     start = time.monotonic()
     skip = set(filter(None, args.skip.split(",")))
@@ -274,6 +278,15 @@ def main() -> int:
         for (shape, rows), (weights, x, outs) in data.items():
             calls = [lambda o=o, x=x, w=weights[0]: torch.mm(x, w.t(), out=o) for o in outs]
             record("cublas-l2", shape, rows, graphed_ms(torch, calls) / LAYERS)
+
+    if "batched" not in skip:  # the 28 GEMMs as one batched call: one launch for all of them
+        for (shape, rows), (weights, x, _outs) in data.items():
+            stacked = torch.stack(weights)  # [28, N, K], each as the layers store it
+            inputs = x.expand(LAYERS, *x.shape)
+            out = torch.empty(LAYERS, x.shape[0], stacked.shape[1], device="cuda", dtype=dt)
+            calls = [lambda i=inputs, w=stacked, o=out: torch.bmm(i, w.transpose(1, 2), out=o)]
+            record("cublas-batched", shape, rows, graphed_ms(torch, calls) / LAYERS)
+            del stacked, out
 
     if "cublaslt" not in skip:
         try:
