@@ -21,9 +21,9 @@
 #   compare  `sdpa` and `varlen` built at the same time as in `build`; their latency side by side
 #          with a kernel profile of each (PROFILE replays, default 20); the first answer of sdpa's
 #          package (SERVING_ROUNDS, default 2); `verify:cuda-bfloat16` of varlen; the GEMM probe's
-#          cuBLAS and L2 rows (benchmarks/gemm_probe.py).
+#          cuBLAS, L2 and batched rows (benchmarks/gemm_probe.py).
 # Stops starting steps DEADLINE_S seconds after its start (default 560).  Its log and JSON go to
-# $OUT (the device's results folder when set).
+# $OUT (default $WORK/out).
 set -u
 cd "$(dirname "$0")/.."
 SRC=$PWD
@@ -125,7 +125,8 @@ repro)
   late 120 serving || serving rep1
   ;;
 esac
-tar -C "$WORK" -czf "$OUT/logs-$PHASE.tgz" $(cd "$WORK" && ls ./*.log 2>/dev/null)
+logs=$(cd "$WORK" && ls ./*.log 2>/dev/null)
+[ -n "$logs" ] && tar -C "$WORK" -czf "$OUT/logs-$PHASE.tgz" $logs
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$log" 2>&1
 "$PY" -c "import torch; print('torch', torch.__version__)" >> "$log" 2>&1
 say "state: done in $SECONDS s"

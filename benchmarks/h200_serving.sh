@@ -26,6 +26,12 @@ mkdir -p "$OUT"
 log=$OUT/serving.log
 PHASES=" ${PHASES:-preload first mixed tests} "
 [ "${TESTS:-yes}" = no ] && PHASES=${PHASES/ tests / }
+for p in $PHASES; do
+  case "$p" in preload|first|mixed|tests) ;; *) echo "h200_serving.sh: unknown phase '$p' in PHASES (preload, first, mixed, tests; space-separated)" >&2; exit 2 ;; esac
+done
+for v in ${MIXED:-fixed unfixed}; do
+  case "$v" in fixed|unfixed) ;; *) echo "h200_serving.sh: unknown variant '$v' in MIXED (fixed, unfixed)" >&2; exit 2 ;; esac
+done
 phase() { [[ "$PHASES" == *" $1 "* ]]; }
 probe() { "$PY" benchmarks/serving_probe.py "$@"; }
 if phase preload; then

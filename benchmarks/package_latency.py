@@ -9,9 +9,10 @@ for each shape and each package in turn: the graph replay and the plain padded c
 with :func:`laya_build.runtime.timing.time_calls` (TIMING, JSON).  Reports per package and shape
 the median over rounds of each round's median, every round's figure, and whether the outputs
 of the packages are equal.  Interleaving keeps clock and thermal drift out of the comparison.
-``--profile N`` then records, per package and shape, N graph replays under torch.profiler: the
-kernels of one forward (count, GPU time, the span from the first kernel's start to the last's
-end) and the kernels taking the most time.
+``--profile N`` then, after all timing, records per package and shape N graph replays under
+torch.profiler: the GPU work of one forward (kernels, memsets and copies: count, GPU time, the
+span from the first one's start to the last one's end) and every kernel by name, the most time
+first.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
         result["packages"][name] = {"path": path, "sha256": sha}
     inputs = torch.load(args.inputs, weights_only=True)
     device = str(next(iter(runners.values())).device)
-    rows = {}
+    rows, replays = {}, {}
     for r, t, s in shapes:
         shape = f"{r}x{t}x{s}"
         call = tuple(x.to(device) for x in synthetic_call(inputs, r, t, s))
@@ -92,20 +93,20 @@ def main(argv=None) -> int:
             for name in runners:
                 for mode, (fn, fn_args) in cases[name].items():
                     rows[shape]["ms"][name][mode].append(time_calls(fn, fn_args, timing, device)["median_ms"])
-        if args.profile:
-            rows[shape]["profile"] = {
-                n: kernel_profile(torch, cases[n]["replay"][0], args.profile) for n in runners if "replay" in cases[n]
-            }
+        replays[shape] = {n: cases[n]["replay"][0] for n in runners if "replay" in cases[n]}
         rows[shape]["median_ms"] = {
             n: {m: statistics.median(v) for m, v in modes.items()} for n, modes in rows[shape]["ms"].items()
         }
         result["shapes"] = rows
         Path(args.out).write_text(json.dumps(result, indent=1))
         print(shape, json.dumps(rows[shape]["median_ms"]), rows[shape]["outputs_equal_to_first"], flush=True)
+    for shape, graphed in replays.items() if args.profile else ():  # after every timing: no profiler state in them
+        rows[shape]["profile"] = {n: kernel_profile(torch, replay, args.profile) for n, replay in graphed.items()}
+        Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 
 
-def kernel_profile(torch, replay, calls: int, top: int = 30) -> dict:
+def kernel_profile(torch, replay, calls: int, top: int | None = None) -> dict:
     """The GPU work of one ``replay()`` (a forward), from torch.profiler's trace of ``calls`` of
     them: kernels, memsets and copies, their time, and the span from the first one's start to
     the last one's end."""
@@ -131,7 +132,7 @@ def kernel_profile(torch, replay, calls: int, top: int = 30) -> dict:
         by_name.setdefault(f"{e['cat']}: {e['name'][:160]}", []).append(float(e["dur"]))
     busy = sum(float(e["dur"]) for e in gpu)
     span = max(e["ts"] + e["dur"] for e in gpu) - min(e["ts"] for e in gpu)
-    ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]  # top None: every kernel
     return {
         "calls": calls,
         "events_per_forward": round(len(gpu) / calls, 2),

@@ -3,7 +3,8 @@ the image needs, and whether the runner's CUDA graphs survive other CUDA work in
 (docs/measurements/runtime-h200.md, docs/guides/serving.md).
 
     python benchmarks/serving_probe.py first RECORD INPUTS [--rounds N] [--preload a,b] [--out F]
-        fresh processes, side by side per round: `import torch` alone; runtime.start.start_build
+        fresh processes, side by side per round (each round starting one variant later):
+        `import torch` alone; runtime.start.start_build
         (hash while torch imports, the direct loader, graphs behind the first answer), and again
         with the CUDA context made by the load instead of beside the import;
         serving.open_build with torch's aoti_load_package (hash, load, every graph captured, then
@@ -62,7 +63,7 @@ FIRST = {
     + "print(json.dumps({'first_s': first, **r.start_timings, **r.capture_state()}))\n",
     "start_build, context by the load": ARGV  # the CUDA context made when the package loads
     + "from laya_build.runtime import start\n"
-    + "start._cuda_context = lambda record: None\n"
+    + "start._cuda_context = lambda record: start._CudaContext.left_out('left to the load by the probe')\n"
     + "r = start.start_build(record, buckets=buckets, preload=preload)\n"
     + ANSWER
     + "print(json.dumps({'first_s': first, **r.start_timings, **r.capture_state()}))\n",
@@ -108,8 +109,10 @@ def machine() -> dict:
 
 def first_cmd(args) -> dict:
     rows = []
-    for i in range(args.rounds):
-        for name, code in FIRST.items():
+    names = list(FIRST)
+    for i in range(args.rounds):  # each round in another order: no variant always follows the same one
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            code = FIRST[name]
             rows.append(
                 {
                     "round": i,

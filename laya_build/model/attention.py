@@ -3,17 +3,22 @@
 With ``sdpa`` (transformers' default here) every layer reads a boolean ``[B, 1, S, S]`` mask —
 padding for the global layers, padding and the ±window band for the local ones — and a fused
 kernel before each attention writes it.  ``varlen`` calls FlashAttention's variable-length
-entry (``aten._flash_attention_forward``) on the packed ``[B * S, H, Dh]`` layout instead: the
-padding as each row's key count (``seqused_k``) and the local layers' window as its size, so no
-mask is made or read.  On the H200 with torch 2.11 that is no faster: the mask costs the sdpa
-package about 3 µs a layer at 1×128, and FlashAttention 2's kernel is that much slower than
-cuDNN's (docs/measurements/runtime-h200.md, "The sdpa and varlen packages side by side").
+entry (``aten._flash_attention_forward``) on the packed ``[B * S, H, Dh]`` layout instead, each
+row cut in two sequences: its first ``count`` positions, then its padding.  The local layers'
+window is its size, so no mask is made or read.  On the H200 with torch 2.11 that is no faster:
+FlashAttention 2's kernel is slower than cuDNN's by about what the mask costs the sdpa package
+(docs/measurements/runtime-h200.md, "The sdpa and varlen packages side by side").
 
-Semantics are those of the masks it replaces, for a padding mask that is a prefix of ones in
-each row (right padding: the tokenizer's batches and the runtime's buckets): every query, a
-padded one included, attends to its row's first ``count`` keys, within the window on local
-layers.  Off CUDA (the tests) the same counts and window build the boolean mask and call
-``scaled_dot_product_attention``: the reference the CUDA path is compared with.
+Semantics, for a padding mask that is a prefix of ones in each row (right padding: the
+tokenizer's batches and the runtime's buckets): every real position attends to its row's
+``count`` real positions, within the window on local layers, as with the masks it replaces.  The
+padded positions of a row attend to each other only: no real position ever reads them, so the
+model's outputs are those of the masks.  Why two sequences a row: FlashAttention aligns a
+window with the end of the keys (query ``i`` sees keys ``i + len_k - len_q ± window``), so the
+row's real queries and keys must be a sequence of one length (``seqused_k`` with the whole row
+as queries would shift the window of every padded row).  Off CUDA (the tests) the same segments
+and window build the boolean mask and call ``scaled_dot_product_attention``: the reference the
+CUDA path is compared with.
 
 Registered with transformers' attention and mask interfaces under :data:`NAME` by :func:`use`
 (importing this module imports no transformers: the package child needs only the op); the
@@ -30,12 +35,19 @@ IMPLEMENTATIONS = ("sdpa", "varlen")  # export.attention's values
 
 
 def key_lengths(counts: torch.Tensor, length: int) -> torch.Tensor:
-    """The lengths the attention of every layer reads (int32 ``[2, B + 1]``): row 0 each row's
-    first position in the packed ``[B * S]`` layout (``0, S, 2S, ...``), row 1 each row's key count
-    (and a 0 after them).  Made once a forward, by the mask function, not once a layer."""
+    """The sequences the attention of every layer reads (int32 ``[2 B + 1]``): the offsets, in the
+    packed ``[B * S]`` layout, of each row's real positions and then of its padding, each its own
+    sequence: ``0, c0, S, S + c1, 2 S, ..., B S``.  Made once a forward, by the mask function,
+    not once a layer."""
     rows = counts.shape[0]
-    starts = torch.arange(rows + 1, dtype=torch.int32, device=counts.device) * length
-    return torch.stack((starts, torch.nn.functional.pad(counts.to(torch.int32), (0, 1))))
+    starts = torch.arange(rows, dtype=torch.int32, device=counts.device) * length
+    ends = starts + counts.to(torch.int32)
+    return torch.cat((torch.stack((starts, ends), dim=1).reshape(-1), starts[-1:] + length))
+
+
+def row_counts(lengths: torch.Tensor) -> torch.Tensor:
+    """Each row's number of real positions, from :func:`key_lengths`."""
+    return lengths[1::2] - lengths[0:-1:2]
 
 
 def key_counts(attention_mask: torch.Tensor | None = None, kv_length: int | None = None, **_) -> torch.Tensor | None:
@@ -93,33 +105,23 @@ def _computed(query, key, value, lengths, scale, window):
     """``[B, S, H, Dh]``: FlashAttention's variable-length entry on CUDA, else the reference."""
     B, H, S, D = query.shape
     size = window if window >= 0 else None
-    starts, counts = lengths[0], lengths[1, :B]
+    torch._check(lengths.shape[0] == 2 * B + 1)
     if query.device.type != "cuda":
-        return _reference(query, key, value, counts, scale, size)
+        return _reference(query, key, value, row_counts(lengths), scale, size)
     q, k, v = (t.transpose(1, 2).reshape(B * S, H, D) for t in (query, key, value))
     out = torch.ops.aten._flash_attention_forward(
-        q,
-        k,
-        v,
-        starts,
-        starts,
-        S,
-        S,
-        0.0,
-        False,
-        False,
-        scale=scale,
-        window_size_left=size,
-        window_size_right=size,
-        seqused_k=counts,
+        q, k, v, lengths, lengths, S, S, 0.0, False, False, scale=scale, window_size_left=size, window_size_right=size
     )[0]
     return out.view(B, S, H, D)
 
 
 def _reference(query, key, value, counts, scale, window):
+    """The CUDA path's semantics with a boolean mask: a row's real positions see each other, its
+    padded positions each other, each within the window where there is one."""
     S = query.shape[2]
     pos = torch.arange(S, device=query.device)
-    visible = pos[None, None, None, :] < counts[:, None, None, None]
+    real = pos[None, :] < counts[:, None]  # [B, S]
+    visible = (real[:, None, :, None] == real[:, None, None, :]).expand(-1, 1, S, S)
     if window is not None:
         visible = visible & ((pos[:, None] - pos[None, :]).abs() <= window)
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=visible, scale=scale)

@@ -9,9 +9,9 @@ hashing with the import, and leave the captures behind the first answer:
    thread that hashes the package (in 32 MiB blocks, :mod:`laya_build.runtime.digest`: the GIL
    is released for each whole read and hash);
    with trusted keys, a second thread checks the release's files and signature;
-   for a CUDA package, a third thread makes the driver's primary context of the device torch's
-   ``cuda`` names first (:class:`_CudaContext`), which torch's runtime then adopts instead of
-   making it after the import;
+   for a CUDA package, while torch is not imported yet, a third thread makes the driver's
+   primary context of the device torch's ``cuda`` names first (:class:`_CudaContext`), which
+   torch's runtime then adopts instead of making it after the import;
 2. the calling thread imports torch meanwhile (the release's preload modules are imported by the
    opening, once the configuration that names them is checked; :func:`start_build` imports the
    caller's ``preload`` here);
@@ -85,7 +85,27 @@ class _CudaContext(threading.Thread):
         super().__init__(name="laya-runtime cuda-context", daemon=True)
         self.library = library
         self.outcome = "not started"
-        self.seconds = 0.0
+        self.seconds: float | None = None
+        self.started = False
+
+    @classmethod
+    def left_out(cls, why: str) -> _CudaContext:
+        """A context thread that is never started, saying why."""
+        context = cls()
+        context.outcome = f"not made here: {why}"
+        return context
+
+    def begin(self) -> _CudaContext:
+        # torch sets this before it starts CUDA, and the driver reads it once, at cuInit
+        os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")
+        self.started = True
+        self.start()
+        return self
+
+    def finished(self) -> _CudaContext:
+        if self.started:
+            self.join()
+        return self
 
     def run(self) -> None:
         start = time.perf_counter()
@@ -101,17 +121,23 @@ class _CudaContext(threading.Thread):
             self.outcome = "made"
         except (OSError, AttributeError) as exc:
             self.outcome = f"no CUDA driver: {exc}"
+        except Exception as exc:  # noqa: BLE001  (never the caller's: the load starts CUDA itself)
+            self.outcome = f"{type(exc).__name__}: {exc}"
         finally:
             self.seconds = time.perf_counter() - start
 
 
-def _cuda_context(record: dict | None) -> _CudaContext | None:
-    """The primary context's thread, started, for a record whose packages are CUDA's."""
-    if not (isinstance(record, dict) and record.get("target") == "cuda"):
-        return None
-    context = _CudaContext()
-    context.start()
-    return context
+def _cuda_context(record: dict | None) -> _CudaContext:
+    """The primary context's thread: started for a CUDA package's record while torch is not yet
+    imported (once it is, the caller may have chosen another device, and there is no import left
+    to overlap); otherwise left out, saying why."""
+    if not isinstance(record, dict):
+        return _CudaContext.left_out("the package record was not read before the opening")
+    if record.get("target") != "cuda":
+        return _CudaContext.left_out("not a CUDA package")
+    if "torch" in sys.modules:
+        return _CudaContext.left_out("torch was imported before the start")
+    return _CudaContext().begin()
 
 
 class _Call(threading.Thread):
@@ -192,17 +218,17 @@ def _digests(hashed: _Hash | None, wait_from: float) -> tuple[dict, float]:
 
 
 def _finish(runner, started: float, hashed: _Hash | None, import_s: float, opened: float, waited: float, context):
-    if context is not None:
-        context.join()
+    open_s, total_s = time.perf_counter() - opened, time.perf_counter() - started
+    context.finished()  # done long before, beside torch's import
     runner.start_timings = {
         "hash_s": round(hashed.seconds, 4) if hashed else None,
         "import_s": round(import_s, 4),
         "hash_wait_s": round(waited, 4),
-        "open_s": round(time.perf_counter() - opened, 4),
-        "total_s": round(time.perf_counter() - started, 4),
+        "open_s": round(open_s, 4),
+        "total_s": round(total_s, 4),
         "hash_started_before_torch": bool(hashed and not hashed.torch_imported_at_start),
-        "cuda_context_s": round(context.seconds, 4) if context else None,
-        "cuda_context": context.outcome if context else "not a CUDA package",
+        "cuda_context_s": round(context.seconds, 4) if context.seconds is not None else None,
+        "cuda_context": context.outcome,
     }
     return runner
 

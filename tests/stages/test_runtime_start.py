@@ -5,6 +5,7 @@ same answers come out."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -71,6 +72,7 @@ def test_in_a_fresh_process_the_hash_starts_before_torch_is_imported(build):
     timings = json.loads(run.stdout.strip().splitlines()[-1])
     assert timings["hash_started_before_torch"] is True
     assert timings["import_s"] > 0 and timings["total_s"] >= timings["import_s"]
+    assert timings["cuda_context"] == "not made here: not a CUDA package"
 
 
 def _signed_copy(tmp_path) -> Path:
@@ -205,13 +207,23 @@ def test_the_primary_context_is_made_through_the_driver_in_order(tmp_path, monke
     assert missing.outcome.startswith("no CUDA driver: ") and "libnone.so" in missing.outcome
 
 
-def test_only_a_cuda_package_starts_the_cuda_context(build, monkeypatch):
+def test_only_a_cuda_package_before_torch_starts_the_cuda_context(build, monkeypatch):
+    """A CPU package, a record not read, or torch already imported (the caller may have chosen
+    another device): no thread, and the timings say why.  A CUDA package in a process without
+    torch starts one, with lazy module loading asked for before its cuInit, as torch asks."""
     from laya_build.runtime import start
 
-    assert start._cuda_context({"target": "cpu"}) is None and start._cuda_context(None) is None
+    assert start._cuda_context({"target": "cpu"}).outcome == "not made here: not a CUDA package"
+    assert start._cuda_context(None).outcome == "not made here: the package record was not read before the opening"
+    assert start._cuda_context({"target": "cuda"}).outcome == "not made here: torch was imported before the start"
     seen = []
     monkeypatch.setattr(start._CudaContext, "run", lambda self: seen.append(self.library))
-    assert start._cuda_context({"target": "cuda"}) is not None
+    monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
+    with monkeypatch.context() as without_torch:
+        without_torch.delitem(sys.modules, "torch")
+        context = start._cuda_context({"target": "cuda"})
+    assert context.finished().started and seen == ["libcuda.so.1"]
+    assert os.environ["CUDA_MODULE_LOADING"] == "LAZY"
     runner = start_build(build.package_record("float32"))
-    assert runner.start_timings["cuda_context"] == "not a CUDA package"
+    assert runner.start_timings["cuda_context"] == "not made here: not a CUDA package"
     assert runner.start_timings["cuda_context_s"] is None and seen == ["libcuda.so.1"]

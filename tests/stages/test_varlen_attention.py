@@ -1,10 +1,11 @@
 """The encoder's attention without masks (laya_build.model.attention, export.attention: varlen).
 
-On the CPU the varlen attention builds its mask from the key counts and the window and calls
-SDPA: the reference the CUDA path (FlashAttention's variable-length entry) is compared with on a
-GPU.  It must give the model's sdpa outputs bit for bit, with right padding of several lengths
-and local layers whose window is narrower than the sequence, and export with the dynamic rows and
-tokens of the pipeline.
+On the CPU the varlen attention builds its mask from the rows' segments (real positions, then
+padding) and the window and calls SDPA: the reference the CUDA path (FlashAttention's
+variable-length entry) is compared with on a GPU, itself checked here against the plain padding
+and window mask on every real position.  It must give the model's sdpa outputs bit for bit, with
+right padding of several lengths and local layers whose window is narrower than the sequence, and
+export with the dynamic rows and tokens of the pipeline.
 """
 
 from __future__ import annotations
@@ -61,14 +62,15 @@ def test_varlen_gives_the_sdpa_outputs_bit_for_bit(monkeypatch):
     with torch.no_grad():
         expected = model(*args)
         attention.use(model, "varlen")
-        counts = []
-        real = attention._reference
+        counts, made = [], []
+        real, lengths = attention._reference, attention.key_lengths
         monkeypatch.setattr(attention, "_reference", lambda *a: (counts.append(a[3].tolist()), real(*a))[1])
+        monkeypatch.setattr(attention, "key_lengths", lambda *a: (made.append(1), lengths(*a))[1])
         got = model(*args)
     assert model.encoder.config._attn_implementation == attention.NAME
     assert counts == [[48, 30, 17]] * 4  # every layer ran it, with the rows' key counts
-    mask = args[1]
-    assert attention.key_counts(mask).tolist() == [[0, 48, 96, 144], [48, 30, 17, 0]]  # made once a forward
+    assert len(made) == 2  # once a forward for each of the encoder's two masks (global, local), not once a layer
+    assert attention.key_counts(args[1]).tolist() == [0, 48, 48, 78, 96, 113, 144]
     for e, g in zip(expected, got):
         assert torch.equal(e, g)
 
@@ -139,6 +141,36 @@ def test_the_package_child_compiles_the_saved_op_into_a_package_that_needs_no_la
             torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("window", [None, 5])
+def test_the_reference_is_the_padding_and_window_mask_on_every_real_position(window):
+    """What the model sees: a real position attends to its row's real positions within the
+    window, exactly as with the padding and band masks; padded positions only to each other."""
+    torch.manual_seed(0)
+    B, H, S, D = 4, 2, 24, 8
+    q, k, v = (torch.randn(B, H, S, D, dtype=torch.float64) for _ in range(3))
+    counts = torch.tensor([24, 13, 1, 0], dtype=torch.int32)
+    lengths = attention.key_lengths(counts, S)
+    assert lengths.tolist() == [0, 24, 24, 37, 48, 49, 72, 72, 96]
+    assert attention.row_counts(lengths).tolist() == counts.tolist()
+    got, _ = attention.varlen_attention(None, q, k, v, lengths, sliding_window=window and window + 1)
+    pos = torch.arange(S)
+    band = (pos[:, None] - pos[None, :]).abs() <= (window if window is not None else S)
+    for row, n in enumerate(counts.tolist()):
+        if n:  # the real positions, against the masks the varlen path replaces
+            mask = band[:n, :n]
+            want = torch.nn.functional.scaled_dot_product_attention(
+                q[row, :, :n], k[row, :, :n], v[row, :, :n], attn_mask=mask
+            )
+            assert torch.allclose(got[row, :n], want.transpose(0, 1), atol=1e-12)
+        if n < S:  # the padding: its own keys only
+            p = slice(n, S)
+            mask = band[p, p]
+            want = torch.nn.functional.scaled_dot_product_attention(
+                q[row, :, p], k[row, :, p], v[row, :, p], attn_mask=mask
+            )
+            assert torch.allclose(got[row, p], want.transpose(0, 1), atol=1e-12)
+
+
 def test_sdpa_leaves_the_model_as_it_is_and_other_names_are_refused():
     model = small_model()
     attention.use(model, "sdpa")
@@ -150,9 +182,9 @@ def test_sdpa_leaves_the_model_as_it_is_and_other_names_are_refused():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FlashAttention's entry needs a CUDA GPU")
 def test_the_cuda_path_agrees_with_the_reference():
     torch.manual_seed(0)
-    B, H, S, D = 3, 16, 128, 64
+    B, H, S, D = 4, 16, 128, 64
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    counts = torch.tensor([128, 77, 16], device="cuda", dtype=torch.int32)
+    counts = torch.tensor([128, 77, 16, 0], device="cuda", dtype=torch.int32)  # full, padded, an empty row
     for window in (None, 65):  # a global layer, a local one (transformers' half-window + 1)
         lengths = attention.key_lengths(counts, S)
         got, _ = attention.varlen_attention(None, q, k, v, lengths, scaling=D**-0.5, sliding_window=window)
