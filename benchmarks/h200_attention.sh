@@ -37,12 +37,8 @@ export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONHASHSEED=0
 mkdir -p "$WORK" "$OUT"
 log=$OUT/attention-${PHASE:?set PHASE=build, repro or compare}.log
 : > "$log"
-say() { echo "$*" | tee -a "$log"; }
+. benchmarks/copies.sh
 late() { [ $((SECONDS + ${1:-0})) -ge "$DEADLINE_S" ] && { say "deadline: $2 skipped"; return 0; }; return 1; }
-copy() {  # copy NAME: the project's tree without its artifacts
-  rm -rf "${WORK:?}/$1" && mkdir -p "$WORK/$1"
-  tar -C "$SRC" --exclude=./artifacts --exclude=./.gpu-pack --exclude=./.venv -cf - . | tar -C "$WORK/$1" -xf -
-}
 config() {  # config NAME TUNING: pipeline.h200.yaml with varlen attention and TUNING (a path, or none)
   "$PY" - "$WORK/$1/pipeline.h200.yaml" "$WORK/$1/pipeline.varlen.yaml" "$2" <<'PYEOF'
 import sys, yaml

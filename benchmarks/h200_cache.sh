@@ -21,12 +21,9 @@ export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONHASHSEED=0
 mkdir -p "$WORK" "$OUT"
 log=$OUT/cache.log
 : > "$log"
-say() { echo "$*" | tee -a "$log"; }
+. benchmarks/copies.sh
 rm -rf "${WORK:?}/cache"
-for copy in cold warm1 warm2; do
-  rm -rf "${WORK:?}/$copy" && mkdir -p "$WORK/$copy"
-  tar -C "$SRC" --exclude=./artifacts --exclude=./.gpu-pack --exclude=./.venv -cf - . | tar -C "$WORK/$copy" -xf -
-done
+for name in cold warm1 warm2; do copy "$name"; done
 step() {  # step COPY ENV...
   local copy=$1; shift
   local s=$EPOCHREALTIME

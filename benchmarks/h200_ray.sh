@@ -29,12 +29,9 @@ export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONHASHSEED=0
 mkdir -p "$WORK" "$OUT"
 log=$OUT/ray.log
 : > "$log"
-say() { echo "$*" | tee -a "$log"; }
+. benchmarks/copies.sh
 
-for copy in worker build warm; do
-  rm -rf "${WORK:?}/$copy" && mkdir -p "$WORK/$copy"
-  tar -C "$SRC" --exclude=./artifacts --exclude=./.gpu-pack --exclude=./.venv -cf - . | tar -C "$WORK/$copy" -xf -
-done
+for name in worker build warm; do copy "$name"; done
 rm -rf "$WORK/cache" /tmp/ray-laya
 base_path=${PYTHONPATH:-}
 $RAY stop --force > /dev/null 2>&1
