@@ -193,11 +193,15 @@ def run_export(
         raise InputsMismatchError(f"{inputs_path}: {exc.detail}") from None
     programs = [p for p in PROGRAMS if cfg["single_slot"] or not p.single_slot]
 
-    from laya_build.model import attention
+    from laya_build.model import attention, rotary
 
     model, _, _ = load_checkpoint(checkpoint_dir)
     model = eval_copy(model, torch_dtype(dtype), target)
     attention.use(model, cfg["attention"][target])
+    try:
+        rotary.use(model, cfg["rotary"])
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     meta = {"target": target, "dtype": dtype, "inputs_sha256": sha256_file(inputs_path)}
     out.mkdir(parents=True, exist_ok=True)
     records = [export_program(model, inputs, p, cfg, target, out, meta) for p in programs]
@@ -209,6 +213,7 @@ def run_export(
         "dtype": dtype,
         "dims": {**dims, "tokens": {"min": 16 * dims["tokens16"]["min"], "max": 16 * dims["tokens16"]["max"]}},
         "single_slot": cfg["single_slot"],
+        "rotary": cfg["rotary"],
         "attention": cfg["attention"][target],
         "inputs": {"sha256": meta["inputs_sha256"], "bytes": Path(inputs_path).stat().st_size},
         "checkpoint": {"weights_sha256": sha256_file(Path(checkpoint_dir) / WEIGHTS)},

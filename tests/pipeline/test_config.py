@@ -118,6 +118,11 @@ BAD = {
         "export.attention.cuda",
         "is not one of ['sdpa', 'varlen']",
     ),
+    "unknown rotary": (
+        lambda d: d.setdefault("export", {}).update(rotary="cached"),
+        "export.rotary",
+        "is not one of ['table', 'computed']",
+    ),
     "baseline is itself": (
         lambda d: d["cuda"].update(baseline={"version": d["version"]}),
         "cuda.baseline.version",

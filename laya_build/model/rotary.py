@@ -1,0 +1,70 @@
+"""The encoder's rotary cos and sin as tables (``export.rotary: table``, the default).
+
+transformers' ModernBERT computes each layer type's cos and sin in the forward: the positions
+times the inverse frequencies, then ``cos``/``sin``, once a forward.  A compiler that inlines
+that small, cheap-looking pointwise chain into its consumers (Inductor does: the result has
+few reads and few ops) recomputes both for every element of ``q`` and ``k`` in every layer,
+heads and rows included.  On the H200 that made the kernel before each attention compute
+bound at 7 rows x 256 tokens (docs/measurements/runtime-h200.md, "Rotary tables").
+
+:func:`tabulate` computes the same values once, when the model is prepared for export, by the
+encoder's own rotary module (so the dtype and device rounding are the export's), for every
+position up to ``max_position_embeddings``; the forward then gathers ``table[position_ids]``:
+the package reads them instead of computing them.  Only rotary types whose frequencies do not
+depend on the sequence (``default`` here) are tabulated; any other is refused with what to do.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+MODES = ("table", "computed")  # export.rotary's values
+STATIC_TYPES = ("default",)  # rope types whose cos/sin depend on the position only
+
+
+class RotaryTable(nn.Module):
+    """``forward(x, position_ids, layer_type) -> (cos, sin)`` as ModernBERT's rotary module
+    returns them, gathered from tables that module computed for positions ``0 .. length-1``."""
+
+    def __init__(self, rotary: nn.Module, length: int, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.length = length
+        positions = torch.arange(length, device=device)[None]
+        probe = torch.empty(0, dtype=dtype, device=device)
+        with torch.no_grad():
+            for layer_type in sorted(rotary.rope_type):
+                cos, sin = rotary(probe, positions, layer_type)
+                self.register_buffer(f"{layer_type}_cos", cos[0].clone(), persistent=False)
+                self.register_buffer(f"{layer_type}_sin", sin[0].clone(), persistent=False)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str):
+        cos, sin = getattr(self, f"{layer_type}_cos"), getattr(self, f"{layer_type}_sin")
+        return cos[position_ids].to(x.dtype), sin[position_ids].to(x.dtype)
+
+
+def refusal(model: nn.Module) -> str | None:
+    """Why ``model``'s encoder rotary cannot be tabulated (None: it can)."""
+    rotary = getattr(model.encoder, "rotary_emb", None)
+    if rotary is None or not hasattr(rotary, "rope_type"):
+        return f"the encoder has no ModernBERT rotary module ({type(rotary).__name__})"
+    other = sorted({t for t in rotary.rope_type.values() if t not in STATIC_TYPES})
+    if other:
+        return f"rope type {', '.join(other)} depends on the sequence length, so one table cannot hold it"
+    return None
+
+
+def use(model: nn.Module, mode: str) -> None:
+    """Give ``model``'s encoder the rotary of ``mode`` (one of :data:`MODES`); call it after the
+    model is on its export dtype and device."""
+    if mode not in MODES:
+        raise ValueError(f"rotary {mode!r} is not one of {', '.join(MODES)}")
+    if mode == "computed" or isinstance(model.encoder.rotary_emb, RotaryTable):
+        return
+    if reason := refusal(model):
+        raise ValueError(f"export.rotary table: {reason}; set export.rotary: computed")
+    encoder = model.encoder
+    weight = encoder.embeddings.tok_embeddings.weight
+    encoder.rotary_emb = RotaryTable(
+        encoder.rotary_emb, encoder.config.max_position_embeddings, weight.dtype, weight.device
+    )
