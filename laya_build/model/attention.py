@@ -31,7 +31,8 @@ from __future__ import annotations
 import torch
 
 NAME = "laya_varlen"
-IMPLEMENTATIONS = ("sdpa", "varlen")  # export.attention's values
+BIAS_NAME = "laya_bias"
+IMPLEMENTATIONS = ("sdpa", "bias", "varlen")  # export.attention's values
 
 
 def key_lengths(counts: torch.Tensor, length: int) -> torch.Tensor:
@@ -141,10 +142,17 @@ def compile_through() -> None:
 
 def register() -> None:
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
     AttentionInterface.register(NAME, varlen_attention)
     AttentionMaskInterface.register(NAME, key_counts)
+    # bias: SDPA itself, given the masks as additive tensors of the model's dtype (0 where a key
+    # is seen, the dtype's minimum where not), made once a forward by the mask function.  With
+    # sdpa's boolean masks torch converts the mask to such a tensor inside every layer's call, and
+    # a compiler then makes it again in every layer.
+    AttentionInterface.register(BIAS_NAME, sdpa_attention_forward)
+    AttentionMaskInterface.register(BIAS_NAME, eager_mask)
 
 
 def use(model: torch.nn.Module, implementation: str) -> None:
@@ -154,4 +162,4 @@ def use(model: torch.nn.Module, implementation: str) -> None:
     if implementation == "sdpa":
         return
     register()
-    model.encoder.set_attn_implementation(NAME)
+    model.encoder.set_attn_implementation(BIAS_NAME if implementation == "bias" else NAME)

@@ -23,11 +23,11 @@ def ops(program) -> set[str]:
     return {str(n.target) for m in program.graph_module.modules() for n in getattr(m, "graph", ()).nodes}
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_tables_give_the_computed_outputs_bit_for_bit(dtype):
-    model = eval_copy(small_model(), dtype)
+def same_outputs(dtype: torch.dtype, device: str) -> None:
+    """The model's outputs with the tables equal the computed rotary's, on ``dtype`` and ``device``."""
+    model = eval_copy(small_model(), dtype, device)
     for lengths, width in (((48, 30, 17), 48), ((32, 9), 32)):
-        args = batch(lengths, width)
+        args = [a.to(device) for a in batch(lengths, width)]
         with torch.no_grad():
             computed = model(*args)
             rotary.use(model, "table")
@@ -36,13 +36,24 @@ def test_the_tables_give_the_computed_outputs_bit_for_bit(dtype):
         assert isinstance(model.encoder.rotary_emb, rotary.RotaryTable)
         for c, t in zip(computed, tabulated):
             assert torch.equal(c, t)
-        model = eval_copy(small_model(), dtype)
-    tables = dict(rotary.RotaryTable(model.encoder.rotary_emb, 256, dtype, torch.device("cpu")).named_buffers())
+        model = eval_copy(small_model(), dtype, device)
+    tables = dict(rotary.RotaryTable(model.encoder.rotary_emb, 256, dtype, torch.device(device)).named_buffers())
     assert sorted(tables) == ["full_attention_cos", "full_attention_sin", "sliding_attention_cos", "sliding_attention_sin"]
     assert {tuple(t.shape) for t in tables.values()} == {(256, 16)}  # positions x head dim
     assert {t.dtype for t in tables.values()} == {dtype}
     # the local and the global layers rotate with their own frequencies
     assert not torch.equal(tables["full_attention_cos"], tables["sliding_attention_cos"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_tables_give_the_computed_outputs_bit_for_bit(dtype):
+    same_outputs(dtype, "cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_the_tables_give_the_computed_outputs_bit_for_bit():
+    for dtype in (torch.float32, torch.bfloat16):
+        same_outputs(dtype, "cuda")
 
 
 def test_the_exported_program_reads_the_tables_instead_of_computing_them():

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Variants of the CUDA package of pipeline.h200.yaml built at the same time on one GPU machine,
+# then timed side by side in one process (docs/measurements/runtime-h200.md).
+#
+#   VARIANTS='computed={"export":{"rotary":"computed"}} table={"package":{"tuning":{}}}' \
+#     benchmarks/h200_variants.sh
+#
+# In the project root, TileLang importable.  Each variant NAME=JSON is a copy of the project under
+# $WORK (default /tmp/laya-variants) whose pipeline.h200.yaml has JSON merged into it (mappings
+# merged key by key, anything else replaced; {"package": {"tuning": {}}} builds without a tuning
+# file, so Inductor tunes afresh and the build writes its own tuning.json).  Steps, each skipped
+# once DEADLINE_S (default 560) is near:
+#   1. `doit config=pipeline.variant.yaml aoti_package:cuda-bfloat16` in every copy, at once;
+#      each package's sha256 and tuning.json to $OUT;
+#   2. benchmarks/package_latency.py over every package, interleaved (ROUNDS, default 4; PROFILE
+#      replays of each profiled when set);
+#   3. `doit verify:cuda-bfloat16` of the variants named in VERIFY (default: all but the first);
+#   4. the GPU tests named in TESTS (pytest node ids; pytest is not needed: each test function
+#      is called in a fresh interpreter).
+# Its log and JSON go to $OUT (default $WORK/out).
+set -u
+cd "$(dirname "$0")/.."
+SRC=$PWD
+WORK=${WORK:-/tmp/laya-variants}
+PY=${PYTHON:-python3}
+VERSION=${VERSION:-0.1.0-h200}
+BUILD=cuda-bfloat16
+DEADLINE_S=${DEADLINE_S:-560}
+OUT=${OUT:-$WORK/out}
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONHASHSEED=0
+mkdir -p "$WORK" "$OUT"
+log=$OUT/variants.log
+: > "$log"
+. benchmarks/copies.sh
+late() { [ $((SECONDS + ${1:-0})) -ge "$DEADLINE_S" ] && { say "deadline: $2 skipped"; return 0; }; return 1; }
+names=()
+for v in ${VARIANTS:?set VARIANTS to NAME=JSON ...}; do names+=("${v%%=*}"); done
+pkg() { echo "$WORK/$1/artifacts/$VERSION/aoti_package/$BUILD"; }
+variant() {  # variant NAME JSON: a copy with pipeline.variant.yaml
+  copy "$1"
+  "$PY" - "$WORK/$1/pipeline.h200.yaml" "$WORK/$1/pipeline.variant.yaml" "$2" <<'PYEOF' || say "$1: bad JSON"
+import json, sys, yaml
+def merge(doc, patch):
+    for key, value in patch.items():
+        if isinstance(value, dict) and value and isinstance(doc.get(key), dict):
+            merge(doc[key], value)
+        else:
+            doc[key] = value
+doc = yaml.safe_load(open(sys.argv[1]))
+merge(doc, json.loads(sys.argv[3]))
+yaml.safe_dump(doc, open(sys.argv[2], "w"), sort_keys=False)
+PYEOF
+}
+doit_in() {  # doit_in NAME TASK: a doit run in a copy, logged to $WORK/NAME.TASK.log
+  local s=$EPOCHREALTIME name=$1 task=$2
+  (cd "$WORK/$name" && PYTHONPATH="${PYTHONPATH:-}:$WORK/$name" "$PY" -m doit config=pipeline.variant.yaml "$task") \
+    > "$WORK/$name.${task%%:*}.log" 2>&1
+  local rc=$?
+  say "$name: doit $task rc $rc in $(awk "BEGIN {printf \"%.1f\", $EPOCHREALTIME - $s}") s"
+  [ $rc -ne 0 ] && tail -5 "$WORK/$name.${task%%:*}.log" | cut -c1-400 | tee -a "$log"
+  return $rc
+}
+
+pids=()
+for v in $VARIANTS; do
+  name=${v%%=*}
+  variant "$name" "${v#*=}"
+  doit_in "$name" "aoti_package:$BUILD" & pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+built=()
+for n in "${names[@]}"; do
+  [ -f "$(pkg "$n")/decision.pt2" ] || continue
+  built+=("$n")
+  sha256sum "$(pkg "$n")/decision.pt2" | sed "s|  .*|  $n|" | tee -a "$log"
+  cp "$(pkg "$n")/tuning.json" "$OUT/$n-tuning.json" 2>/dev/null
+done
+
+if [ ${#built[@]} -gt 0 ] && ! late 70 latency; then
+  first=${built[0]} args=()
+  for n in "${built[@]}"; do args+=("$n=$(pkg "$n")/decision.pt2"); done
+  s=$SECONDS
+  (cd "$WORK/$first" && PYTHONPATH="${PYTHONPATH:-}:$WORK/$first" "$PY" benchmarks/package_latency.py \
+    "artifacts/$VERSION/export/$BUILD" "artifacts/$VERSION/model/inputs.pt" "${args[@]}" \
+    --rounds "${ROUNDS:-4}" --preload lib:tvm_ffi ${PROFILE:+--profile "$PROFILE"} --out "$OUT/latency.json") \
+    > "$WORK/latency.log" 2>&1
+  say "latency (${built[*]}) rc $? in $((SECONDS - s)) s"
+  grep -v Warning "$WORK/latency.log" | tail -8 | cut -c1-400 | tee -a "$log"
+fi
+
+for n in ${VERIFY:-${built[@]:1}}; do
+  late 35 "verify of $n" && continue
+  doit_in "$n" "verify:$BUILD"
+  cp "$WORK/$n/artifacts/$VERSION/verify/$BUILD/verify.json" "$OUT/$n-verify.json" 2>/dev/null
+done
+
+for t in ${TESTS:-}; do
+  late 20 "$t" && continue
+  file=${t%%::*} func=${t#*::}
+  mod=$(echo "${file%.py}" | tr / .)
+  "$PY" -c "import $mod as m; m.$func(); print('PASSED $t')" >> "$log" 2>&1 || say "FAILED $t"
+done
+
+logs=$(cd "$WORK" && ls ./*.log 2>/dev/null)
+[ -n "$logs" ] && tar -C "$WORK" -czf "$OUT/logs.tgz" $logs
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$log" 2>&1
+"$PY" -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" >> "$log" 2>&1
+say "state: done in $SECONDS s"
