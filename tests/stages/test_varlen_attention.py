@@ -175,7 +175,7 @@ def test_sdpa_leaves_the_model_as_it_is_and_other_names_are_refused():
     model = small_model()
     attention.use(model, "sdpa")
     assert model.encoder.config._attn_implementation == "sdpa"
-    with pytest.raises(ValueError, match="'flash' is not one of sdpa, varlen"):
+    with pytest.raises(ValueError, match="'flash' is not one of sdpa, bias, varlen"):
         attention.use(model, "flash")
 
 
