@@ -1,8 +1,11 @@
-"""The encoder's attention without a materialised mask (``export.attention: {cuda: varlen}``).
+"""How the encoder's attention runs (``export.attention``): ``sdpa``, ``bias`` or ``varlen``.
 
 With ``sdpa`` (transformers' default here) every layer reads a boolean ``[B, 1, S, S]`` mask —
-padding for the global layers, padding and the ±window band for the local ones — and a fused
-kernel before each attention writes it.  ``varlen`` calls FlashAttention's variable-length
+padding for the global layers, padding and the ±window band for the local ones — which torch
+turns into an additive mask inside each layer's call, so a fused kernel before each attention
+makes it again.  ``bias`` hands SDPA the additive masks themselves (transformers' eager masks: 0
+where a key is seen, the dtype's minimum where not), made once a forward, one for each kind of
+layer; the outputs are sdpa's.  ``varlen`` calls FlashAttention's variable-length
 entry (``aten._flash_attention_forward``) on the packed ``[B * S, H, Dh]`` layout instead, each
 row cut in two sequences: its first ``count`` positions, then its padding.  The local layers'
 window is its size, so no mask is made or read.  On the H200 with torch 2.11 that is no faster:

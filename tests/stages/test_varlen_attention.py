@@ -171,6 +171,34 @@ def test_the_reference_is_the_padding_and_window_mask_on_every_real_position(win
             assert torch.allclose(got[row, p], want.transpose(0, 1), atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bias_gives_the_sdpa_outputs_bit_for_bit_with_masks_made_once_a_forward(dtype):
+    """``bias``: SDPA given additive masks of the model's dtype, one per mask kind (global, local)
+    made once a forward and read by every layer of its kind, where ``sdpa`` hands each layer a
+    boolean mask that torch converts inside the call."""
+    from laya_build.model.decision import eval_copy
+
+    model = eval_copy(small_model(), dtype)
+    args = batch()
+    with torch.no_grad():
+        expected = model(*args)
+        attention.use(model, "bias")
+        got = model(*args)
+    assert model.encoder.config._attn_implementation == attention.BIAS_NAME
+    for e, g in zip(expected, got):
+        assert torch.equal(e, g)
+    program = exported(model)
+    masks = [
+        n.args[3]
+        for n in program.graph.nodes
+        if n.target is torch.ops.aten.scaled_dot_product_attention.default and len(n.args) > 3
+    ]
+    encoder = [m for m in masks if m.meta["val"].dim() == 4 and m.meta["val"].shape[2] != 1]
+    assert len(encoder) == 4  # one a layer
+    assert len({m.name for m in encoder}) == 2  # two tensors: the global layers' and the local ones'
+    assert {m.meta["val"].dtype for m in encoder} == {dtype}
+
+
 def test_sdpa_leaves_the_model_as_it_is_and_other_names_are_refused():
     model = small_model()
     attention.use(model, "sdpa")
