@@ -17,7 +17,8 @@
 #   3. `doit verify:cuda-bfloat16` of the variants named in VERIFY (default: all but the first);
 #   4. the GPU tests named in TESTS (pytest node ids; pytest is not needed: each test function
 #      is called in a fresh interpreter).
-# Its log and JSON go to $OUT (default $WORK/out).
+# REUSE=1 keeps the package of a variant an earlier run on this machine built (same NAME) instead
+# of building it again.  Its log and JSON go to $OUT (default $WORK/out).
 set -u
 cd "$(dirname "$0")/.."
 SRC=$PWD
@@ -64,6 +65,10 @@ doit_in() {  # doit_in NAME TASK: a doit run in a copy, logged to $WORK/NAME.TAS
 pids=()
 for v in $VARIANTS; do
   name=${v%%=*}
+  if [ -n "${REUSE:-}" ] && [ -f "$(pkg "$name")/decision.pt2" ]; then
+    say "$name: its package from an earlier run of this machine, not rebuilt"
+    continue
+  fi
   variant "$name" "${v#*=}"
   doit_in "$name" "aoti_package:$BUILD" & pids+=($!)
 done
