@@ -14,7 +14,8 @@
 #      each package's sha256 and tuning.json to $OUT;
 #   2. benchmarks/package_latency.py over every package, interleaved (ROUNDS, default 4; PROFILE
 #      replays of each profiled when set);
-#   3. `doit verify:cuda-bfloat16` of the variants named in VERIFY (default: all but the first);
+#   3. `doit verify:cuda-bfloat16` of the variants named in VERIFY (default: all but the first;
+#      none: no verification);
 #   4. the GPU tests named in TESTS (pytest node ids; pytest is not needed: each test function
 #      is called in a fresh interpreter).
 # REUSE=1 keeps the package of a variant an earlier run on this machine built (same NAME) instead
@@ -94,6 +95,7 @@ if [ ${#built[@]} -gt 0 ] && ! late 70 latency; then
 fi
 
 for n in ${VERIFY:-${built[@]:1}}; do
+  [ "$n" = none ] && continue
   late 35 "verify of $n" && continue
   doit_in "$n" "verify:$BUILD"
   cp "$WORK/$n/artifacts/$VERSION/verify/$BUILD/verify.json" "$OUT/$n-verify.json" 2>/dev/null
