@@ -46,7 +46,7 @@ KILL_POINTS = {  # (task, seconds after it started): each runs for several secon
     "model stage": ("model:build", 2.0),
     "torch.export": ("export:cpu-float32", 3.0),
     "AOTInductor compile": ("aoti_package:cpu-float32", 8.0),
-    "verification": ("verify:cpu-float32", 2.0),
+    "verification": ("verify:cpu-float32", 1.0),  # its fresh process imports torch for longer
 }
 # how each point stops the build: (signal, to the whole process group or the doit process alone,
 # doit's worker processes); a `-n 1` run does the tasks one after the other
