@@ -33,7 +33,9 @@ from laya_build.runner import lifetime
 from laya_build.runner.child import ERROR_PREFIX, child_env, execute
 from laya_build.runner.folders import user_folder
 
-# What the fork server imports before forking: the heavy modules the stages use.
+# What the fork server imports before forking: the heavy modules the stages use.  Only a
+# head start: one that does not import here (TileLang without its native libraries, on a
+# machine that only packages) is left to the stages that need it, which then say why.
 SERVER_PRELOAD = ("torch", "tilelang", "jsonschema", "referencing")
 
 
@@ -158,7 +160,10 @@ def serve(path: str, life_fd: int) -> int:
     # included (which ends anyway when the build's last process ends: end-of-file on life_fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for name in SERVER_PRELOAD:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except (ImportError, OSError) as exc:
+            print(f"not preloaded: {name} ({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers are reaped by the kernel
     server = os.getpid()
     while True:

@@ -79,6 +79,24 @@ def test_the_server_ends_with_the_process_that_started_it():
     assert not Path(seen["folder"]).exists()
 
 
+def test_a_preload_that_does_not_import_is_left_to_the_stages_that_need_it(tmp_path):
+    """A machine that only packages may have TileLang without its native libraries: the fork
+    server says it did not preload it and serves every other stage."""
+    broken = tmp_path / "site" / "tilelang"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise OSError('libz3.so.4.15: cannot open shared object file')\n")
+    code = (
+        "import json; from laya_build.runner import Child, run; "
+        f"print(json.dumps(run({JOBS!r} + ':where', {{}}, Child(fork=True), result=True)))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(ROOT)])}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert seen["child"] != seen["server"]  # a fork-server child ran it
+    assert "not preloaded: tilelang (OSError: libz3.so.4.15: cannot open shared object file)" in out.stderr
+
+
 DODO = """
 import json, os
 from laya_build.runner import Child, run
