@@ -13,7 +13,6 @@ import torch
 
 from laya_build.model import rotary
 from laya_build.model.decision import eval_copy
-
 from tests.stages.test_varlen_attention import batch, exported, small_model
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -38,7 +37,12 @@ def same_outputs(dtype: torch.dtype, device: str) -> None:
             assert torch.equal(c, t)
         model = eval_copy(small_model(), dtype, device)
     tables = dict(rotary.RotaryTable(model.encoder.rotary_emb, 256, dtype, torch.device(device)).named_buffers())
-    assert sorted(tables) == ["full_attention_cos", "full_attention_sin", "sliding_attention_cos", "sliding_attention_sin"]
+    assert sorted(tables) == [
+        "full_attention_cos",
+        "full_attention_sin",
+        "sliding_attention_cos",
+        "sliding_attention_sin",
+    ]
     assert {tuple(t.shape) for t in tables.values()} == {(256, 16)}  # positions x head dim
     assert {t.dtype for t in tables.values()} == {dtype}
     # the local and the global layers rotate with their own frequencies
@@ -72,7 +76,9 @@ def test_the_exported_program_reads_the_tables_instead_of_computing_them():
 def test_a_rope_type_that_depends_on_the_length_is_refused_with_what_to_set():
     model = small_model()
     model.encoder.rotary_emb.rope_type = {"full_attention": "default", "sliding_attention": "dynamic"}
-    with pytest.raises(ValueError, match=r"rope type dynamic depends on the sequence length.*set export.rotary: computed"):
+    with pytest.raises(
+        ValueError, match=r"rope type dynamic depends on the sequence length.*set export.rotary: computed"
+    ):
         rotary.use(model, "table")
     rotary.use(model, "computed")  # the computed rotary takes any type
     assert not isinstance(model.encoder.rotary_emb, rotary.RotaryTable)
