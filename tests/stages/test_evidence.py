@@ -64,13 +64,24 @@ def test_first_h200_run_fails_the_threshold_it_failed_on_the_gpu():
 
 
 ATTENTION = "2026-12-02-h200-attention"
+VARIANTS = "2026-12-03-h200-variants"  # the rotary tables and the additive masks
 
 
-@pytest.mark.parametrize("name", ["varlen-verify.json", "rep1-verify.json", "varlen2-verify.json"])
-def test_h200_varlen_verifications_pass_todays_thresholds(name):
-    """The 28-layer package with ``export.attention.cuda: varlen``, verified on the H200: valid
-    records, within today's thresholds by today's rules, loaded the way it is served."""
-    record = load(f"{ATTENTION}/{name}")
+@pytest.mark.parametrize(
+    "name",
+    [
+        f"{ATTENTION}/varlen-verify.json",
+        f"{ATTENTION}/rep1-verify.json",
+        f"{ATTENTION}/varlen2-verify.json",
+        f"{VARIANTS}/table-verify.json",
+        f"{VARIANTS}/bias-verify.json",
+    ],
+)
+def test_h200_attention_variant_verifications_pass_todays_thresholds(name):
+    """The 28-layer packages with ``export.attention.cuda: varlen`` and (2026-12-03) with the rotary
+    tables and ``bias``, verified on the H200: valid records, within today's thresholds by
+    today's rules, loaded the way it is served."""
+    record = load(name)
     validate(record["stage"], record, what=name)
     assert (record["status"], record["target"], record["dtype"]) == ("ok", "cuda", "bfloat16")
     assert record["thresholds"] == h200_thresholds()
@@ -97,3 +108,18 @@ def test_h200_sdpa_package_was_rebuilt_to_the_same_bytes_on_another_day():
     digests = {line.split()[0] for line in earlier.splitlines() if line.endswith("/decision.pt2")}
     later = {load(f"{ATTENTION}/latency-{run}.json")["packages"]["sdpa"]["sha256"] for run in ("build", "compare")}
     assert len(digests) == 1 and later == digests
+
+
+def test_h200_bias_package_was_rebuilt_from_its_tuning_to_the_verified_bytes():
+    """pipeline.h200.yaml's package (rotary tables, ``bias``): the freely tuned build, its rebuild
+    from that build's tuning file and the verification name one digest; the old configuration,
+    built from the tuning file of the day before, gave the bytes of the earlier days."""
+    built = (EVIDENCE / VARIANTS / "variants-build.log").read_text()
+    rebuilt = (EVIDENCE / VARIANTS / "variants-repro.log").read_text()
+    digest = {line.split()[1]: line.split()[0] for line in built.splitlines() if line.count(" ") == 2}
+    again = [line.split()[0] for line in rebuilt.splitlines() if line.endswith("  biasrep")]
+    assert again == [digest["bias"]]
+    assert load(f"{VARIANTS}/bias-verify.json")["programs"][0]["package"]["sha256"] == digest["bias"]
+    assert load(f"{VARIANTS}/table-verify.json")["programs"][0]["package"]["sha256"] == digest["table"]
+    earlier = load(f"{ATTENTION}/latency-build.json")["packages"]["sdpa"]["sha256"]
+    assert digest["computed"] == earlier
