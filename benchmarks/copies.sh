@@ -1,10 +1,21 @@
-# Sourced by the GPU benchmark scripts that build in copies of the project (h200_attention.sh,
-# h200_cache.sh, h200_ray.sh).  Needs SRC (the project root), WORK (where the copies go) and log.
+# Sourced by the GPU benchmark scripts that build in copies of the project (h200_attention.sh, h200_variants.sh,
+# h200_cache.sh, h200_ray.sh).  Needs SRC (the project root), WORK (where the copies go), log (and PY for doit_in).
 #   say TEXT...   echo TEXT and append it to $log
+#   doit_in NAME CONFIG TASK   a doit run in the copy NAME with config=CONFIG, logged to
+#                 $WORK/NAME.TASK.log; says its exit status and time, and the log's tail on failure
 #   copy NAME     $WORK/NAME emptied, then the project's tree in it without its artifacts, GPU packs
 #                 and virtual environment
 say() { echo "$*" | tee -a "$log"; }
 copy() {
   rm -rf "${WORK:?}/${1:?}" && mkdir -p "$WORK/$1"
   tar -C "$SRC" --exclude=./artifacts --exclude=./.gpu-pack --exclude=./.venv -cf - . | tar -C "$WORK/$1" -xf -
+}
+doit_in() {  # doit_in NAME CONFIG TASK: a doit run in a copy, logged to $WORK/NAME.TASK.log
+  local s=$EPOCHREALTIME name=$1 cfg=$2 task=$3
+  (cd "$WORK/$name" && PYTHONPATH="${PYTHONPATH:-}:$WORK/$name" "$PY" -m doit config="$cfg" "$task") \
+    > "$WORK/$name.${task%%:*}.log" 2>&1
+  local rc=$?
+  say "$name: doit $task rc $rc in $(awk "BEGIN {printf \"%.1f\", $EPOCHREALTIME - $s}") s"
+  [ $rc -ne 0 ] && tail -5 "$WORK/$name.${task%%:*}.log" | cut -c1-400 | tee -a "$log"
+  return $rc
 }

@@ -48,15 +48,6 @@ doc["package"]["tuning"] = {} if sys.argv[3] == "none" else {"cuda-bfloat16": sy
 yaml.safe_dump(doc, open(sys.argv[2], "w"), sort_keys=False)
 PYEOF
 }
-doit_in() {  # doit_in NAME CONFIG TASK: a doit run in a copy, logged to $WORK/NAME.TASK.log
-  local s=$EPOCHREALTIME name=$1 cfg=$2 task=$3
-  (cd "$WORK/$name" && PYTHONPATH="${PYTHONPATH:-}:$WORK/$name" "$PY" -m doit config="$cfg" "$task") \
-    > "$WORK/$name.${task%%:*}.log" 2>&1
-  local rc=$?
-  say "$name: doit $task rc $rc in $(awk "BEGIN {printf \"%.1f\", $EPOCHREALTIME - $s}") s"
-  [ $rc -ne 0 ] && tail -5 "$WORK/$name.${task%%:*}.log" | cut -c1-400 | tee -a "$log"
-  return $rc
-}
 pkg() { echo "$WORK/$1/artifacts/$VERSION/aoti_package/$BUILD"; }
 latency() {  # latency OUTFILE NAME...: the named copies' packages side by side
   local out=$1; shift

@@ -53,15 +53,6 @@ merge(doc, json.loads(sys.argv[3]))
 yaml.safe_dump(doc, open(sys.argv[2], "w"), sort_keys=False)
 PYEOF
 }
-doit_in() {  # doit_in NAME TASK: a doit run in a copy, logged to $WORK/NAME.TASK.log
-  local s=$EPOCHREALTIME name=$1 task=$2
-  (cd "$WORK/$name" && PYTHONPATH="${PYTHONPATH:-}:$WORK/$name" "$PY" -m doit config=pipeline.variant.yaml "$task") \
-    > "$WORK/$name.${task%%:*}.log" 2>&1
-  local rc=$?
-  say "$name: doit $task rc $rc in $(awk "BEGIN {printf \"%.1f\", $EPOCHREALTIME - $s}") s"
-  [ $rc -ne 0 ] && tail -5 "$WORK/$name.${task%%:*}.log" | cut -c1-400 | tee -a "$log"
-  return $rc
-}
 
 pids=()
 for v in $VARIANTS; do
@@ -71,7 +62,7 @@ for v in $VARIANTS; do
     continue
   fi
   variant "$name" "${v#*=}"
-  doit_in "$name" "aoti_package:$BUILD" & pids+=($!)
+  doit_in "$name" pipeline.variant.yaml "aoti_package:$BUILD" & pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done
 built=()
@@ -97,7 +88,7 @@ fi
 for n in ${VERIFY:-${built[@]:1}}; do
   [ "$n" = none ] && continue
   late 35 "verify of $n" && continue
-  doit_in "$n" "verify:$BUILD"
+  doit_in "$n" pipeline.variant.yaml "verify:$BUILD"
   cp "$WORK/$n/artifacts/$VERSION/verify/$BUILD/verify.json" "$OUT/$n-verify.json" 2>/dev/null
 done
 

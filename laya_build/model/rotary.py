@@ -5,9 +5,10 @@ times the inverse frequencies, then ``cos``/``sin``, once a forward.  A compiler
 that small, cheap-looking pointwise chain into its consumers (Inductor does: the result has
 few reads and few ops) recomputes both for every element of ``q`` and ``k`` in every layer,
 heads and rows included.  On the H200 that made the kernel before each attention compute
-bound at 7 rows x 256 tokens (docs/measurements/runtime-h200.md, "Rotary tables").
+bound at 7 rows x 256 tokens (docs/measurements/runtime-h200.md, "Rotary tables and additive
+masks").
 
-:func:`tabulate` computes the same values once, when the model is prepared for export, by the
+:func:`use` has the same values computed once, when the model is prepared for export, by the
 encoder's own rotary module (so the dtype and device rounding are the export's), for every
 position up to ``max_position_embeddings``; the forward then gathers ``table[position_ids]``:
 the package reads them instead of computing them.  Only rotary types whose frequencies do not
@@ -29,7 +30,6 @@ class RotaryTable(nn.Module):
 
     def __init__(self, rotary: nn.Module, length: int, dtype: torch.dtype, device: torch.device):
         super().__init__()
-        self.length = length
         positions = torch.arange(length, device=device)[None]
         probe = torch.empty(0, dtype=dtype, device=device)
         with torch.no_grad():
