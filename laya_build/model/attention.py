@@ -1,4 +1,4 @@
-"""How the encoder's attention runs (``export.attention``): ``sdpa``, ``bias`` or ``varlen``.
+"""How the encoder's attention runs (``export.attention``): ``sdpa``, ``bias``, ``varlen`` or ``fused``.
 
 With ``sdpa`` (transformers' default here) every layer reads a boolean ``[B, 1, S, S]`` mask —
 padding for the global layers, padding and the ±window band for the local ones — which torch
@@ -10,9 +10,12 @@ entry (``aten._flash_attention_forward``) on the packed ``[B * S, H, Dh]`` layou
 row cut in two sequences: its first ``count`` positions, then its padding.  The local layers'
 window is its size, so no mask is made or read.  On the H200 with torch 2.11 that is no faster:
 FlashAttention 2's kernel is slower than cuDNN's by about what the mask costs the sdpa package
-(docs/measurements/runtime-h200.md, "The sdpa and varlen packages side by side").
+(docs/measurements/runtime-h200.md, "The sdpa and varlen packages side by side").  ``fused``
+runs each layer's rotary and attention as one Triton kernel on the packed ``Wqkv`` output, given
+each row's key count (:mod:`laya_build.model.rotary_attention`): no rotated copies of q and k, no
+mask tensor.
 
-Semantics, for a padding mask that is a prefix of ones in each row (right padding: the
+Semantics of ``varlen`` and ``fused``, for a padding mask that is a prefix of ones in each row (right padding: the
 tokenizer's batches and the runtime's buckets): every real position attends to its row's
 ``count`` real positions, within the window on local layers, as with the masks it replaces.  The
 padded positions of a row attend to each other only: no real position ever reads them, so the
@@ -35,7 +38,8 @@ import torch
 
 NAME = "laya_varlen"
 BIAS_NAME = "laya_bias"
-IMPLEMENTATIONS = ("sdpa", "bias", "varlen")  # export.attention's values
+FUSED_NAME = "laya_fused"
+IMPLEMENTATIONS = ("sdpa", "bias", "varlen", "fused")  # export.attention's values
 
 
 def key_lengths(counts: torch.Tensor, length: int) -> torch.Tensor:
@@ -62,6 +66,49 @@ def key_counts(attention_mask: torch.Tensor | None = None, kv_length: int | None
     if kv_length is not None:
         attention_mask = attention_mask[:, -kv_length:]
     return key_lengths(attention_mask.sum(-1, dtype=torch.int32), attention_mask.shape[-1])
+
+
+def row_key_counts(attention_mask: torch.Tensor | None = None, kv_length: int | None = None, **_) -> torch.Tensor | None:
+    """The ``fused`` mask function: each row's number of keys (int32 ``[B]``), from its 2D
+    padding mask (None: every key of every row).  Made once a forward, not once a layer."""
+    if attention_mask is None:
+        return None
+    if kv_length is not None:
+        attention_mask = attention_mask[:, -kv_length:]
+    return attention_mask.sum(-1, dtype=torch.int32)
+
+
+def fused_forward(self, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None, **_):
+    """A ModernBERT attention layer's forward with rotary and attention as one op
+    (``laya::rotary_attention``) on the packed ``Wqkv`` output; ``attention_mask`` is
+    :func:`row_key_counts`'s."""
+    if self.training and self.attention_dropout:
+        raise ValueError(f"{FUSED_NAME} attention is for inference: dropout {self.attention_dropout} in training")
+    shape = hidden_states.shape[:-1]
+    qkv = self.Wqkv(hidden_states).view(*shape, 3, -1, self.head_dim)
+    cos, sin = position_embeddings
+    counts = attention_mask
+    if counts is None:
+        counts = torch.full(shape[:1], shape[1], dtype=torch.int32, device=qkv.device)
+    window = self.sliding_window - 1 if self.sliding_window is not None else -1
+    out = torch.ops.laya.rotary_attention(qkv, cos, sin, counts, self.head_dim**-0.5, window)
+    return self.out_drop(self.Wo(out.reshape(*shape, -1))), None
+
+
+def _fused_only(*_, **__):
+    raise RuntimeError(f"{FUSED_NAME}: the attention layers' own forward runs this attention (use(model, 'fused'))")
+
+
+def rotary_attention_module():
+    """:mod:`laya_build.model.rotary_attention` (it registers ``laya::rotary_attention``), or a
+    ValueError that says what is missing."""
+    import importlib
+
+    try:
+        return importlib.import_module("laya_build.model.rotary_attention")
+    except ImportError as exc:
+        raise ValueError(f"export.attention fused needs Triton, which does not import here ({exc}); "
+                         "install the project's requirements.txt or choose sdpa or bias") from None
 
 
 def varlen_attention(
@@ -141,6 +188,10 @@ def compile_through() -> None:
     op = torch.ops.laya.varlen_attention.default
     if op not in decompositions:
         register_decomposition(op)(_computed)
+    try:  # laya::rotary_attention, a triton_op: Inductor compiles its kernel into the package
+        rotary_attention_module()
+    except ValueError:
+        pass  # without Triton no exported program can hold it
 
 
 def register() -> None:
@@ -156,6 +207,8 @@ def register() -> None:
     # a compiler then makes it again in every layer.
     AttentionInterface.register(BIAS_NAME, sdpa_attention_forward)
     AttentionMaskInterface.register(BIAS_NAME, eager_mask)
+    AttentionInterface.register(FUSED_NAME, _fused_only)
+    AttentionMaskInterface.register(FUSED_NAME, row_key_counts)
 
 
 def use(model: torch.nn.Module, implementation: str) -> None:
@@ -165,4 +218,12 @@ def use(model: torch.nn.Module, implementation: str) -> None:
     if implementation == "sdpa":
         return
     register()
+    if implementation == "fused":
+        import types
+
+        rotary_attention_module()
+        model.encoder.set_attn_implementation(FUSED_NAME)
+        for layer in model.encoder.layers:
+            layer.attn.forward = types.MethodType(fused_forward, layer.attn)
+        return
     model.encoder.set_attn_implementation(BIAS_NAME if implementation == "bias" else NAME)

@@ -197,8 +197,8 @@ def run_export(
 
     model, _, _ = load_checkpoint(checkpoint_dir)
     model = eval_copy(model, torch_dtype(dtype), target)
-    attention.use(model, cfg["attention"][target])
     try:
+        attention.use(model, cfg["attention"][target])
         rotary.use(model, cfg["rotary"])
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -104,15 +104,18 @@ def test_varlen_exports_with_dynamic_rows_and_tokens():
             torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.build(seconds=150)  # one AOTInductor compile of the small model on the CPU
-def test_the_package_child_compiles_the_saved_op_into_a_package_that_needs_no_laya_build(tmp_path):
-    """torch.export saves ``laya::varlen_attention`` as one op (FlashAttention's own has an output
-    type that not every torch can save); the package child has Inductor compile it as the ops it
-    runs, so the package loads and answers in a process that has never heard of laya-build."""
+@pytest.mark.build(seconds=300)  # an AOTInductor compile of the small model on the CPU for each
+@pytest.mark.parametrize("implementation, op", [("varlen", "laya.varlen_attention.default"),
+                                                ("fused", "laya.rotary_attention.default")])
+def test_the_package_child_compiles_the_saved_op_into_a_package_that_needs_no_laya_build(tmp_path, implementation, op):
+    """torch.export saves the attention as one op of laya-build's (``varlen``: FlashAttention's
+    own has an output type that not every torch can save; ``fused``: a Triton kernel); the package
+    child has Inductor compile it as the ops it runs, so the package loads and answers in a
+    process that has never heard of laya-build."""
     model = small_model()
-    attention.use(model, "varlen")
+    attention.use(model, implementation)
     torch.export.save(exported(model), tmp_path / "exported.pt2")
-    assert "laya.varlen_attention.default" in calls(torch.export.load(tmp_path / "exported.pt2"))
+    assert op in calls(torch.export.load(tmp_path / "exported.pt2"))
     compile_code = textwrap.dedent(
         f"""
         from laya_build.stages.children.package import compile_program

@@ -1,0 +1,173 @@
+"""Rotary and attention in one Triton kernel (``export.attention.cuda: fused``).
+
+ModernBERT's layer makes ``q``, ``k`` and ``v`` from one packed ``Wqkv`` output, rotates ``q``
+and ``k`` by position (in fp32, rounded back to the model's dtype), then attends: each query to
+its row's real keys, within ±window on the local layers.  Compiled as transformers writes it,
+that is a kernel that writes the rotated ``q`` and ``k``, a masked attention call reading a
+``[B, 1, S, S]`` mask, and cuDNN's memset before it (docs/measurements/runtime-h200.md).  Here
+one kernel reads the packed ``Wqkv`` output and the rotary tables, rotates each tile of ``q``
+and ``k`` as it loads it, skips the key blocks a local layer's window cannot reach, and masks
+by each row's key count: no rotated copy, no mask tensor, no memset.
+
+The op is ``laya::rotary_attention``, a :func:`torch.library.triton_op`: torch.export keeps it
+as one op, and AOTInductor compiles the Triton kernel into the package (it needs nothing of
+laya-build to load).  The launch configuration is fixed (:data:`CONFIG`; no autotuning), so two
+builds give the same kernel.
+Off CUDA the op runs :func:`reference`: transformers' rotary and SDPA with the boolean masks,
+the semantics the kernel is tested against on a GPU.
+
+Semantics (``counts[b]`` real positions at the start of row ``b``, right padding): query ``i``
+attends to keys ``j < counts[b]`` (and ``|i - j| <= window`` when ``window >= 0``).  A query
+that sees no key (a padded position far from every real one, or a row of padding) gets 0; no
+real position ever reads a padded one, so the model's outputs are those of its masks.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+# BLOCK_M queries a program, BLOCK_N keys an iteration (benchmarks/rotary_attention_probe.py)
+CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _rotary_attention_kernel(
+    QKV, COS, SIN, COUNTS, OUT,
+    S, stride_qb, stride_qs, stride_cb, stride_cs, stride_ob, stride_os,
+    qk_scale,
+    H: tl.constexpr, D: tl.constexpr, WINDOW: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    HALF: tl.constexpr = D // 2
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    count = tl.load(COUNTS + b)
+    rows = start_m + tl.arange(0, BLOCK_M)
+    half = tl.arange(0, HALF)
+    dims = tl.arange(0, D)
+    row_ok = (rows < S)[:, None]
+    q_base = QKV + b.to(tl.int64) * stride_qb + h * D
+    k_base = q_base + H * D
+    v_base = q_base + 2 * H * D
+    cos_base = COS + b.to(tl.int64) * stride_cb
+    sin_base = SIN + b.to(tl.int64) * stride_cb
+
+    # q, rotated as transformers does: (x * cos + rotate_half(x) * sin) in fp32, then the dtype
+    at = rows[:, None] * stride_qs + half[None, :]
+    tab = rows[:, None] * stride_cs + half[None, :]
+    x1 = tl.load(q_base + at, mask=row_ok, other=0.0).to(tl.float32)
+    x2 = tl.load(q_base + at + HALF, mask=row_ok, other=0.0).to(tl.float32)
+    c1 = tl.load(cos_base + tab, mask=row_ok, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_base + tab + HALF, mask=row_ok, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_base + tab, mask=row_ok, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_base + tab + HALF, mask=row_ok, other=0.0).to(tl.float32)
+    q1 = (x1 * c1 - x2 * s1).to(QKV.dtype.element_ty)
+    q2 = (x2 * c2 + x1 * s2).to(QKV.dtype.element_ty)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    if WINDOW >= 0:  # the key blocks the window can reach
+        lo = (tl.maximum(start_m - WINDOW, 0) // BLOCK_N) * BLOCK_N
+        hi = tl.minimum(start_m + BLOCK_M + WINDOW, count)
+    else:
+        lo = 0
+        hi = count
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        col_ok = cols < count
+        # names of their own: a name assigned before the loop would be carried through it
+        k_at = cols[:, None] * stride_qs + half[None, :]
+        k_tab = cols[:, None] * stride_cs + half[None, :]
+        y1 = tl.load(k_base + k_at, mask=col_ok[:, None], other=0.0).to(tl.float32)
+        y2 = tl.load(k_base + k_at + HALF, mask=col_ok[:, None], other=0.0).to(tl.float32)
+        d1 = tl.load(cos_base + k_tab, mask=col_ok[:, None], other=0.0).to(tl.float32)
+        d2 = tl.load(cos_base + k_tab + HALF, mask=col_ok[:, None], other=0.0).to(tl.float32)
+        t1 = tl.load(sin_base + k_tab, mask=col_ok[:, None], other=0.0).to(tl.float32)
+        t2 = tl.load(sin_base + k_tab + HALF, mask=col_ok[:, None], other=0.0).to(tl.float32)
+        k1 = (y1 * d1 - y2 * t1).to(QKV.dtype.element_ty)
+        k2 = (y2 * d2 + y1 * t2).to(QKV.dtype.element_ty)
+        scores = (tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))) * qk_scale
+        seen = col_ok[None, :]
+        if WINDOW >= 0:
+            dist = rows[:, None] - cols[None, :]
+            seen = seen & (dist <= WINDOW) & (dist >= -WINDOW)
+        scores = tl.where(seen, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key seen yet: nothing to scale
+        p = tl.exp2(scores - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + cols[:, None] * stride_qs + dims[None, :], mask=col_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_ptr = OUT + b.to(tl.int64) * stride_ob + h * D + rows[:, None] * stride_os + dims[None, :]
+    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=row_ok)
+
+
+def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, config=None) -> None:
+    """Run the kernel (``kernel``: the JIT function or a wrapper of it; ``config``: another
+    launch configuration than :data:`CONFIG`) into ``out``."""
+    B, S, _, H, D = qkv.shape
+    kernel = kernel if kernel is not None else _rotary_attention_kernel
+    config = config or CONFIG
+    kernel[(triton.cdiv(S, config["BLOCK_M"]), B * H)](
+        qkv, cos, sin, counts, out,
+        S, qkv.stride(0), qkv.stride(1),
+        cos.stride(0) if cos.shape[0] != 1 else 0, cos.stride(1),
+        out.stride(0), out.stride(1),
+        scale * LOG2E,
+        H=H, D=D, WINDOW=window, **config,
+    )
+
+
+def check(qkv, cos, sin, counts) -> None:
+    B, S, three, H, D = qkv.shape
+    torch._check(three == 3, lambda: f"qkv must be [B, S, 3, H, D], got {tuple(qkv.shape)}")
+    torch._check(cos.shape[-2] == S and cos.shape[-1] == D and sin.shape == cos.shape)
+    torch._check(counts.shape[0] == B)
+
+
+@triton_op("laya::rotary_attention", mutates_args={})
+def rotary_attention(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, counts: torch.Tensor, scale: float, window: int
+) -> torch.Tensor:
+    """``[B, S, 3, H, D]`` packed q, k, v (not yet rotated), ``[1 or B, S, D]`` cos and sin,
+    ``[B]`` int32 key counts -> ``[B, S, H, D]``."""
+    check(qkv, cos, sin, counts)
+    B, S, _, H, D = qkv.shape
+    if qkv.device.type != "cuda":
+        return reference(qkv, cos, sin, counts, scale, window)
+    torch._check(D % 32 == 0 and D <= 256, lambda: f"the kernel needs a head dim that is a multiple of 32, up to 256: {D}")
+    out = torch.empty((B, S, H, D), dtype=qkv.dtype, device=qkv.device)
+    launch(qkv, cos.contiguous(), sin.contiguous(), counts.to(torch.int32), scale, window, out, wrap_triton(_rotary_attention_kernel))
+    return out
+
+
+def reference(qkv, cos, sin, counts, scale: float, window: int) -> torch.Tensor:
+    """The kernel's semantics in torch ops: transformers' ``apply_rotary_pos_emb``, then SDPA with
+    the padding (and band) mask; a query that sees no key gets 0."""
+    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))  # [B, H, S, D]
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def rotate(x):
+        x = x.float()
+        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+        return ((x * c) + (torch.cat((-x2, x1), dim=-1) * s)).to(qkv.dtype)
+
+    S = qkv.shape[1]
+    pos = torch.arange(S, device=qkv.device)
+    seen = (pos[None, None, :] < counts.to(pos.device)[:, None, None]).expand(-1, S, -1)  # [B, S, S]
+    if window >= 0:
+        seen = seen & ((pos[:, None] - pos[None, :]).abs() <= window)
+    seen = seen[:, None]
+    out = torch.nn.functional.scaled_dot_product_attention(rotate(q), rotate(k), v, attn_mask=seen, scale=scale)
+    out = torch.where(seen.any(-1, keepdim=True), out, 0.0)
+    return out.transpose(1, 2).contiguous()

@@ -1,0 +1,151 @@
+"""Rotary and attention as one op (laya_build.model.rotary_attention, export.attention.cuda: fused).
+
+On the CPU the op runs its reference (transformers' rotary, SDPA with the boolean masks): the
+model's outputs must be sdpa's bit for bit, with right padding of several lengths and local
+layers whose window is narrower than the sequence.  The Triton kernel itself runs here in
+Triton's interpreter (numpy on the CPU) against that reference, at launch configurations whose
+query and key blocks differ, on rows that are full, padded, one position and empty; on a GPU
+the same in bf16 compiled.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from laya_build import PROJECT_ROOT
+from laya_build.model import attention, rotary
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+sys.path.insert(0, os.path.dirname(__file__))
+from test_varlen_attention import batch, exported, small_model  # noqa: E402  (the same small model)
+
+
+@pytest.mark.parametrize("mode", ["computed", "table"])
+def test_fused_gives_the_sdpa_outputs_bit_for_bit_with_one_op_a_layer(mode, monkeypatch):
+    from laya_build.model import rotary_attention
+
+    model = small_model()
+    rotary.use(model, mode)
+    args = batch()
+    with torch.no_grad():
+        expected = model(*args)
+        attention.use(model, "fused")
+        seen, counted = [], []
+        real, counts = rotary_attention.reference, attention.row_key_counts
+        monkeypatch.setattr(rotary_attention, "reference", lambda *a: (seen.append((a[3].tolist(), a[5])), real(*a))[1])
+        monkeypatch.setattr(attention, "row_key_counts", lambda *a, **k: (counted.append(1), counts(*a, **k))[1])
+        attention.register()  # the mask function as patched
+        got = model(*args)
+    assert model.encoder.config._attn_implementation == attention.FUSED_NAME
+    # every layer ran the op on the packed Wqkv output, with the rows' key counts and its window
+    assert seen == [([48, 30, 17], -1), ([48, 30, 17], 8), ([48, 30, 17], 8), ([48, 30, 17], -1)]
+    assert len(counted) == 2  # once a forward for each of the encoder's two masks, not once a layer
+    for e, g in zip(expected, got):
+        assert torch.equal(e, g)
+
+
+def test_fused_exports_as_one_op_a_layer_with_dynamic_rows_and_tokens():
+    model = small_model()
+    attention.use(model, "fused")
+    program = exported(model)
+    ops = [n for n in program.graph.nodes if n.target is torch.ops.laya.rotary_attention.default]
+    assert len(ops) == 4
+    sdpa = [n for n in program.graph.nodes if n.target is torch.ops.aten.scaled_dot_product_attention.default]
+    assert len(sdpa) == 1  # the decision head's one layer: none in the encoder
+    other = batch((32, 9), width=32)  # another row count and width than the traced example
+    with torch.inference_mode():
+        for e, g in zip(small_model()(*other), program.module()(*other)):
+            torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+def test_without_triton_fused_is_refused_with_what_to_do(monkeypatch):
+    monkeypatch.delitem(sys.modules, "laya_build.model.rotary_attention", raising=False)
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton fails
+    with pytest.raises(ValueError, match="export.attention fused needs Triton.*choose sdpa or bias"):
+        attention.use(small_model(), "fused")
+
+
+INTERPRETED = textwrap.dedent(
+    """
+    import json, sys, torch
+    # Triton 3.6's interpreter turns a loop bound into an int with int(array); numpy >= 2.4 wants
+    # a 0-d array there.  The same conversion, of the bound's one element.
+    from triton.runtime import interpreter
+    patch = interpreter._patch_lang_tensor
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+    interpreter._patch_lang_tensor = patched
+    from laya_build.model import rotary_attention as ra
+
+    torch.manual_seed(0)
+    B, S, H, D = 4, 80, 2, 64  # 80: not a multiple of the blocks
+    counts = torch.tensor([80, 33, 1, 0], dtype=torch.int32)
+    pos = torch.arange(S)[:, None] * (1.0 / 10000 ** (torch.arange(0, D, 2) / D))[None]
+    emb = torch.cat((pos, pos), -1)
+    worst = {}
+    for dtype in (torch.float32, torch.float16):
+        qkv = torch.randn(B, S, 3, H, D).to(dtype)
+        for name, (cos, sin) in {"one table": (emb.cos()[None], emb.sin()[None]),
+                                 "a table a row": (emb.cos().expand(B, S, D), emb.sin().expand(B, S, D))}.items():
+            cos, sin = cos.to(dtype).contiguous(), sin.to(dtype).contiguous()
+            for window in (-1, 5, 40):
+                ref = ra.reference(qkv, cos, sin, counts, D ** -0.5, window)
+                for config in json.loads(sys.argv[1]):
+                    out = torch.full((B, S, H, D), float("nan"), dtype=dtype)
+                    ra.launch(qkv, cos, sin, counts, D ** -0.5, window, out, config=config)
+                    assert (out[3] == 0).all(), "an empty row is not 0"
+                    key = f"{dtype} {name} window {window} {config}"
+                    worst[key] = (out.float() - ref.float()).abs().max().item()
+    print(json.dumps(worst))
+    """
+)
+
+
+def test_the_kernel_in_triton_s_interpreter_is_the_reference():
+    pytest.importorskip("triton")
+    configs = [
+        {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+        {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2},  # blocks of different sizes
+        {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+    ]
+    import json
+
+    run = subprocess.run(
+        [sys.executable, "-c", INTERPRETED, json.dumps(configs)],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    worst = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(worst) == 2 * 2 * 3 * len(configs)
+    for key, err in worst.items():
+        limit = 1e-5 if "float32" in key else 4e-3  # fp16: rounding of p and of the output
+        assert err <= limit, f"{key}: {err}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernel compiled needs a CUDA GPU")
+def test_the_kernel_on_cuda_is_the_reference():
+    from laya_build.model import rotary_attention as ra
+
+    torch.manual_seed(0)
+    B, S, H, D = 4, 128, 16, 64
+    qkv = torch.randn(B, S, 3, H, D, device="cuda", dtype=torch.bfloat16)
+    pos = torch.arange(S, device="cuda")[:, None] * (1.0 / 10000 ** (torch.arange(0, D, 2, device="cuda") / D))[None]
+    emb = torch.cat((pos, pos), -1)[None]
+    cos, sin = emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
+    counts = torch.tensor([128, 77, 16, 0], device="cuda", dtype=torch.int32)  # full, padded, short, empty
+    for window in (-1, 64):
+        got = torch.ops.laya.rotary_attention(qkv, cos, sin, counts, D**-0.5, window)
+        ref = ra.reference(qkv.float(), cos.float(), sin.float(), counts, D**-0.5, window)
+        assert (got.float() - ref).abs().max().item() < 2e-2
+        assert (got[3] == 0).all()
