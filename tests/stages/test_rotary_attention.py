@@ -149,3 +149,29 @@ def test_the_kernel_on_cuda_is_the_reference():
         ref = ra.reference(qkv.float(), cos.float(), sin.float(), counts, D**-0.5, window)
         assert (got.float() - ref).abs().max().item() < 2e-2
         assert (got[3] == 0).all()
+
+
+def test_no_float_reaches_the_kernel_as_a_runtime_argument():
+    """Inductor hands a Python float given to a user's Triton kernel as fp64, which turned the
+    kernel's softmax state to fp64 and failed its compile inside AOTInductor on the H200 (eager
+    Triton passes fp32): every float the launch passes must be a compile-time constant."""
+    from laya_build.model import rotary_attention as ra
+
+    launched = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append((grid, args, kwargs))
+
+    B, S, H, D = 2, 48, 2, 64
+    qkv = torch.zeros(B, S, 3, H, D)
+    cos = sin = torch.zeros(1, S, D)
+    ra.launch(qkv, cos, sin, torch.full((B,), S, dtype=torch.int32), D**-0.5, 8, torch.empty(B, S, H, D), Recorder())
+    (grid, args, kwargs), = launched
+    assert grid == (1, B * H)
+    assert not [a for a in args if isinstance(a, float)]
+    assert kwargs["SCALE"] == pytest.approx(D**-0.5 * 1.4426950408889634)
+    assert kwargs["WINDOW"] == 8 and kwargs["num_warps"] == ra.CONFIG["num_warps"]
+    constants = set(ra._rotary_attention_kernel.constexprs)
+    names = ra._rotary_attention_kernel.arg_names
+    assert {names.index(k) for k in ("H", "D", "WINDOW", "SCALE", "BLOCK_M", "BLOCK_N")} <= constants
