@@ -17,9 +17,10 @@ mask tensor.
 
 Semantics of ``varlen`` and ``fused``, for a padding mask that is a prefix of ones in each row (right padding: the
 tokenizer's batches and the runtime's buckets): every real position attends to its row's
-``count`` real positions, within the window on local layers, as with the masks it replaces.  The
-padded positions of a row attend to each other only: no real position ever reads them, so the
-model's outputs are those of the masks.  Why two sequences a row: FlashAttention aligns a
+``count`` real positions, within the window on local layers, as with the masks it replaces.  With
+``varlen`` the padded positions of a row attend to each other only, with ``fused`` to the row's
+real keys as with the masks: no real position ever reads them, so the model's outputs are those
+of the masks.  Why two sequences a row: FlashAttention aligns a
 window with the end of the keys (query ``i`` sees keys ``i + len_k - len_q ± window``), so the
 row's real queries and keys must be a sequence of one length (``seqused_k`` with the whole row
 as queries would shift the window of every padded row).  Off CUDA (the tests) the same segments
@@ -222,6 +223,10 @@ def use(model: torch.nn.Module, implementation: str) -> None:
         import types
 
         rotary_attention_module()
+        weight = model.encoder.embeddings.tok_embeddings.weight
+        if weight.is_cuda and weight.dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"export.attention fused runs bf16 and fp16 CUDA exports, not {weight.dtype}: "
+                             "choose sdpa or bias for this one")
         model.encoder.set_attn_implementation(FUSED_NAME)
         for layer in model.encoder.layers:
             layer.attn.forward = types.MethodType(fused_forward, layer.attn)

@@ -127,10 +127,17 @@ def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, c
 
 
 def check(qkv, cos, sin, counts) -> None:
-    B, S, three, H, D = qkv.shape
-    torch._check(three == 3, lambda: f"qkv must be [B, S, 3, H, D], got {tuple(qkv.shape)}")
-    torch._check(cos.shape[-2] == S and cos.shape[-1] == D and sin.shape == cos.shape)
-    torch._check(counts.shape[0] == B)
+    """The layouts the kernel reads: ``qkv`` a view of ``Wqkv``'s output (its last three strides
+    ``H * D, D, 1``), cos and sin ``[1 or B, S, D]``, one key count a row."""
+    torch._check(qkv.dim() == 5 and qkv.shape[2] == 3, lambda: f"qkv must be [B, S, 3, H, D], got {tuple(qkv.shape)}")
+    B, S, _, H, D = qkv.shape
+    torch._check(qkv.stride(4) == 1 and qkv.stride(3) == D and qkv.stride(2) == H * D,
+                 lambda: f"qkv must be a view of the packed Wqkv output, strides {qkv.stride()}")
+    torch._check(cos.dim() == 3 and cos.shape[1] == S and cos.shape[2] == D and sin.shape == cos.shape,
+                 lambda: f"cos and sin must be [1 or B, S, D], got {tuple(cos.shape)}")
+    if isinstance(cos.shape[0], int) and cos.shape[0] != 1:  # (a symbolic batch is the rows' own)
+        torch._check(cos.shape[0] == B, lambda: f"cos and sin must be [1 or B, S, D], got {tuple(cos.shape)}")
+    torch._check(counts.dim() == 1 and counts.shape[0] == B, lambda: f"counts must be [B], got {tuple(counts.shape)}")
 
 
 @triton_op("laya::rotary_attention", mutates_args={})
@@ -143,7 +150,10 @@ def rotary_attention(
     B, S, _, H, D = qkv.shape
     if qkv.device.type != "cuda":
         return reference(qkv, cos, sin, counts, scale, window)
-    torch._check(D % 32 == 0 and D <= 256, lambda: f"the kernel needs a head dim that is a multiple of 32, up to 256: {D}")
+    torch._check(D in (32, 64, 128, 256), lambda: f"the kernel needs a head dim of 32, 64, 128 or 256: {D}")
+    torch._check(qkv.dtype in (torch.bfloat16, torch.float16),
+                 lambda: f"the kernel runs bf16 and fp16 (its fp32 products would be TF32): {qkv.dtype}")
+    torch._check(B * H < 65536, lambda: f"{B} rows of {H} heads is more programs than a grid's second axis holds")
     out = torch.empty((B, S, H, D), dtype=qkv.dtype, device=qkv.device)
     launch(qkv, cos.contiguous(), sin.contiguous(), counts.to(torch.int32), scale, window, out, wrap_triton(_rotary_attention_kernel))
     return out

@@ -87,13 +87,16 @@ INTERPRETED = textwrap.dedent(
     torch.manual_seed(0)
     B, S, H, D = 4, 80, 2, 64  # 80: not a multiple of the blocks
     counts = torch.tensor([80, 33, 1, 0], dtype=torch.int32)
-    pos = torch.arange(S)[:, None] * (1.0 / 10000 ** (torch.arange(0, D, 2) / D))[None]
+    inv = 1.0 / 10000 ** (torch.arange(0, D, 2) / D)
+    pos = torch.arange(S)[:, None] * inv[None]
     emb = torch.cat((pos, pos), -1)
+    shifted = torch.arange(B)[:, None, None] * 7 + torch.arange(S)[None, :, None]  # other positions a row
+    own = torch.cat([shifted * inv] * 2, -1)
     worst = {}
     for dtype in (torch.float32, torch.float16):
         qkv = torch.randn(B, S, 3, H, D).to(dtype)
         for name, (cos, sin) in {"one table": (emb.cos()[None], emb.sin()[None]),
-                                 "a table a row": (emb.cos().expand(B, S, D), emb.sin().expand(B, S, D))}.items():
+                                 "a table a row": (own.cos(), own.sin())}.items():
             cos, sin = cos.to(dtype).contiguous(), sin.to(dtype).contiguous()
             for window in (-1, 5, 40):
                 ref = ra.reference(qkv, cos, sin, counts, D ** -0.5, window)
@@ -138,13 +141,13 @@ def test_the_kernel_on_cuda_is_the_reference():
     from laya_build.model import rotary_attention as ra
 
     torch.manual_seed(0)
-    B, S, H, D = 4, 128, 16, 64
+    B, S, H, D = 4, 256, 16, 64
     qkv = torch.randn(B, S, 3, H, D, device="cuda", dtype=torch.bfloat16)
     pos = torch.arange(S, device="cuda")[:, None] * (1.0 / 10000 ** (torch.arange(0, D, 2, device="cuda") / D))[None]
     emb = torch.cat((pos, pos), -1)[None]
     cos, sin = emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
-    counts = torch.tensor([128, 77, 16, 0], device="cuda", dtype=torch.int32)  # full, padded, short, empty
-    for window in (-1, 64):
+    counts = torch.tensor([256, 77, 16, 0], device="cuda", dtype=torch.int32)  # full, padded, short, empty
+    for window in (-1, 64, 8):  # global; local as the model's; a window that skips key blocks
         got = torch.ops.laya.rotary_attention(qkv, cos, sin, counts, D**-0.5, window)
         ref = ra.reference(qkv.float(), cos.float(), sin.float(), counts, D**-0.5, window)
         assert (got.float() - ref).abs().max().item() < 2e-2
@@ -175,3 +178,25 @@ def test_no_float_reaches_the_kernel_as_a_runtime_argument():
     constants = set(ra._rotary_attention_kernel.constexprs)
     names = ra._rotary_attention_kernel.arg_names
     assert {names.index(k) for k in ("H", "D", "WINDOW", "SCALE", "BLOCK_M", "BLOCK_N")} <= constants
+
+
+def test_layouts_the_kernel_cannot_read_are_refused():
+    from laya_build.model import rotary_attention as ra
+
+    B, S, H, D = 2, 16, 2, 32
+    cos = sin = torch.zeros(1, S, D)
+    counts = torch.full((B,), S, dtype=torch.int32)
+    packed = torch.zeros(B, S, 3 * H * D)
+    with pytest.raises(RuntimeError, match="a view of the packed Wqkv output"):
+        ra.rotary_attention(packed.view(B, S, H, 3, D).transpose(2, 3), cos, sin, counts, 0.1, -1)
+    with pytest.raises(RuntimeError, match=r"cos and sin must be \[1 or B, S, D\]"):
+        ra.rotary_attention(packed.view(B, S, 3, H, D), cos[0], sin[0], counts, 0.1, -1)
+    with pytest.raises(RuntimeError, match=r"counts must be \[B\]"):
+        ra.rotary_attention(packed.view(B, S, 3, H, D), cos, sin, torch.ones(B, 1, S, S), 0.1, -1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA model")
+def test_a_float32_cuda_model_is_refused():
+    """The kernel's fp32 products would be TF32: a float32 CUDA export with fused is refused at once."""
+    with pytest.raises(ValueError, match="fused runs bf16 and fp16 CUDA exports"):
+        attention.use(small_model().cuda(), "fused")
