@@ -53,6 +53,62 @@ def rotate(torch, x, cos, sin):
     return (x * cos + torch.cat((-x2, x1), -1) * sin).to(torch.bfloat16)
 
 
+def timings(torch, ra, result, save, configs, shape, B, S, window) -> None:
+    """The rows of one shape and kind of layer: the fused kernel at each configuration, then the
+    calls it replaces."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    scale = HEAD_DIM**-0.5
+    packed = [torch.randn(B, S, 3, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
+    cos, sin = tables(torch, S)
+    counts = torch.full((B,), S, device="cuda", dtype=torch.int32)
+    outs = [torch.empty(B, S, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
+    pos = torch.arange(S, device="cuda")
+    seen = torch.ones(S, S, dtype=torch.bool, device="cuda")
+    if window >= 0:
+        seen = (pos[:, None] - pos[None, :]).abs() <= window
+    bias = torch.zeros(B, 1, S, S, device="cuda", dtype=torch.bfloat16).masked_fill(
+        ~seen, torch.finfo(torch.bfloat16).min
+    )
+    c4, s4 = cos[:, None], sin[:, None]
+    rotated = [
+        (rotate(torch, p[:, :, 0].transpose(1, 2), c4, s4), rotate(torch, p[:, :, 1].transpose(1, 2), c4, s4))
+        for p in packed
+    ]
+
+    def record(name, calls, config=None):
+        try:
+            ms = graphed_ms(torch, calls)
+            row = {"shape": shape, "window": window, "name": name, "us": round(ms / LAYERS * 1e3, 2)}
+            if config:
+                row["config"] = config
+        except Exception as exc:  # noqa: BLE001 - a probe records what failed and goes on
+            row = {"shape": shape, "window": window, "name": name, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        result["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        save()
+
+    def fused(i, config):
+        ra.launch(packed[i], cos, sin, counts, scale, window, outs[i], config=config)
+
+    def rotary_cudnn(i):
+        p = packed[i]
+        q = rotate(torch, p[:, :, 0].transpose(1, 2), c4, s4)
+        k = rotate(torch, p[:, :, 1].transpose(1, 2), c4, s4)
+        return F.scaled_dot_product_attention(q, k, p[:, :, 2].transpose(1, 2), attn_mask=bias)
+
+    def cudnn(i):
+        return F.scaled_dot_product_attention(*rotated[i], packed[i][:, :, 2].transpose(1, 2), attn_mask=bias)
+
+    for config in configs:
+        tag = f"fused {config['BLOCK_M']}x{config['BLOCK_N']} w{config['num_warps']} s{config['num_stages']}"
+        record(tag, [lambda i=i, config=config: fused(i, config) for i in range(LAYERS)], config)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        record("rotary + cudnn", [lambda i=i: rotary_cudnn(i) for i in range(LAYERS)])
+        record("cudnn", [lambda i=i: cudnn(i) for i in range(LAYERS)])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -61,8 +117,6 @@ def main() -> int:
     start = time.monotonic()
 
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from laya_build.model import rotary_attention as ra
 
@@ -100,55 +154,8 @@ def main() -> int:
             save()
 
     for shape, (B, S) in SHAPES.items():
-        packed = [torch.randn(B, S, 3, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
-        cos, sin = tables(torch, S)
-        counts = torch.full((B,), S, device="cuda", dtype=torch.int32)
-        outs = [torch.empty(B, S, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
-        pos = torch.arange(S, device="cuda")
         for window in (-1, HALF_WINDOW):
-            seen = torch.ones(S, S, dtype=torch.bool, device="cuda")
-            if window >= 0:
-                seen = (pos[:, None] - pos[None, :]).abs() <= window
-            bias = torch.zeros(B, 1, S, S, device="cuda", dtype=torch.bfloat16).masked_fill(
-                ~seen, torch.finfo(torch.bfloat16).min
-            )
-            c4, s4 = cos[:, None], sin[:, None]
-            rotated = [
-                (rotate(torch, p[:, :, 0].transpose(1, 2), c4, s4), rotate(torch, p[:, :, 1].transpose(1, 2), c4, s4))
-                for p in packed
-            ]
-
-            def record(name, calls, config=None):
-                try:
-                    ms = graphed_ms(torch, calls)
-                    row = {"shape": shape, "window": window, "name": name, "us": round(ms / LAYERS * 1e3, 2)}
-                    if config:
-                        row["config"] = config
-                except Exception as exc:  # noqa: BLE001
-                    row = {"shape": shape, "window": window, "name": name, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-                result["rows"].append(row)
-                print(json.dumps(row), flush=True)
-                save()
-
-            for config in json.loads(args.configs):
-                tag = f"fused {config['BLOCK_M']}x{config['BLOCK_N']} w{config['num_warps']} s{config['num_stages']}"
-                record(tag, [
-                    lambda i=i, config=config: ra.launch(packed[i], cos, sin, counts, scale, window, outs[i], config=config)
-                    for i in range(LAYERS)
-                ], config)
-
-            def rotary_cudnn(i):
-                p = packed[i]
-                q = rotate(torch, p[:, :, 0].transpose(1, 2), c4, s4)
-                k = rotate(torch, p[:, :, 1].transpose(1, 2), c4, s4)
-                return F.scaled_dot_product_attention(q, k, p[:, :, 2].transpose(1, 2), attn_mask=bias)
-
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                record("rotary + cudnn", [lambda i=i: rotary_cudnn(i) for i in range(LAYERS)])
-                record("cudnn", [
-                    lambda i=i: F.scaled_dot_product_attention(*rotated[i], packed[i][:, :, 2].transpose(1, 2), attn_mask=bias)
-                    for i in range(LAYERS)
-                ])
+            timings(torch, ra, result, save, json.loads(args.configs), shape, B, S, window)
     return finish(result, save, start)
 
 

@@ -69,7 +69,9 @@ def key_counts(attention_mask: torch.Tensor | None = None, kv_length: int | None
     return key_lengths(attention_mask.sum(-1, dtype=torch.int32), attention_mask.shape[-1])
 
 
-def row_key_counts(attention_mask: torch.Tensor | None = None, kv_length: int | None = None, **_) -> torch.Tensor | None:
+def row_key_counts(
+    attention_mask: torch.Tensor | None = None, kv_length: int | None = None, **_
+) -> torch.Tensor | None:
     """The ``fused`` mask function: each row's number of keys (int32 ``[B]``), from its 2D
     padding mask (None: every key of every row).  Made once a forward, not once a layer."""
     if attention_mask is None:
@@ -108,8 +110,10 @@ def rotary_attention_module():
     try:
         return importlib.import_module("laya_build.model.rotary_attention")
     except ImportError as exc:
-        raise ValueError(f"export.attention fused needs Triton, which does not import here ({exc}); "
-                         "install the project's requirements.txt or choose sdpa or bias") from None
+        raise ValueError(
+            f"export.attention fused needs Triton, which does not import here ({exc}); "
+            "install the project's requirements.txt or choose sdpa or bias"
+        ) from None
 
 
 def varlen_attention(
@@ -225,8 +229,10 @@ def use(model: torch.nn.Module, implementation: str) -> None:
         rotary_attention_module()
         weight = model.encoder.embeddings.tok_embeddings.weight
         if weight.is_cuda and weight.dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(f"export.attention fused runs bf16 and fp16 CUDA exports, not {weight.dtype}: "
-                             "choose sdpa or bias for this one")
+            raise ValueError(
+                f"export.attention fused runs bf16 and fp16 CUDA exports, not {weight.dtype}: "
+                "choose sdpa or bias for this one"
+            )
         model.encoder.set_attn_implementation(FUSED_NAME)
         for layer in model.encoder.layers:
             layer.attn.forward = types.MethodType(fused_forward, layer.attn)

@@ -36,10 +36,24 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _rotary_attention_kernel(
-    QKV, COS, SIN, COUNTS, OUT,
-    S, stride_qb, stride_qs, stride_cb, stride_cs, stride_ob, stride_os,
-    H: tl.constexpr, D: tl.constexpr, WINDOW: tl.constexpr, SCALE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    QKV,
+    COS,
+    SIN,
+    COUNTS,
+    OUT,
+    S,
+    stride_qb,
+    stride_qs,
+    stride_cb,
+    stride_cs,
+    stride_ob,
+    stride_os,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     HALF: tl.constexpr = D // 2
     start_m = tl.program_id(0) * BLOCK_M
@@ -92,7 +106,9 @@ def _rotary_attention_kernel(
         t2 = tl.load(sin_base + k_tab + HALF, mask=col_ok[:, None], other=0.0).to(tl.float32)
         k1 = (y1 * d1 - y2 * t1).to(QKV.dtype.element_ty)
         k2 = (y2 * d2 + y1 * t2).to(QKV.dtype.element_ty)
-        scores = (tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))) * SCALE  # a constant: Inductor hands a float argument to a kernel as fp64
+        scores = (
+            tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
+        ) * SCALE  # a constant: Inductor hands a float argument to a kernel as fp64
         seen = col_ok[None, :]
         if WINDOW >= 0:
             dist = rows[:, None] - cols[None, :]
@@ -118,11 +134,23 @@ def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, c
     kernel = kernel if kernel is not None else _rotary_attention_kernel
     config = config or CONFIG
     kernel[(triton.cdiv(S, config["BLOCK_M"]), B * H)](
-        qkv, cos, sin, counts, out,
-        S, qkv.stride(0), qkv.stride(1),
-        cos.stride(0) if cos.shape[0] != 1 else 0, cos.stride(1),
-        out.stride(0), out.stride(1),
-        H=H, D=D, WINDOW=window, SCALE=scale * LOG2E, **config,
+        qkv,
+        cos,
+        sin,
+        counts,
+        out,
+        S,
+        qkv.stride(0),
+        qkv.stride(1),
+        cos.stride(0) if cos.shape[0] != 1 else 0,
+        cos.stride(1),
+        out.stride(0),
+        out.stride(1),
+        H=H,
+        D=D,
+        WINDOW=window,
+        SCALE=scale * LOG2E,
+        **config,
     )
 
 
@@ -131,10 +159,14 @@ def check(qkv, cos, sin, counts) -> None:
     ``H * D, D, 1``), cos and sin ``[1 or B, S, D]``, one key count a row."""
     torch._check(qkv.dim() == 5 and qkv.shape[2] == 3, lambda: f"qkv must be [B, S, 3, H, D], got {tuple(qkv.shape)}")
     B, S, _, H, D = qkv.shape
-    torch._check(qkv.stride(4) == 1 and qkv.stride(3) == D and qkv.stride(2) == H * D,
-                 lambda: f"qkv must be a view of the packed Wqkv output, strides {qkv.stride()}")
-    torch._check(cos.dim() == 3 and cos.shape[1] == S and cos.shape[2] == D and sin.shape == cos.shape,
-                 lambda: f"cos and sin must be [1 or B, S, D], got {tuple(cos.shape)}")
+    torch._check(
+        qkv.stride(4) == 1 and qkv.stride(3) == D and qkv.stride(2) == H * D,
+        lambda: f"qkv must be a view of the packed Wqkv output, strides {qkv.stride()}",
+    )
+    torch._check(
+        cos.dim() == 3 and cos.shape[1] == S and cos.shape[2] == D and sin.shape == cos.shape,
+        lambda: f"cos and sin must be [1 or B, S, D], got {tuple(cos.shape)}",
+    )
     if isinstance(cos.shape[0], int) and cos.shape[0] != 1:  # (a symbolic batch is the rows' own)
         torch._check(cos.shape[0] == B, lambda: f"cos and sin must be [1 or B, S, D], got {tuple(cos.shape)}")
     torch._check(counts.dim() == 1 and counts.shape[0] == B, lambda: f"counts must be [B], got {tuple(counts.shape)}")
@@ -151,11 +183,22 @@ def rotary_attention(
     if qkv.device.type != "cuda":
         return reference(qkv, cos, sin, counts, scale, window)
     torch._check(D in (32, 64, 128, 256), lambda: f"the kernel needs a head dim of 32, 64, 128 or 256: {D}")
-    torch._check(qkv.dtype in (torch.bfloat16, torch.float16),
-                 lambda: f"the kernel runs bf16 and fp16 (its fp32 products would be TF32): {qkv.dtype}")
+    torch._check(
+        qkv.dtype in (torch.bfloat16, torch.float16),
+        lambda: f"the kernel runs bf16 and fp16 (its fp32 products would be TF32): {qkv.dtype}",
+    )
     torch._check(B * H < 65536, lambda: f"{B} rows of {H} heads is more programs than a grid's second axis holds")
     out = torch.empty((B, S, H, D), dtype=qkv.dtype, device=qkv.device)
-    launch(qkv, cos.contiguous(), sin.contiguous(), counts.to(torch.int32), scale, window, out, wrap_triton(_rotary_attention_kernel))
+    launch(
+        qkv,
+        cos.contiguous(),
+        sin.contiguous(),
+        counts.to(torch.int32),
+        scale,
+        window,
+        out,
+        wrap_triton(_rotary_attention_kernel),
+    )
     return out
 
 

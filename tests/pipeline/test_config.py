@@ -116,7 +116,7 @@ BAD = {
     "unknown attention": (
         lambda d: d.setdefault("export", {}).update(attention={"cuda": "flash"}),
         "export.attention.cuda",
-        "is not one of ['sdpa', 'bias', 'varlen']",
+        "is not one of ['sdpa', 'bias', 'varlen', 'fused']",
     ),
     "unknown rotary": (
         lambda d: d.setdefault("export", {}).update(rotary="cached"),

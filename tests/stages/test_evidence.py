@@ -146,8 +146,12 @@ def test_h200_fused_kernel_probe_kept_to_the_reference_on_padded_rows():
     128, 77, 16 and 0 real positions, the empty row 0; and the fused package built once the kernel's
     scale became a constant (the failed build's message is the one the docs quote)."""
     probe = load(f"{FUSED}/probe-1.json")
-    parity = [r for r in probe["rows"] if r.get("parity", "").startswith("4x128") and r["config"] == {
-        "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}]
+    parity = [
+        r
+        for r in probe["rows"]
+        if r.get("parity", "").startswith("4x128")
+        and r["config"] == {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+    ]
     assert {r["window"] for r in parity} == {-1, 64}
     for r in parity:
         assert r["max_abs_vs_reference"] <= 0.0078125 and r["padding_rows_zero"]

@@ -170,7 +170,7 @@ def test_no_float_reaches_the_kernel_as_a_runtime_argument():
     qkv = torch.zeros(B, S, 3, H, D)
     cos = sin = torch.zeros(1, S, D)
     ra.launch(qkv, cos, sin, torch.full((B,), S, dtype=torch.int32), D**-0.5, 8, torch.empty(B, S, H, D), Recorder())
-    (grid, args, kwargs), = launched
+    ((grid, args, kwargs),) = launched
     assert grid == (1, B * H)
     assert not [a for a in args if isinstance(a, float)]
     assert kwargs["SCALE"] == pytest.approx(D**-0.5 * 1.4426950408889634)

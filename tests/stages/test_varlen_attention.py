@@ -105,8 +105,9 @@ def test_varlen_exports_with_dynamic_rows_and_tokens():
 
 
 @pytest.mark.build(seconds=300)  # an AOTInductor compile of the small model on the CPU for each
-@pytest.mark.parametrize("implementation, op", [("varlen", "laya.varlen_attention.default"),
-                                                ("fused", "laya.rotary_attention.default")])
+@pytest.mark.parametrize(
+    "implementation, op", [("varlen", "laya.varlen_attention.default"), ("fused", "laya.rotary_attention.default")]
+)
 def test_the_package_child_compiles_the_saved_op_into_a_package_that_needs_no_laya_build(tmp_path, implementation, op):
     """torch.export saves the attention as one op of laya-build's (``varlen``: FlashAttention's
     own has an output type that not every torch can save; ``fused``: a Triton kernel); the package
