@@ -47,12 +47,6 @@ def tables(torch, S, base=10000.0):
     return emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
 
 
-def rotate(torch, x, cos, sin):
-    x = x.float()
-    x1, x2 = x[..., : HEAD_DIM // 2], x[..., HEAD_DIM // 2 :]
-    return (x * cos + torch.cat((-x2, x1), -1) * sin).to(torch.bfloat16)
-
-
 def timings(torch, ra, result, save, configs, shape, B, S, window) -> None:
     """The rows of one shape and kind of layer: the fused kernel at each configuration, then the
     calls it replaces."""
@@ -73,8 +67,7 @@ def timings(torch, ra, result, save, configs, shape, B, S, window) -> None:
     )
     c4, s4 = cos[:, None], sin[:, None]
     rotated = [
-        (rotate(torch, p[:, :, 0].transpose(1, 2), c4, s4), rotate(torch, p[:, :, 1].transpose(1, 2), c4, s4))
-        for p in packed
+        (ra.rotate(p[:, :, 0].transpose(1, 2), c4, s4), ra.rotate(p[:, :, 1].transpose(1, 2), c4, s4)) for p in packed
     ]
 
     def record(name, calls, config=None):
@@ -94,8 +87,8 @@ def timings(torch, ra, result, save, configs, shape, B, S, window) -> None:
 
     def rotary_cudnn(i):
         p = packed[i]
-        q = rotate(torch, p[:, :, 0].transpose(1, 2), c4, s4)
-        k = rotate(torch, p[:, :, 1].transpose(1, 2), c4, s4)
+        q = ra.rotate(p[:, :, 0].transpose(1, 2), c4, s4)
+        k = ra.rotate(p[:, :, 1].transpose(1, 2), c4, s4)
         return F.scaled_dot_product_attention(q, k, p[:, :, 2].transpose(1, 2), attn_mask=bias)
 
     def cudnn(i):

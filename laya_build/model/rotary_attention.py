@@ -35,6 +35,20 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _rotated(x_ptr, cos_ptr, sin_ptr, at, tab, ok, HALF: tl.constexpr):
+    """A tile of q or k rotated as transformers does: ``x * cos + rotate_half(x) * sin`` in
+    fp32, then the tensor's dtype; its two halves (``at``/``tab``: the first half's offsets)."""
+    x1 = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + at + HALF, mask=ok, other=0.0).to(tl.float32)
+    c1 = tl.load(cos_ptr + tab, mask=ok, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + tab + HALF, mask=ok, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + tab, mask=ok, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + tab + HALF, mask=ok, other=0.0).to(tl.float32)
+    dtype = x_ptr.dtype.element_ty
+    return (x1 * c1 - x2 * s1).to(dtype), (x2 * c2 + x1 * s2).to(dtype)
+
+
+@triton.jit
 def _rotary_attention_kernel(
     QKV,
     COS,
@@ -71,17 +85,9 @@ def _rotary_attention_kernel(
     cos_base = COS + b.to(tl.int64) * stride_cb
     sin_base = SIN + b.to(tl.int64) * stride_cb
 
-    # q, rotated as transformers does: (x * cos + rotate_half(x) * sin) in fp32, then the dtype
     at = rows[:, None] * stride_qs + half[None, :]
     tab = rows[:, None] * stride_cs + half[None, :]
-    x1 = tl.load(q_base + at, mask=row_ok, other=0.0).to(tl.float32)
-    x2 = tl.load(q_base + at + HALF, mask=row_ok, other=0.0).to(tl.float32)
-    c1 = tl.load(cos_base + tab, mask=row_ok, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_base + tab + HALF, mask=row_ok, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_base + tab, mask=row_ok, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_base + tab + HALF, mask=row_ok, other=0.0).to(tl.float32)
-    q1 = (x1 * c1 - x2 * s1).to(QKV.dtype.element_ty)
-    q2 = (x2 * c2 + x1 * s2).to(QKV.dtype.element_ty)
+    q1, q2 = _rotated(q_base, cos_base, sin_base, at, tab, row_ok, HALF)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -98,14 +104,7 @@ def _rotary_attention_kernel(
         # names of their own: a name assigned before the loop would be carried through it
         k_at = cols[:, None] * stride_qs + half[None, :]
         k_tab = cols[:, None] * stride_cs + half[None, :]
-        y1 = tl.load(k_base + k_at, mask=col_ok[:, None], other=0.0).to(tl.float32)
-        y2 = tl.load(k_base + k_at + HALF, mask=col_ok[:, None], other=0.0).to(tl.float32)
-        d1 = tl.load(cos_base + k_tab, mask=col_ok[:, None], other=0.0).to(tl.float32)
-        d2 = tl.load(cos_base + k_tab + HALF, mask=col_ok[:, None], other=0.0).to(tl.float32)
-        t1 = tl.load(sin_base + k_tab, mask=col_ok[:, None], other=0.0).to(tl.float32)
-        t2 = tl.load(sin_base + k_tab + HALF, mask=col_ok[:, None], other=0.0).to(tl.float32)
-        k1 = (y1 * d1 - y2 * t1).to(QKV.dtype.element_ty)
-        k2 = (y2 * d2 + y1 * t2).to(QKV.dtype.element_ty)
+        k1, k2 = _rotated(k_base, cos_base, sin_base, k_at, k_tab, col_ok[:, None], HALF)
         scores = (
             tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
         ) * SCALE  # a constant: Inductor hands a float argument to a kernel as fp64
@@ -202,23 +201,27 @@ def rotary_attention(
     return out
 
 
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' ``apply_rotary_pos_emb`` of one tensor: ``x * cos + rotate_half(x) * sin`` in
+    fp32, then ``x``'s dtype (``cos``/``sin`` broadcast to ``x``)."""
+    f = x.float()
+    f1, f2 = f[..., : f.shape[-1] // 2], f[..., f.shape[-1] // 2 :]
+    return ((f * cos) + (torch.cat((-f2, f1), dim=-1) * sin)).to(x.dtype)
+
+
 def reference(qkv, cos, sin, counts, scale: float, window: int) -> torch.Tensor:
     """The kernel's semantics in torch ops: transformers' ``apply_rotary_pos_emb``, then SDPA with
     the padding (and band) mask; a query that sees no key gets 0."""
     q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))  # [B, H, S, D]
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-
-    def rotate(x):
-        x = x.float()
-        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
-        return ((x * c) + (torch.cat((-x2, x1), dim=-1) * s)).to(qkv.dtype)
-
     S = qkv.shape[1]
     pos = torch.arange(S, device=qkv.device)
     seen = (pos[None, None, :] < counts.to(pos.device)[:, None, None]).expand(-1, S, -1)  # [B, S, S]
     if window >= 0:
         seen = seen & ((pos[:, None] - pos[None, :]).abs() <= window)
     seen = seen[:, None]
-    out = torch.nn.functional.scaled_dot_product_attention(rotate(q), rotate(k), v, attn_mask=seen, scale=scale)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        rotate(q, c, s), rotate(k, c, s), v, attn_mask=seen, scale=scale
+    )
     out = torch.where(seen.any(-1, keepdim=True), out, 0.0)
     return out.transpose(1, 2).contiguous()
