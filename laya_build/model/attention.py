@@ -226,13 +226,11 @@ def use(model: torch.nn.Module, implementation: str) -> None:
     if implementation == "fused":
         import types
 
-        rotary_attention_module()
+        kernel = rotary_attention_module()
         weight = model.encoder.embeddings.tok_embeddings.weight
-        if weight.is_cuda and weight.dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(
-                f"export.attention fused runs bf16 and fp16 CUDA exports, not {weight.dtype}: "
-                "choose sdpa or bias for this one"
-            )
+        refusal = weight.is_cuda and kernel.cuda_refusal(model.encoder.layers[0].attn.head_dim, weight.dtype)
+        if refusal:
+            raise ValueError(f"export.attention fused on CUDA needs {refusal}: choose sdpa or bias for this model")
         model.encoder.set_attn_implementation(FUSED_NAME)
         for layer in model.encoder.layers:
             layer.attn.forward = types.MethodType(fused_forward, layer.attn)

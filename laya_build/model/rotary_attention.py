@@ -32,6 +32,18 @@ from torch.library import triton_op, wrap_triton
 # BLOCK_M queries a program, BLOCK_N keys an iteration (benchmarks/rotary_attention_probe.py)
 CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 LOG2E = 1.4426950408889634
+# head dims the kernel indexes: its q·k product is two dots over half a head, and a dot needs 16
+HEAD_DIMS = (32, 64, 128, 256)
+DTYPES = (torch.bfloat16, torch.float16)  # its fp32 products would be TF32
+
+
+def cuda_refusal(head_dim: int, dtype: torch.dtype) -> str | None:
+    """Why the CUDA kernel cannot run a model of this head dim and dtype, or None."""
+    if head_dim not in HEAD_DIMS:
+        return f"a head dim of {', '.join(map(str, HEAD_DIMS))} (this model's is {head_dim})"
+    if dtype not in DTYPES:
+        return f"bf16 or fp16 (this model is {dtype}; its fp32 products would be TF32)"
+    return None
 
 
 @triton.jit
@@ -181,11 +193,7 @@ def rotary_attention(
     B, S, _, H, D = qkv.shape
     if qkv.device.type != "cuda":
         return reference(qkv, cos, sin, counts, scale, window)
-    torch._check(D in (32, 64, 128, 256), lambda: f"the kernel needs a head dim of 32, 64, 128 or 256: {D}")
-    torch._check(
-        qkv.dtype in (torch.bfloat16, torch.float16),
-        lambda: f"the kernel runs bf16 and fp16 (its fp32 products would be TF32): {qkv.dtype}",
-    )
+    torch._check(cuda_refusal(D, qkv.dtype) is None, lambda: f"the kernel needs {cuda_refusal(D, qkv.dtype)}")
     torch._check(B * H < 65536, lambda: f"{B} rows of {H} heads is more programs than a grid's second axis holds")
     out = torch.empty((B, S, H, D), dtype=qkv.dtype, device=qkv.device)
     launch(

@@ -196,7 +196,25 @@ def test_layouts_the_kernel_cannot_read_are_refused():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA model")
-def test_a_float32_cuda_model_is_refused():
-    """The kernel's fp32 products would be TF32: a float32 CUDA export with fused is refused at once."""
-    with pytest.raises(ValueError, match="fused runs bf16 and fp16 CUDA exports"):
-        attention.use(small_model().cuda(), "fused")
+def test_what_the_cuda_kernel_cannot_run_is_named():
+    """Head dims its half-head dots cannot index, and fp32 (whose products would be TF32)."""
+    from laya_build.model import rotary_attention as ra
+
+    for head_dim in ra.HEAD_DIMS:
+        for dtype in (torch.bfloat16, torch.float16):
+            assert ra.cuda_refusal(head_dim, dtype) is None
+    for head_dim in (8, 16, 48, 96, 512):
+        assert f"this model's is {head_dim}" in ra.cuda_refusal(head_dim, torch.bfloat16)
+    assert "this model is torch.float32" in ra.cuda_refusal(64, torch.float32)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA model: torch.cuda.is_available() is False")
+def test_a_cuda_model_the_kernel_cannot_run_is_refused_at_once():
+    """Refused when the attention is chosen, with what to choose instead, not at trace time (the
+    small model's heads are 16 wide; fp32 is refused by the same check, unit-tested above)."""
+    for model in (small_model().cuda().bfloat16(), small_model().cuda()):
+        with pytest.raises(
+            ValueError,
+            match=r"fused on CUDA needs a head dim of 32, 64, 128, 256 \(this model's is 16\): choose sdpa or bias",
+        ):
+            attention.use(model, "fused")

@@ -23,7 +23,7 @@ from laya_build.config.sections import section
 from tests.stage_calls import run_export, run_model, run_package
 
 pytestmark = [
-    pytest.mark.build(seconds=300),  # one CUDA compile of the tiny model, a torch.compile in the child
+    pytest.mark.build(seconds=600),  # two CUDA compiles of the tiny model, a torch.compile in the child
     pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs: torch.cuda.is_available() is False"),
 ]
 
@@ -31,11 +31,19 @@ BUCKETS = [{"rows": 1, "tokens": 32}, {"rows": 4, "tokens": 128}]
 PRELOAD = section("package", None)["preload"]["cuda"]  # what the image needs before a CUDA package loads
 
 
-@pytest.fixture(scope="module")
-def cuda_build(tmp_path_factory):
-    base = tmp_path_factory.mktemp("cuda-build")
-    run_model({}, base / "model")
-    run_export({}, base / "model" / "checkpoint", base / "model" / "inputs.pt", base / "export", "cuda", "bfloat16")
+@pytest.fixture(scope="module", params=["sdpa", "fused"])
+def cuda_build(tmp_path_factory, request):
+    """The tiny model packaged for CUDA, once with SDPA and once with the fused rotary attention (its
+    Triton kernel compiled into the package; two heads of 32, a head dim the kernel runs)."""
+    model_cfg = {}
+    if request.param == "fused":
+        pytest.importorskip("triton", reason="export.attention.cuda fused needs Triton")
+        model_cfg = {"generate": {"num_attention_heads": 2}}
+    base = tmp_path_factory.mktemp(f"cuda-build-{request.param}")
+    run_model(model_cfg, base / "model")
+    model = base / "model"
+    export_cfg = {"attention": {"cuda": request.param}}
+    run_export(export_cfg, model / "checkpoint", model / "inputs.pt", base / "export", "cuda", "bfloat16")
     run_package({}, base / "export", base / "package", "cuda")
     return base
 
