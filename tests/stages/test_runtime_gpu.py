@@ -40,8 +40,8 @@ def cuda_build(tmp_path_factory, request):
         pytest.importorskip("triton", reason="export.attention.cuda fused needs Triton")
         model_cfg = {"generate": {"num_attention_heads": 2}}
     base = tmp_path_factory.mktemp(f"cuda-build-{request.param}")
-    run_model(model_cfg, base / "model")
     model = base / "model"
+    run_model(model_cfg, model)
     export_cfg = {"attention": {"cuda": request.param}}
     run_export(export_cfg, model / "checkpoint", model / "inputs.pt", base / "export", "cuda", "bfloat16")
     run_package({}, base / "export", base / "package", "cuda")
