@@ -48,16 +48,26 @@ class DecisionModel(nn.Module):
                 marker_pos: torch.Tensor, marker_mask: torch.Tensor, qtype: torch.Tensor):
         states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         states = states + self.type_emb(qtype)[:, None]
+        index = marker_pos
         if self.head is not None:
-            padding = attention_mask == 0
-            for layer in self.head.layers:  # layer by layer, as upstream runs its head
-                states = layer(states, src_key_padding_mask=padding)
+            states, index = self.run_head(states, attention_mask, marker_pos)
 
-        index = marker_pos.clamp(min=0)[:, :, None].expand(-1, -1, states.shape[-1])
+        index = index.clamp(min=0)[:, :, None].expand(-1, -1, states.shape[-1])
         markers = torch.gather(states, 1, index)
         logits = self.scorer(markers).squeeze(-1).float()
         logits = logits.masked_fill(marker_mask == 0, MASKED_SLOT_LOGIT)
         return logits, self.act_head(self.act_features(states, logits, marker_mask))
+
+    def run_head(self, states: torch.Tensor, attention_mask: torch.Tensor,
+                 marker_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's layers over ``states``, layer by layer as upstream runs them: ``(states,
+        index)``, the head's output and each marker's position in it (``marker_pos``'s: the class
+        state at 0, a masked slot's -1).  An export may run it otherwise
+        (:mod:`laya_build.model.head`)."""
+        padding = attention_mask == 0
+        for layer in self.head.layers:
+            states = layer(states, src_key_padding_mask=padding)
+        return states, marker_pos
 
     def act_features(self, states: torch.Tensor, logits: torch.Tensor,
                      marker_mask: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,9 @@ as one op, and AOTInductor compiles the Triton kernel into the package (it needs
 laya-build to load).  The launch configuration is fixed (:data:`CONFIG`; no autotuning), so two
 builds give the same kernel.
 Off CUDA the op runs :func:`reference`: transformers' rotary and SDPA with the boolean masks,
-the semantics the kernel is tested against on a GPU.
+the semantics the kernel is tested against on a GPU.  ``laya::packed_attention`` is the same
+kernel without rotary (``ROTARY`` a compile-time constant: no table is read), for the decision
+head's attention layers (:mod:`laya_build.model.head`).
 
 Semantics (``counts[b]`` real positions at the start of row ``b``, right padding): query ``i``
 attends to keys ``j < counts[b]`` (and ``|i - j| <= window`` when ``window >= 0``).  A query
@@ -47,9 +49,12 @@ def cuda_refusal(head_dim: int, dtype: torch.dtype) -> str | None:
 
 
 @triton.jit
-def _rotated(x_ptr, cos_ptr, sin_ptr, at, tab, ok, HALF: tl.constexpr):
+def _rotated(x_ptr, cos_ptr, sin_ptr, at, tab, ok, HALF: tl.constexpr, ROTARY: tl.constexpr):
     """A tile of q or k rotated as transformers does: ``x * cos + rotate_half(x) * sin`` in
-    fp32, then the tensor's dtype; its two halves (``at``/``tab``: the first half's offsets)."""
+    fp32, then the tensor's dtype; its two halves (``at``/``tab``: the first half's offsets).
+    Without ``ROTARY`` the two halves as they are (no table read)."""
+    if not ROTARY:
+        return tl.load(x_ptr + at, mask=ok, other=0.0), tl.load(x_ptr + at + HALF, mask=ok, other=0.0)
     x1 = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
     x2 = tl.load(x_ptr + at + HALF, mask=ok, other=0.0).to(tl.float32)
     c1 = tl.load(cos_ptr + tab, mask=ok, other=0.0).to(tl.float32)
@@ -78,6 +83,7 @@ def _rotary_attention_kernel(
     D: tl.constexpr,
     WINDOW: tl.constexpr,
     SCALE: tl.constexpr,
+    ROTARY: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -99,7 +105,7 @@ def _rotary_attention_kernel(
 
     at = rows[:, None] * stride_qs + half[None, :]
     tab = rows[:, None] * stride_cs + half[None, :]
-    q1, q2 = _rotated(q_base, cos_base, sin_base, at, tab, row_ok, HALF)
+    q1, q2 = _rotated(q_base, cos_base, sin_base, at, tab, row_ok, HALF, ROTARY)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -116,7 +122,7 @@ def _rotary_attention_kernel(
         # names of their own: a name assigned before the loop would be carried through it
         k_at = cols[:, None] * stride_qs + half[None, :]
         k_tab = cols[:, None] * stride_cs + half[None, :]
-        k1, k2 = _rotated(k_base, cos_base, sin_base, k_at, k_tab, col_ok[:, None], HALF)
+        k1, k2 = _rotated(k_base, cos_base, sin_base, k_at, k_tab, col_ok[:, None], HALF, ROTARY)
         scores = (
             tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
         ) * SCALE  # a constant: Inductor hands a float argument to a kernel as fp64
@@ -140,47 +146,52 @@ def _rotary_attention_kernel(
 
 def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, config=None) -> None:
     """Run the kernel (``kernel``: the JIT function or a wrapper of it; ``config``: another
-    launch configuration than :data:`CONFIG`) into ``out``."""
+    launch configuration than :data:`CONFIG`) into ``out``.  ``cos`` and ``sin`` None: no
+    rotary (q and k as they are)."""
     B, S, _, H, D = qkv.shape
     kernel = kernel if kernel is not None else _rotary_attention_kernel
     config = config or CONFIG
+    rotary = cos is not None
     kernel[(triton.cdiv(S, config["BLOCK_M"]), B * H)](
         qkv,
-        cos,
-        sin,
+        cos if rotary else qkv,  # (not read without rotary)
+        sin if rotary else qkv,
         counts,
         out,
         S,
         qkv.stride(0),
         qkv.stride(1),
-        cos.stride(0) if cos.shape[0] != 1 else 0,
-        cos.stride(1),
+        cos.stride(0) if rotary and cos.shape[0] != 1 else 0,
+        cos.stride(1) if rotary else 0,
         out.stride(0),
         out.stride(1),
         H=H,
         D=D,
         WINDOW=window,
         SCALE=scale * LOG2E,
+        ROTARY=rotary,
         **config,
     )
 
 
 def check(qkv, cos, sin, counts) -> None:
     """The layouts the kernel reads: ``qkv`` a view of ``Wqkv``'s output (its last three strides
-    ``H * D, D, 1``), cos and sin ``[1 or B, S, D]``, one key count a row."""
+    ``H * D, D, 1``), cos and sin ``[1 or B, S, D]`` (or both None), one key count a row."""
     torch._check(qkv.dim() == 5 and qkv.shape[2] == 3, lambda: f"qkv must be [B, S, 3, H, D], got {tuple(qkv.shape)}")
     B, S, _, H, D = qkv.shape
     torch._check(
         qkv.stride(4) == 1 and qkv.stride(3) == D and qkv.stride(2) == H * D,
         lambda: f"qkv must be a view of the packed Wqkv output, strides {qkv.stride()}",
     )
+    torch._check(counts.dim() == 1 and counts.shape[0] == B, lambda: f"counts must be [B], got {tuple(counts.shape)}")
+    if cos is None:
+        return
     torch._check(
         cos.dim() == 3 and cos.shape[1] == S and cos.shape[2] == D and sin.shape == cos.shape,
         lambda: f"cos and sin must be [1 or B, S, D], got {tuple(cos.shape)}",
     )
     if isinstance(cos.shape[0], int) and cos.shape[0] != 1:  # (a symbolic batch is the rows' own)
         torch._check(cos.shape[0] == B, lambda: f"cos and sin must be [1 or B, S, D], got {tuple(cos.shape)}")
-    torch._check(counts.dim() == 1 and counts.shape[0] == B, lambda: f"counts must be [B], got {tuple(counts.shape)}")
 
 
 @triton_op("laya::rotary_attention", mutates_args={})
@@ -189,6 +200,17 @@ def rotary_attention(
 ) -> torch.Tensor:
     """``[B, S, 3, H, D]`` packed q, k, v (not yet rotated), ``[1 or B, S, D]`` cos and sin,
     ``[B]`` int32 key counts -> ``[B, S, H, D]``."""
+    return _run(qkv, cos, sin, counts, scale, window)
+
+
+@triton_op("laya::packed_attention", mutates_args={})
+def packed_attention(qkv: torch.Tensor, counts: torch.Tensor, scale: float, window: int) -> torch.Tensor:
+    """The same kernel without rotary (the decision head's attention): ``[B, S, 3, H, D]``
+    packed q, k, v, ``[B]`` int32 key counts -> ``[B, S, H, D]``."""
+    return _run(qkv, None, None, counts, scale, window)
+
+
+def _run(qkv, cos, sin, counts, scale: float, window: int) -> torch.Tensor:
     check(qkv, cos, sin, counts)
     B, S, _, H, D = qkv.shape
     if qkv.device.type != "cuda":
@@ -196,16 +218,8 @@ def rotary_attention(
     torch._check(cuda_refusal(D, qkv.dtype) is None, lambda: f"the kernel needs {cuda_refusal(D, qkv.dtype)}")
     torch._check(B * H < 65536, lambda: f"{B} rows of {H} heads is more programs than a grid's second axis holds")
     out = torch.empty((B, S, H, D), dtype=qkv.dtype, device=qkv.device)
-    launch(
-        qkv,
-        cos.contiguous(),
-        sin.contiguous(),
-        counts.to(torch.int32),
-        scale,
-        window,
-        out,
-        wrap_triton(_rotary_attention_kernel),
-    )
+    tables = (cos.contiguous(), sin.contiguous()) if cos is not None else (None, None)
+    launch(qkv, *tables, counts.to(torch.int32), scale, window, out, wrap_triton(_rotary_attention_kernel))
     return out
 
 
@@ -218,18 +232,18 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 def reference(qkv, cos, sin, counts, scale: float, window: int) -> torch.Tensor:
-    """The kernel's semantics in torch ops: transformers' ``apply_rotary_pos_emb``, then SDPA with
-    the padding (and band) mask; a query that sees no key gets 0."""
+    """The kernel's semantics in torch ops: transformers' ``apply_rotary_pos_emb`` (none when
+    ``cos`` is None), then SDPA with the padding (and band) mask; a query that sees no key gets 0."""
     q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))  # [B, H, S, D]
-    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    if cos is not None:
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        q, k = rotate(q, c, s), rotate(k, c, s)
     S = qkv.shape[1]
     pos = torch.arange(S, device=qkv.device)
     seen = (pos[None, None, :] < counts.to(pos.device)[:, None, None]).expand(-1, S, -1)  # [B, S, S]
     if window >= 0:
         seen = seen & ((pos[:, None] - pos[None, :]).abs() <= window)
     seen = seen[:, None]
-    out = torch.nn.functional.scaled_dot_product_attention(
-        rotate(q, c, s), rotate(k, c, s), v, attn_mask=seen, scale=scale
-    )
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=seen, scale=scale)
     out = torch.where(seen.any(-1, keepdim=True), out, 0.0)
     return out.transpose(1, 2).contiguous()

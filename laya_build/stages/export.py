@@ -193,12 +193,13 @@ def run_export(
         raise InputsMismatchError(f"{inputs_path}: {exc.detail}") from None
     programs = [p for p in PROGRAMS if cfg["single_slot"] or not p.single_slot]
 
-    from laya_build.model import attention, rotary
+    from laya_build.model import attention, head, rotary
 
     model, _, _ = load_checkpoint(checkpoint_dir)
     model = eval_copy(model, torch_dtype(dtype), target)
     try:
         attention.use(model, cfg["attention"][target])
+        head.use(model, cfg["attention"][target], cfg["last_head_layer"])
         rotary.use(model, cfg["rotary"])
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -215,6 +216,7 @@ def run_export(
         "single_slot": cfg["single_slot"],
         "rotary": cfg["rotary"],
         "attention": cfg["attention"][target],
+        "last_head_layer": cfg["last_head_layer"],
         "inputs": {"sha256": meta["inputs_sha256"], "bytes": Path(inputs_path).stat().st_size},
         "checkpoint": {"weights_sha256": sha256_file(Path(checkpoint_dir) / WEIGHTS)},
         "programs": records,

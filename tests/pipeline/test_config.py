@@ -123,6 +123,11 @@ BAD = {
         "export.rotary",
         "is not one of ['table', 'computed']",
     ),
+    "unknown last head layer": (
+        lambda d: d.setdefault("export", {}).update(last_head_layer="markers"),
+        "export.last_head_layer",
+        "is not one of ['all', 'read']",
+    ),
     "baseline is itself": (
         lambda d: d["cuda"].update(baseline={"version": d["version"]}),
         "cuda.baseline.version",

@@ -96,8 +96,10 @@ INTERPRETED = textwrap.dedent(
     for dtype in (torch.float32, torch.float16):
         qkv = torch.randn(B, S, 3, H, D).to(dtype)
         for name, (cos, sin) in {"one table": (emb.cos()[None], emb.sin()[None]),
-                                 "a table a row": (own.cos(), own.sin())}.items():
-            cos, sin = cos.to(dtype).contiguous(), sin.to(dtype).contiguous()
+                                 "a table a row": (own.cos(), own.sin()),
+                                 "no rotary": (None, None)}.items():
+            if cos is not None:
+                cos, sin = cos.to(dtype).contiguous(), sin.to(dtype).contiguous()
             for window in (-1, 5, 40):
                 ref = ra.reference(qkv, cos, sin, counts, D ** -0.5, window)
                 for config in json.loads(sys.argv[1]):
@@ -130,7 +132,7 @@ def test_the_kernel_in_triton_s_interpreter_is_the_reference():
     )
     assert run.returncode == 0, run.stderr[-3000:]
     worst = json.loads(run.stdout.strip().splitlines()[-1])
-    assert len(worst) == 2 * 2 * 3 * len(configs)
+    assert len(worst) == 2 * 3 * 3 * len(configs)
     for key, err in worst.items():
         limit = 1e-5 if "float32" in key else 4e-3  # fp16: rounding of p and of the output
         assert err <= limit, f"{key}: {err}"
@@ -152,6 +154,10 @@ def test_the_kernel_on_cuda_is_the_reference():
         ref = ra.reference(qkv.float(), cos.float(), sin.float(), counts, D**-0.5, window)
         assert (got.float() - ref).abs().max().item() < 2e-2
         assert (got[3] == 0).all()
+        plain = torch.ops.laya.packed_attention(qkv, counts, D**-0.5, window)  # no rotary: the head's
+        ref = ra.reference(qkv.float(), None, None, counts, D**-0.5, window)
+        assert (plain.float() - ref).abs().max().item() < 2e-2
+        assert (plain[3] == 0).all()
 
 
 def test_no_float_reaches_the_kernel_as_a_runtime_argument():
@@ -170,14 +176,16 @@ def test_no_float_reaches_the_kernel_as_a_runtime_argument():
     qkv = torch.zeros(B, S, 3, H, D)
     cos = sin = torch.zeros(1, S, D)
     ra.launch(qkv, cos, sin, torch.full((B,), S, dtype=torch.int32), D**-0.5, 8, torch.empty(B, S, H, D), Recorder())
-    ((grid, args, kwargs),) = launched
+    ((grid, args, kwargs),) = launched[:1]
     assert grid == (1, B * H)
     assert not [a for a in args if isinstance(a, float)]
     assert kwargs["SCALE"] == pytest.approx(D**-0.5 * 1.4426950408889634)
-    assert kwargs["WINDOW"] == 8 and kwargs["num_warps"] == ra.CONFIG["num_warps"]
+    assert kwargs["WINDOW"] == 8 and kwargs["num_warps"] == ra.CONFIG["num_warps"] and kwargs["ROTARY"]
+    ra.launch(qkv, None, None, torch.full((B,), S, dtype=torch.int32), D**-0.5, -1, torch.empty(B, S, H, D), Recorder())
+    assert launched[1][2]["ROTARY"] is False and not [a for a in launched[1][1] if isinstance(a, float)]
     constants = set(ra._rotary_attention_kernel.constexprs)
     names = ra._rotary_attention_kernel.arg_names
-    assert {names.index(k) for k in ("H", "D", "WINDOW", "SCALE", "BLOCK_M", "BLOCK_N")} <= constants
+    assert {names.index(k) for k in ("H", "D", "WINDOW", "SCALE", "ROTARY", "BLOCK_M", "BLOCK_N")} <= constants
 
 
 def test_layouts_the_kernel_cannot_read_are_refused():

@@ -1,0 +1,99 @@
+"""The decision head's layers as an export runs them (``export.attention``, ``export.last_head_layer``).
+
+Upstream's head is an ``nn.TransformerEncoder`` (norm first) run layer by layer over every
+position; the forward then reads two things of its output: the first position (the act head's
+class state) and each marker's position (the scorer).  Two ways of running it give the same
+outputs up to rounding:
+
+- attention ``fused``: each layer's attention is ``laya::packed_attention``
+  (:mod:`laya_build.model.rotary_attention`, the encoder's kernel without rotary) on the packed
+  in-projection, given each row's key count: no mask tensor and no cuDNN call in the package.
+- ``last_head_layer: read``: the last layer attends from every position as before (its keys
+  and values are every position's), but its output projection, residual, norm and feed-forward
+  run at the positions read only: ``1 + slots`` a row instead of the row's tokens.  At 7 rows of
+  256 tokens that is three quarters of a layer's GEMM work of the forward's 30.
+
+Semantics as the encoder's ``fused`` (right padding: each row's real positions first): every
+position attends to its row's real keys; a row of padding alone gets 0 where upstream's
+attention gives NaN (no real row reads it).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+
+import torch
+
+LAST_LAYER = ("all", "read")  # export.last_head_layer's values
+
+
+def use(model: torch.nn.Module, attention: str, last_layer: str) -> None:
+    """Run ``model``'s head with ``attention`` (``fused``: the packed kernel; anything else:
+    the layers' own attention) and its last layer at ``last_layer``'s positions."""
+    if last_layer not in LAST_LAYER:
+        raise ValueError(f"export.last_head_layer {last_layer!r} is not one of {', '.join(LAST_LAYER)}")
+    fused, read = attention == "fused", last_layer == "read"
+    if model.head is None or not (fused or read):
+        return
+    for layer in model.head.layers:
+        if not layer.norm_first:
+            raise ValueError("the decision head's layers must be norm_first (upstream's)")
+    if fused:
+        kernel = _kernel()
+        weight = model.head.layers[0].self_attn.in_proj_weight
+        refusal = weight.is_cuda and kernel.cuda_refusal(model.head.layers[0].self_attn.head_dim, weight.dtype)
+        if refusal:
+            raise ValueError(
+                f"export.attention fused on CUDA needs {refusal} in the decision head too: choose sdpa or bias"
+            )
+    model.run_head = types.MethodType(functools.partial(run_head, fused=fused, read=read), model)
+
+
+def _kernel():
+    from laya_build.model.attention import rotary_attention_module
+
+    return rotary_attention_module()
+
+
+def run_head(model, states: torch.Tensor, attention_mask: torch.Tensor, marker_pos: torch.Tensor, *, fused: bool, read: bool):
+    """:meth:`DecisionModel.run_head` run as :func:`use` chose: ``(states, index)``, the head's
+    output and where the markers are in it."""
+    padding = attention_mask == 0
+    counts = attention_mask.sum(-1, dtype=torch.int32) if fused else None  # once a forward
+    layers = list(model.head.layers)
+    for number, layer in enumerate(layers):
+        at = None
+        if read and number == len(layers) - 1:  # the class position, then each marker's
+            at = torch.cat((torch.zeros_like(marker_pos[:, :1]), marker_pos.clamp(min=0)), dim=1)
+        states = layer_forward(layer, states, padding, counts, at)
+    if not read:
+        return states, marker_pos
+    rows, slots = marker_pos.shape
+    return states, torch.arange(1, slots + 1, device=marker_pos.device, dtype=marker_pos.dtype).expand(rows, slots)
+
+
+def pick(x: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """``x[b, at[b, i]]``: ``[B, S, d]``, ``[B, P]`` -> ``[B, P, d]``."""
+    return torch.gather(x, 1, at[:, :, None].expand(-1, -1, x.shape[-1]))
+
+
+def layer_forward(layer, x: torch.Tensor, padding: torch.Tensor, counts: torch.Tensor | None, at: torch.Tensor | None):
+    """One norm-first ``nn.TransformerEncoderLayer`` over ``x`` (``padding``: True where a key is
+    padding): with the packed kernel when ``counts`` (each row's real keys) are given, and only
+    at the positions ``at`` past the attention when given."""
+    if counts is None and at is None:
+        return layer(x, src_key_padding_mask=padding)  # upstream's call
+    sa = layer.self_attn
+    h = layer.norm1(x)
+    if counts is not None:
+        B, S, d = h.shape
+        qkv = torch.nn.functional.linear(h, sa.in_proj_weight, sa.in_proj_bias).view(B, S, 3, sa.num_heads, sa.head_dim)
+        attended = torch.ops.laya.packed_attention(qkv, counts, sa.head_dim**-0.5, -1).reshape(B, S, d)
+        if at is not None:
+            attended, x = pick(attended, at), pick(x, at)
+        x = x + layer.dropout1(sa.out_proj(attended))
+    else:  # the layer's own attention, its queries at the positions read only
+        attended = sa(pick(h, at), h, h, key_padding_mask=padding, need_weights=False)[0]
+        x = pick(x, at) + layer.dropout1(attended)
+    return x + layer._ff_block(layer.norm2(x))
