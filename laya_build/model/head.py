@@ -56,7 +56,9 @@ def _kernel():
     return rotary_attention_module()
 
 
-def run_head(model, states: torch.Tensor, attention_mask: torch.Tensor, marker_pos: torch.Tensor, *, fused: bool, read: bool):
+def run_head(
+    model, states: torch.Tensor, attention_mask: torch.Tensor, marker_pos: torch.Tensor, *, fused: bool, read: bool
+):
     """:meth:`DecisionModel.run_head` run as :func:`use` chose: ``(states, index)``, the head's
     output and where the markers are in it."""
     padding = attention_mask == 0

@@ -236,7 +236,8 @@ def test_h200_head_packages_rebuilt_to_their_bytes_and_verified():
     assert len(read) == 1 and read == {load(f"{HEAD}/read-verify.json")["programs"][0]["package"]["sha256"]}
     assert len(found[0]["fused"] | found[1]["fused"]) == 1
     assert found[0]["bias"] == {load(f"{VARIANTS}/bias-verify.json")["programs"][0]["package"]["sha256"]}
-    committed = (ROOT / config.load(ROOT / "pipeline.h200.yaml").data["package"]["tuning"]["cuda-bfloat16"]).read_bytes()
+    tuning = config.load(ROOT / "pipeline.h200.yaml").data["package"]["tuning"]["cuda-bfloat16"]
+    committed = (ROOT / tuning).read_bytes()
     assert all((EVIDENCE / HEAD / f"read-tuning-{run}.json").read_bytes() == committed for run in (1, 2, 3))
     fused = (ROOT / "tuning" / "h200-cuda-bfloat16-fused.json").read_bytes()
     assert all((EVIDENCE / HEAD / f"fused-tuning-{run}.json").read_bytes() == fused for run in (1, 2))

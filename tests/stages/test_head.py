@@ -26,8 +26,9 @@ from test_varlen_attention import small_model  # noqa: E402  (the same small mod
 def model_with(head_layers: int):
     model = small_model()
     if head_layers != 1:
-        layers = [model.head.layers[0]] + [type(model.head.layers[0])(64, 1, 256, batch_first=True, norm_first=True)
-                                           for _ in range(head_layers - 1)]
+        layers = [model.head.layers[0]] + [
+            type(model.head.layers[0])(64, 1, 256, batch_first=True, norm_first=True) for _ in range(head_layers - 1)
+        ]
         model.head.layers = torch.nn.ModuleList(layers)
         model.head.num_layers = head_layers
     return model.eval()
@@ -110,9 +111,13 @@ def test_read_exports_with_dynamic_rows_tokens_and_slots():
     sdpa = [n for n in program.graph.nodes if n.target is torch.ops.aten.scaled_dot_product_attention.default]
     assert sdpa == []  # no cuDNN call left in the model
     # the feed-forward's hidden width is 256: the first layer's at every token, the last's at 1 + slots
-    hidden = [n.meta["val"].shape for n in program.graph.nodes
-              if n.op == "call_function" and len(getattr(n.meta.get("val"), "shape", ())) == 3
-              and n.meta["val"].shape[-1] == 256]
+    hidden = [
+        n.meta["val"].shape
+        for n in program.graph.nodes
+        if n.op == "call_function"
+        and len(getattr(n.meta.get("val"), "shape", ())) == 3
+        and n.meta["val"].shape[-1] == 256
+    ]
     widths = {str(s[1]) for s in hidden}
     slot_sym = [n for n in program.graph.nodes if n.name == "marker_pos"][0].meta["val"].shape[1]
     token_sym = [n for n in program.graph.nodes if n.name == "input_ids"][0].meta["val"].shape[1]
