@@ -28,26 +28,27 @@ import torch
 LAST_LAYER = ("all", "read")  # export.last_head_layer's values
 
 
-def use(model: torch.nn.Module, attention: str, last_layer: str) -> None:
+def use(model: torch.nn.Module, attention: str, last_layer: str) -> str | None:
     """Run ``model``'s head with ``attention`` (``fused``: the packed kernel; anything else:
-    the layers' own attention) and its last layer at ``last_layer``'s positions."""
+    the layers' own attention) and its last layer at ``last_layer``'s positions.  Returns the
+    head's attention as it runs (``fused`` or ``sdpa``; None: no head layers): a CUDA head whose
+    head dim or dtype the kernel cannot take keeps its layers' own attention, the encoder's
+    choice stands (:func:`laya_build.model.rotary_attention.cuda_refusal` names why)."""
     if last_layer not in LAST_LAYER:
         raise ValueError(f"export.last_head_layer {last_layer!r} is not one of {', '.join(LAST_LAYER)}")
-    fused, read = attention == "fused", last_layer == "read"
-    if model.head is None or not (fused or read):
-        return
+    if model.head is None:
+        return None
     for layer in model.head.layers:
         if not layer.norm_first:
             raise ValueError("the decision head's layers must be norm_first (upstream's)")
+    fused, read = attention == "fused", last_layer == "read"
     if fused:
-        kernel = _kernel()
-        weight = model.head.layers[0].self_attn.in_proj_weight
-        refusal = weight.is_cuda and kernel.cuda_refusal(model.head.layers[0].self_attn.head_dim, weight.dtype)
-        if refusal:
-            raise ValueError(
-                f"export.attention fused on CUDA needs {refusal} in the decision head too: choose sdpa or bias"
-            )
-    model.run_head = types.MethodType(functools.partial(run_head, fused=fused, read=read), model)
+        attn = model.head.layers[0].self_attn
+        weight = attn.in_proj_weight
+        fused = not (weight.is_cuda and _kernel().cuda_refusal(attn.head_dim, weight.dtype))
+    if fused or read:
+        model.run_head = types.MethodType(functools.partial(run_head, fused=fused, read=read), model)
+    return "fused" if fused else "sdpa"
 
 
 def _kernel():

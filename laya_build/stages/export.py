@@ -199,7 +199,7 @@ def run_export(
     model = eval_copy(model, torch_dtype(dtype), target)
     try:
         attention.use(model, cfg["attention"][target])
-        head.use(model, cfg["attention"][target], cfg["last_head_layer"])
+        head_attention = head.use(model, cfg["attention"][target], cfg["last_head_layer"])
         rotary.use(model, cfg["rotary"])
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -217,6 +217,7 @@ def run_export(
         "rotary": cfg["rotary"],
         "attention": cfg["attention"][target],
         "last_head_layer": cfg["last_head_layer"],
+        "head_attention": head_attention,
         "inputs": {"sha256": meta["inputs_sha256"], "bytes": Path(inputs_path).stat().st_size},
         "checkpoint": {"weights_sha256": sha256_file(Path(checkpoint_dir) / WEIGHTS)},
         "programs": records,
