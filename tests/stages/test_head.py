@@ -157,23 +157,7 @@ def test_use_says_how_the_head_s_attention_runs():
 def test_a_cuda_head_the_kernel_cannot_take_keeps_its_own_attention():
     """An encoder of heads of 32 (the kernel takes it) and a head of one 96-wide attention head
     (it does not): the encoder runs the kernel, the head its own attention, the outputs upstream's."""
-    from transformers import ModernBertConfig
-
-    from laya_build.model.decision import DecisionModel
-
-    torch.manual_seed(0)
-    config = ModernBertConfig(
-        vocab_size=300,
-        hidden_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=3,
-        intermediate_size=128,
-        local_attention=16,
-        max_position_embeddings=256,
-        pad_token_id=0,
-        attn_implementation="sdpa",
-    )
-    model = DecisionModel(config, head_layers=1, n_act=2).eval().cuda().to(torch.bfloat16)
+    model = small_model(hidden_size=96, num_attention_heads=3).cuda().to(torch.bfloat16)
     args = [t.cuda() for t in inputs()]
     with torch.no_grad():
         expected = model(*args)

@@ -25,23 +25,27 @@ from laya_build.model.decision import DecisionModel
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
-def small_model(attn: str = "sdpa") -> DecisionModel:
+def small_model(attn: str = "sdpa", **sizes) -> DecisionModel:
+    """Four encoder layers of 64 (4 heads), one head layer; ``sizes``: other config values."""
     torch.manual_seed(0)
     config = ModernBertConfig(
-        vocab_size=300,
-        hidden_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=96,
-        local_attention=16,  # a ±8 window on the local layers, narrower than the 48 tokens
-        global_attn_every_n_layers=3,
-        max_position_embeddings=256,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        cls_token_id=1,
-        sep_token_id=2,
-        attn_implementation=attn,
+        **{
+            "vocab_size": 300,
+            "hidden_size": 64,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "intermediate_size": 96,
+            "local_attention": 16,  # a ±8 window on the local layers, narrower than the 48 tokens
+            "global_attn_every_n_layers": 3,
+            "max_position_embeddings": 256,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "cls_token_id": 1,
+            "sep_token_id": 2,
+            "attn_implementation": attn,
+            **sizes,
+        }
     )
     return DecisionModel(config, head_layers=1, n_act=2).eval()
 
