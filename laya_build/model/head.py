@@ -38,15 +38,14 @@ def use(model: torch.nn.Module, attention: str, last_layer: str) -> str | None:
         raise ValueError(f"export.last_head_layer {last_layer!r} is not one of {', '.join(LAST_LAYER)}")
     if model.head is None:
         return None
-    for layer in model.head.layers:
-        if not layer.norm_first:
-            raise ValueError("the decision head's layers must be norm_first (upstream's)")
     fused, read = attention == "fused", last_layer == "read"
     if fused:
         attn = model.head.layers[0].self_attn
         weight = attn.in_proj_weight
         fused = not (weight.is_cuda and _kernel().cuda_refusal(attn.head_dim, weight.dtype))
-    if fused or read:
+    if fused or read:  # layer_forward writes out the norm-first layer
+        if not all(layer.norm_first for layer in model.head.layers):
+            raise ValueError("the decision head's layers must be norm_first (upstream's) to run them otherwise")
         model.run_head = types.MethodType(functools.partial(run_head, fused=fused, read=read), model)
     return "fused" if fused else "sdpa"
 
