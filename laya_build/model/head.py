@@ -61,8 +61,10 @@ def run_head(
 ):
     """:meth:`DecisionModel.run_head` run as :func:`use` chose: ``(states, index)``, the head's
     output and where the markers are in it."""
+    from laya_build.model.attention import row_key_counts
+
     padding = attention_mask == 0
-    counts = attention_mask.sum(-1, dtype=torch.int32) if fused else None  # once a forward
+    counts = row_key_counts(attention_mask) if fused else None  # once a forward, as the encoder's
     layers = list(model.head.layers)
     for number, layer in enumerate(layers):
         at = None
