@@ -94,7 +94,7 @@ def fused_forward(self, hidden_states: torch.Tensor, position_embeddings=None, a
     if counts is None:
         counts = torch.full(shape[:1], shape[1], dtype=torch.int32, device=qkv.device)
     window = self.sliding_window - 1 if self.sliding_window is not None else -1
-    out = torch.ops.laya.rotary_attention(qkv, cos, sin, counts, self.head_dim**-0.5, window, [])
+    out = torch.ops.laya.rotary_attention(qkv, cos, sin, counts, self.head_dim**-0.5, window)
     return self.out_drop(self.Wo(out.reshape(*shape, -1))), None
 
 

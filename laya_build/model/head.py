@@ -93,7 +93,7 @@ def layer_forward(layer, x: torch.Tensor, padding: torch.Tensor, counts: torch.T
     if counts is not None:
         B, S, d = h.shape
         qkv = torch.nn.functional.linear(h, sa.in_proj_weight, sa.in_proj_bias).view(B, S, 3, sa.num_heads, sa.head_dim)
-        attended = torch.ops.laya.packed_attention(qkv, counts, sa.head_dim**-0.5, -1, []).reshape(B, S, d)
+        attended = torch.ops.laya.packed_attention(qkv, counts, sa.head_dim**-0.5, -1).reshape(B, S, d)
         if at is not None:
             attended, x = pick(attended, at), pick(x, at)
         x = x + layer.dropout1(sa.out_proj(attended))

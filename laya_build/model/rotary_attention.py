@@ -26,21 +26,17 @@ real position ever reads a padded one, so the model's outputs are those of its m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 # BLOCK_M queries a program, BLOCK_N keys an iteration (benchmarks/rotary_attention_probe.py)
-# PF_PROGRAMS programs at most ask L2 for the weights, PF_LANES bulk prefetches each a tensor
-CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PF_PROGRAMS": 32, "PF_LANES": 128}
+CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 LOG2E = 1.4426950408889634
 # head dims the kernel indexes: its q·k product is two dots over half a head, and a dot needs 16
 HEAD_DIMS = (32, 64, 128, 256)
 DTYPES = (torch.bfloat16, torch.float16)  # its fp32 products would be TF32
-PREFETCH_SLOTS = 4  # tensors a launch can ask L2 for (the layer's next GEMMs' weights)
 
 
 def cuda_refusal(head_dim: int, dtype: torch.dtype) -> str | None:
@@ -70,35 +66,12 @@ def _rotated(x_ptr, cos_ptr, sin_ptr, at, tab, ok, HALF: tl.constexpr, ROTARY: t
 
 
 @triton.jit
-def _prefetch_l2(base, NBYTES: tl.constexpr, part, parts, LANES: tl.constexpr):
-    """Ask L2 for ``NBYTES`` bytes from ``base`` (a contiguous tensor), this program's ``part`` of
-    ``parts``: one bulk prefetch a lane (``cp.async.bulk.prefetch.L2``, Hopper's; 16-byte
-    granules).  Nothing waits for them: the bytes arrive while the kernel and its successors run."""
-    per = ((NBYTES + parts * LANES - 1) // (parts * LANES) + 15) // 16 * 16
-    start = (part * LANES + tl.arange(0, LANES)).to(tl.int64) * per
-    size = tl.minimum(tl.maximum(NBYTES - start, 0), per).to(tl.int32)
-    at = base.to(tl.pointer_type(tl.int8), bitcast=True) + start
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r",
-        [at, size],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
-@triton.jit
 def _rotary_attention_kernel(
     QKV,
     COS,
     SIN,
     COUNTS,
     OUT,
-    PF0,
-    PF1,
-    PF2,
-    PF3,
     S,
     stride_qb,
     stride_qs,
@@ -111,30 +84,12 @@ def _rotary_attention_kernel(
     WINDOW: tl.constexpr,
     SCALE: tl.constexpr,
     ROTARY: tl.constexpr,
-    PF_BYTES0: tl.constexpr,
-    PF_BYTES1: tl.constexpr,
-    PF_BYTES2: tl.constexpr,
-    PF_BYTES3: tl.constexpr,
-    PF_PROGRAMS: tl.constexpr,
-    PF_LANES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     HALF: tl.constexpr = D // 2
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
-    if PF_BYTES0 + PF_BYTES1 + PF_BYTES2 + PF_BYTES3 > 0:  # the weights the next kernels read
-        part = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-        parts = tl.minimum(tl.num_programs(0) * tl.num_programs(1), PF_PROGRAMS)
-        if part < parts:
-            if PF_BYTES0 > 0:
-                _prefetch_l2(PF0, PF_BYTES0, part, parts, PF_LANES)
-            if PF_BYTES1 > 0:
-                _prefetch_l2(PF1, PF_BYTES1, part, parts, PF_LANES)
-            if PF_BYTES2 > 0:
-                _prefetch_l2(PF2, PF_BYTES2, part, parts, PF_LANES)
-            if PF_BYTES3 > 0:
-                _prefetch_l2(PF3, PF_BYTES3, part, parts, PF_LANES)
     b = bh // H
     h = bh % H
     count = tl.load(COUNTS + b)
@@ -189,27 +144,20 @@ def _rotary_attention_kernel(
     tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=row_ok)
 
 
-def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, config=None, prefetch=()) -> None:
+def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, config=None) -> None:
     """Run the kernel (``kernel``: the JIT function or a wrapper of it; ``config``: another
     launch configuration than :data:`CONFIG`) into ``out``.  ``cos`` and ``sin`` None: no
-    rotary (q and k as they are).  ``prefetch``: up to :data:`PREFETCH_SLOTS` contiguous CUDA
-    tensors the kernel asks L2 for as it starts (read by the kernels after it)."""
+    rotary (q and k as they are)."""
     B, S, _, H, D = qkv.shape
     kernel = kernel if kernel is not None else _rotary_attention_kernel
-    config = {**CONFIG, **(config or {})}
+    config = config or CONFIG
     rotary = cos is not None
-    prefetch = list(prefetch or ())
-    if len(prefetch) > PREFETCH_SLOTS:
-        raise ValueError(f"the kernel prefetches {PREFETCH_SLOTS} tensors at most, not {len(prefetch)}")
-    slots = prefetch + [qkv] * (PREFETCH_SLOTS - len(prefetch))  # (the unused ones are not read)
-    sizes = [t.numel() * t.element_size() for t in prefetch] + [0] * (PREFETCH_SLOTS - len(prefetch))
     kernel[(triton.cdiv(S, config["BLOCK_M"]), B * H)](
         qkv,
         cos if rotary else qkv,  # (not read without rotary)
         sin if rotary else qkv,
         counts,
         out,
-        *slots,
         S,
         qkv.stride(0),
         qkv.stride(1),
@@ -222,7 +170,6 @@ def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, c
         WINDOW=window,
         SCALE=scale * LOG2E,
         ROTARY=rotary,
-        **{f"PF_BYTES{i}": size for i, size in enumerate(sizes)},
         **config,
     )
 
@@ -249,35 +196,22 @@ def check(qkv, cos, sin, counts) -> None:
 
 @triton_op("laya::rotary_attention", mutates_args={})
 def rotary_attention(
-    qkv: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    counts: torch.Tensor,
-    scale: float,
-    window: int,
-    prefetch: Sequence[torch.Tensor],
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, counts: torch.Tensor, scale: float, window: int
 ) -> torch.Tensor:
     """``[B, S, 3, H, D]`` packed q, k, v (not yet rotated), ``[1 or B, S, D]`` cos and sin,
-    ``[B]`` int32 key counts -> ``[B, S, H, D]``.  ``prefetch``: tensors (weights) the kernel
-    asks L2 for as it starts, for the kernels after it; the output does not depend on them."""
-    return _run(qkv, cos, sin, counts, scale, window, prefetch)
+    ``[B]`` int32 key counts -> ``[B, S, H, D]``."""
+    return _run(qkv, cos, sin, counts, scale, window)
 
 
 @triton_op("laya::packed_attention", mutates_args={})
-def packed_attention(
-    qkv: torch.Tensor, counts: torch.Tensor, scale: float, window: int, prefetch: Sequence[torch.Tensor]
-) -> torch.Tensor:
+def packed_attention(qkv: torch.Tensor, counts: torch.Tensor, scale: float, window: int) -> torch.Tensor:
     """The same kernel without rotary (the decision head's attention): ``[B, S, 3, H, D]``
     packed q, k, v, ``[B]`` int32 key counts -> ``[B, S, H, D]``."""
-    return _run(qkv, None, None, counts, scale, window, prefetch)
+    return _run(qkv, None, None, counts, scale, window)
 
 
-def _run(qkv, cos, sin, counts, scale: float, window: int, prefetch=None) -> torch.Tensor:
+def _run(qkv, cos, sin, counts, scale: float, window: int) -> torch.Tensor:
     check(qkv, cos, sin, counts)
-    prefetch = list(prefetch or ())
-    torch._check(len(prefetch) <= PREFETCH_SLOTS, lambda: f"at most {PREFETCH_SLOTS} tensors to prefetch")
-    for t in prefetch:
-        torch._check(t.is_contiguous(), lambda: "a tensor to prefetch must be contiguous")
     B, S, _, H, D = qkv.shape
     if qkv.device.type != "cuda":
         return reference(qkv, cos, sin, counts, scale, window)
@@ -285,9 +219,7 @@ def _run(qkv, cos, sin, counts, scale: float, window: int, prefetch=None) -> tor
     torch._check(B * H < 65536, lambda: f"{B} rows of {H} heads is more programs than a grid's second axis holds")
     out = torch.empty((B, S, H, D), dtype=qkv.dtype, device=qkv.device)
     tables = (cos.contiguous(), sin.contiguous()) if cos is not None else (None, None)
-    prefetch = [t for t in prefetch if t.device == qkv.device]
-    kernel = wrap_triton(_rotary_attention_kernel)
-    launch(qkv, *tables, counts.to(torch.int32), scale, window, out, kernel, prefetch=prefetch)
+    launch(qkv, *tables, counts.to(torch.int32), scale, window, out, wrap_triton(_rotary_attention_kernel))
     return out
 
 
