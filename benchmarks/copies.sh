@@ -3,12 +3,18 @@
 #   say TEXT...   echo TEXT and append it to $log
 #   doit_in NAME CONFIG TASK   a doit run in the copy NAME with config=CONFIG, logged to
 #                 $WORK/NAME.TASK.log; says its exit status and time, and the log's tail on failure
-#   copy NAME     $WORK/NAME emptied, then the project's tree in it without its artifacts, GPU packs
-#                 and virtual environment
+#   copy NAME [TREE]  $WORK/NAME emptied, then the project's tree in it without its artifacts, GPU
+#                 packs and virtual environment; or, given TREE, that gzipped tarball's tree (another
+#                 revision of the project: `git archive --format=tar.gz -o TREE REV`)
 say() { echo "$*" | tee -a "$log"; }
 copy() {
   rm -rf "${WORK:?}/${1:?}" && mkdir -p "$WORK/$1"
-  tar -C "$SRC" --exclude=./artifacts --exclude=./.gpu-pack --exclude=./.venv -cf - . | tar -C "$WORK/$1" -xf -
+  if [ -n "${2:-}" ]; then
+    tar -C "$WORK/$1" -xzf "$2"
+  else
+    tar -C "$SRC" --exclude=./artifacts --exclude=./.gpu-pack --exclude=./.gpu-lite --exclude=./.venv -cf - . |
+      tar -C "$WORK/$1" -xf -
+  fi
 }
 doit_in() {  # doit_in NAME CONFIG TASK: a doit run in a copy, logged to $WORK/NAME.TASK.log
   local s=$EPOCHREALTIME name=$1 cfg=$2 task=$3

@@ -19,7 +19,9 @@
 #   4. the GPU tests named in TESTS (pytest node ids; pytest is not needed: each test function
 #      is called in a fresh interpreter).
 # REUSE=1 keeps the package of a variant an earlier run on this machine built (same NAME) instead
-# of building it again.  Its log and JSON go to $OUT (default $WORK/out).
+# of building it again.  TREES='NAME=TARBALL ...' builds NAME from another revision of the project
+# (`git archive --format=tar.gz -o TARBALL REV`) instead of this tree: the step before a change
+# built beside the change.  Its log and JSON go to $OUT (default $WORK/out).
 set -u
 cd "$(dirname "$0")/.."
 SRC=$PWD
@@ -38,8 +40,12 @@ late() { [ $((SECONDS + ${1:-0})) -ge "$DEADLINE_S" ] && { say "deadline: $2 ski
 names=()
 for v in ${VARIANTS:?set VARIANTS to NAME=JSON ...}; do names+=("${v%%=*}"); done
 pkg() { echo "$WORK/$1/artifacts/$VERSION/aoti_package/$BUILD"; }
+tree() {  # tree NAME: the tarball TREES names for NAME, or nothing
+  local t
+  for t in ${TREES:-}; do [ "${t%%=*}" = "$1" ] && { case ${t#*=} in /*) echo "${t#*=}" ;; *) echo "$SRC/${t#*=}" ;; esac; }; done
+}
 variant() {  # variant NAME JSON: a copy with pipeline.variant.yaml
-  copy "$1"
+  copy "$1" "$(tree "$1")"
   "$PY" - "$WORK/$1/pipeline.h200.yaml" "$WORK/$1/pipeline.variant.yaml" "$2" <<'PYEOF' || say "$1: bad JSON"
 import json, sys, yaml
 def merge(doc, patch):
