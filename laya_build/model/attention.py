@@ -13,8 +13,7 @@ FlashAttention 2's kernel is slower than cuDNN's by about what the mask costs th
 (docs/measurements/runtime-h200.md, "The sdpa and varlen packages side by side").  ``fused``
 runs each layer's rotary and attention as one Triton kernel on the packed ``Wqkv`` output, given
 each row's key count (:mod:`laya_build.model.rotary_attention`): no rotated copies of q and k, no
-mask tensor; with the rotary as tables (``export.rotary: table``) the kernel reads the tables at
-the position ids itself, so no gathered copy of cos and sin is made either.
+mask tensor.
 
 Semantics of ``varlen`` and ``fused``, for a padding mask that is a prefix of ones in each row (right padding: the
 tokenizer's batches and the runtime's buckets): every real position attends to its row's
@@ -90,17 +89,12 @@ def fused_forward(self, hidden_states: torch.Tensor, position_embeddings=None, a
         raise ValueError(f"{FUSED_NAME} attention is for inference: dropout {self.attention_dropout} in training")
     shape = hidden_states.shape[:-1]
     qkv = self.Wqkv(hidden_states).view(*shape, 3, -1, self.head_dim)
+    cos, sin = position_embeddings
     counts = attention_mask
     if counts is None:
         counts = torch.full(shape[:1], shape[1], dtype=torch.int32, device=qkv.device)
     window = self.sliding_window - 1 if self.sliding_window is not None else -1
-    scale = self.head_dim**-0.5
-    tables = getattr(position_embeddings, "tables", None)  # export.rotary table: read by id in the kernel
-    if tables is not None:
-        out = torch.ops.laya.rotary_attention(qkv, *tables, counts, scale, window, position_embeddings.positions)
-    else:
-        cos, sin = position_embeddings
-        out = torch.ops.laya.rotary_attention(qkv, cos, sin, counts, scale, window)
+    out = torch.ops.laya.rotary_attention(qkv, cos, sin, counts, self.head_dim**-0.5, window)
     return self.out_drop(self.Wo(out.reshape(*shape, -1))), None
 
 

@@ -24,28 +24,12 @@ MODES = ("table", "computed")  # export.rotary's values
 STATIC_TYPES = ("default",)  # rope types whose cos/sin depend on the position only
 
 
-class TableRows:
-    """cos and sin at the position ids, not gathered yet: ``tables`` (``[P, D]`` cos and sin) and
-    ``positions`` (the ids).  An attention that reads the tables by id itself
-    (``laya::rotary_attention``) takes those, so no gathered copy is made; unpacking it
-    (``cos, sin = rows``, as ModernBERT's attention does) gathers them."""
-
-    def __init__(self, tables: tuple[torch.Tensor, torch.Tensor], positions: torch.Tensor, dtype: torch.dtype):
-        self.tables, self.positions, self.dtype = tables, positions, dtype
-
-    def __iter__(self):
-        return iter(tuple(t[self.positions].to(self.dtype) for t in self.tables))
-
-
 class RotaryTable(nn.Module):
     """``forward(x, position_ids, layer_type) -> (cos, sin)`` as ModernBERT's rotary module
-    returns them, gathered from tables that module computed for positions ``0 .. length-1``;
-    while ``config`` (the encoder's) runs the fused attention, a :class:`TableRows` instead: the
-    kernel reads the tables by id."""
+    returns them, gathered from tables that module computed for positions ``0 .. length-1``."""
 
-    def __init__(self, rotary: nn.Module, length: int, dtype: torch.dtype, device: torch.device, config=None):
+    def __init__(self, rotary: nn.Module, length: int, dtype: torch.dtype, device: torch.device):
         super().__init__()
-        self.config = config
         positions = torch.arange(length, device=device)[None]
         probe = torch.empty(0, dtype=dtype, device=device)
         with torch.no_grad():
@@ -56,15 +40,7 @@ class RotaryTable(nn.Module):
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str):
         cos, sin = getattr(self, f"{layer_type}_cos"), getattr(self, f"{layer_type}_sin")
-        if self.by_id() and cos.dtype == x.dtype:
-            return TableRows((cos, sin), position_ids, x.dtype)
         return cos[position_ids].to(x.dtype), sin[position_ids].to(x.dtype)
-
-    def by_id(self) -> bool:
-        """Whether the encoder's attention reads the tables by position id (``fused``)."""
-        from laya_build.model.attention import FUSED_NAME
-
-        return getattr(self.config, "_attn_implementation", None) == FUSED_NAME
 
 
 def refusal(model: nn.Module) -> str | None:
@@ -90,5 +66,5 @@ def use(model: nn.Module, mode: str) -> None:
     encoder = model.encoder
     weight = encoder.embeddings.tok_embeddings.weight
     encoder.rotary_emb = RotaryTable(
-        encoder.rotary_emb, encoder.config.max_position_embeddings, weight.dtype, weight.device, encoder.config
+        encoder.rotary_emb, encoder.config.max_position_embeddings, weight.dtype, weight.device
     )

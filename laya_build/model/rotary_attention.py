@@ -49,33 +49,20 @@ def cuda_refusal(head_dim: int, dtype: torch.dtype) -> str | None:
 
 
 @triton.jit
-def _rotated(x_ptr, cos_ptr, sin_ptr, at, tab, ok, tab_ok, HALF: tl.constexpr, ROTARY: tl.constexpr):
+def _rotated(x_ptr, cos_ptr, sin_ptr, at, tab, ok, HALF: tl.constexpr, ROTARY: tl.constexpr):
     """A tile of q or k rotated as transformers does: ``x * cos + rotate_half(x) * sin`` in
-    fp32, then the tensor's dtype; its two halves (``at``/``tab``: the first half's offsets in
-    the tensor and in the tables; ``ok``/``tab_ok``: where each may be read).  Without
-    ``ROTARY`` the two halves as they are (no table read)."""
+    fp32, then the tensor's dtype; its two halves (``at``/``tab``: the first half's offsets).
+    Without ``ROTARY`` the two halves as they are (no table read)."""
     if not ROTARY:
         return tl.load(x_ptr + at, mask=ok, other=0.0), tl.load(x_ptr + at + HALF, mask=ok, other=0.0)
     x1 = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
     x2 = tl.load(x_ptr + at + HALF, mask=ok, other=0.0).to(tl.float32)
-    c1 = tl.load(cos_ptr + tab, mask=tab_ok, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_ptr + tab + HALF, mask=tab_ok, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_ptr + tab, mask=tab_ok, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_ptr + tab + HALF, mask=tab_ok, other=0.0).to(tl.float32)
+    c1 = tl.load(cos_ptr + tab, mask=ok, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + tab + HALF, mask=ok, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + tab, mask=ok, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + tab + HALF, mask=ok, other=0.0).to(tl.float32)
     dtype = x_ptr.dtype.element_ty
     return (x1 * c1 - x2 * s1).to(dtype), (x2 * c2 + x1 * s2).to(dtype)
-
-
-@triton.jit
-def _table_rows(POS, b, at, ok, P, stride_pb, stride_ps, stride_cs, POSITIONS: tl.constexpr):
-    """The rotary table rows of the sequence positions ``at`` of row ``b``: the positions
-    themselves, or with ``POSITIONS`` the row's position ids there (each within the table's
-    ``P`` rows; a load outside them is masked), times the table's row stride; and where the
-    table may be read."""
-    if not POSITIONS:
-        return at * stride_cs, ok
-    pos = tl.load(POS + b.to(tl.int64) * stride_pb + at * stride_ps, mask=ok, other=0)
-    return pos * stride_cs, ok & (pos >= 0) & (pos < P)
 
 
 @triton.jit
@@ -83,17 +70,13 @@ def _rotary_attention_kernel(
     QKV,
     COS,
     SIN,
-    POS,
     COUNTS,
     OUT,
     S,
-    P,
     stride_qb,
     stride_qs,
     stride_cb,
     stride_cs,
-    stride_pb,
-    stride_ps,
     stride_ob,
     stride_os,
     H: tl.constexpr,
@@ -101,7 +84,6 @@ def _rotary_attention_kernel(
     WINDOW: tl.constexpr,
     SCALE: tl.constexpr,
     ROTARY: tl.constexpr,
-    POSITIONS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -122,9 +104,8 @@ def _rotary_attention_kernel(
     sin_base = SIN + b.to(tl.int64) * stride_cb
 
     at = rows[:, None] * stride_qs + half[None, :]
-    q_row, q_tab_ok = _table_rows(POS, b, rows, rows < S, P, stride_pb, stride_ps, stride_cs, POSITIONS)
-    tab = q_row[:, None] + half[None, :]
-    q1, q2 = _rotated(q_base, cos_base, sin_base, at, tab, row_ok, q_tab_ok[:, None], HALF, ROTARY)
+    tab = rows[:, None] * stride_cs + half[None, :]
+    q1, q2 = _rotated(q_base, cos_base, sin_base, at, tab, row_ok, HALF, ROTARY)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -140,9 +121,8 @@ def _rotary_attention_kernel(
         col_ok = cols < count
         # names of their own: a name assigned before the loop would be carried through it
         k_at = cols[:, None] * stride_qs + half[None, :]
-        k_row, k_tab_ok = _table_rows(POS, b, cols, col_ok, P, stride_pb, stride_ps, stride_cs, POSITIONS)
-        k_tab = k_row[:, None] + half[None, :]
-        k1, k2 = _rotated(k_base, cos_base, sin_base, k_at, k_tab, col_ok[:, None], k_tab_ok[:, None], HALF, ROTARY)
+        k_tab = cols[:, None] * stride_cs + half[None, :]
+        k1, k2 = _rotated(k_base, cos_base, sin_base, k_at, k_tab, col_ok[:, None], HALF, ROTARY)
         scores = (
             tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
         ) * SCALE  # a constant: Inductor hands a float argument to a kernel as fp64
@@ -164,35 +144,25 @@ def _rotary_attention_kernel(
     tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=row_ok)
 
 
-def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, config=None, positions=None) -> None:
+def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, config=None) -> None:
     """Run the kernel (``kernel``: the JIT function or a wrapper of it; ``config``: another
     launch configuration than :data:`CONFIG`) into ``out``.  ``cos`` and ``sin`` None: no
-    rotary (q and k as they are); with ``positions`` (``[1 or B, S]`` position ids) they are
-    the whole tables, ``[P, D]``, read at each position's id."""
+    rotary (q and k as they are)."""
     B, S, _, H, D = qkv.shape
     kernel = kernel if kernel is not None else _rotary_attention_kernel
     config = config or CONFIG
     rotary = cos is not None
-    by_id = rotary and positions is not None
-    if by_id:  # table rows by id: no batch stride of the tables; the ids' own strides
-        table_strides = (0, cos.stride(0))
-        id_strides = (positions.stride(0) if positions.shape[0] != 1 else 0, positions.stride(1))
-    else:
-        table_strides = (cos.stride(0) if rotary and cos.shape[0] != 1 else 0, cos.stride(1) if rotary else 0)
-        id_strides = (0, 0)
     kernel[(triton.cdiv(S, config["BLOCK_M"]), B * H)](
         qkv,
         cos if rotary else qkv,  # (not read without rotary)
         sin if rotary else qkv,
-        positions if by_id else counts,  # (not read without ids)
         counts,
         out,
         S,
-        cos.shape[0] if by_id else 0,
         qkv.stride(0),
         qkv.stride(1),
-        *table_strides,
-        *id_strides,
+        cos.stride(0) if rotary and cos.shape[0] != 1 else 0,
+        cos.stride(1) if rotary else 0,
         out.stride(0),
         out.stride(1),
         H=H,
@@ -200,15 +170,13 @@ def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, c
         WINDOW=window,
         SCALE=scale * LOG2E,
         ROTARY=rotary,
-        POSITIONS=by_id,
         **config,
     )
 
 
-def check(qkv, cos, sin, counts, positions=None) -> None:
+def check(qkv, cos, sin, counts) -> None:
     """The layouts the kernel reads: ``qkv`` a view of ``Wqkv``'s output (its last three strides
-    ``H * D, D, 1``), cos and sin ``[1 or B, S, D]`` (or both None; with ``positions``, ``[1 or
-    B, S]`` ids, the ``[P, D]`` tables), one key count a row."""
+    ``H * D, D, 1``), cos and sin ``[1 or B, S, D]`` (or both None), one key count a row."""
     torch._check(qkv.dim() == 5 and qkv.shape[2] == 3, lambda: f"qkv must be [B, S, 3, H, D], got {tuple(qkv.shape)}")
     B, S, _, H, D = qkv.shape
     torch._check(
@@ -217,20 +185,6 @@ def check(qkv, cos, sin, counts, positions=None) -> None:
     )
     torch._check(counts.dim() == 1 and counts.shape[0] == B, lambda: f"counts must be [B], got {tuple(counts.shape)}")
     if cos is None:
-        return
-    if positions is not None:
-        torch._check(
-            cos.dim() == 2 and cos.shape[1] == D and sin.shape == cos.shape,
-            lambda: f"with positions, cos and sin must be the [P, D] tables, got {tuple(cos.shape)}",
-        )
-        torch._check(
-            positions.dim() == 2 and positions.shape[1] == S and not positions.is_floating_point(),
-            lambda: f"positions must be [1 or B, S] ids, got {tuple(positions.shape)} {positions.dtype}",
-        )
-        if isinstance(positions.shape[0], int) and positions.shape[0] != 1:
-            torch._check(
-                positions.shape[0] == B, lambda: f"positions must be [1 or B, S], got {tuple(positions.shape)}"
-            )
         return
     torch._check(
         cos.dim() == 3 and cos.shape[1] == S and cos.shape[2] == D and sin.shape == cos.shape,
@@ -242,18 +196,11 @@ def check(qkv, cos, sin, counts, positions=None) -> None:
 
 @triton_op("laya::rotary_attention", mutates_args={})
 def rotary_attention(
-    qkv: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    counts: torch.Tensor,
-    scale: float,
-    window: int,
-    positions: torch.Tensor | None = None,
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, counts: torch.Tensor, scale: float, window: int
 ) -> torch.Tensor:
     """``[B, S, 3, H, D]`` packed q, k, v (not yet rotated), ``[1 or B, S, D]`` cos and sin,
-    ``[B]`` int32 key counts -> ``[B, S, H, D]``.  With ``positions`` (``[1 or B, S]`` ids)
-    cos and sin are the ``[P, D]`` tables, read at the ids (no gathered copy)."""
-    return _run(qkv, cos, sin, counts, scale, window, positions)
+    ``[B]`` int32 key counts -> ``[B, S, H, D]``."""
+    return _run(qkv, cos, sin, counts, scale, window)
 
 
 @triton_op("laya::packed_attention", mutates_args={})
@@ -263,19 +210,16 @@ def packed_attention(qkv: torch.Tensor, counts: torch.Tensor, scale: float, wind
     return _run(qkv, None, None, counts, scale, window)
 
 
-def _run(qkv, cos, sin, counts, scale: float, window: int, positions=None) -> torch.Tensor:
-    check(qkv, cos, sin, counts, positions)
+def _run(qkv, cos, sin, counts, scale: float, window: int) -> torch.Tensor:
+    check(qkv, cos, sin, counts)
     B, S, _, H, D = qkv.shape
     if qkv.device.type != "cuda":
-        if positions is not None:
-            cos, sin = cos[positions], sin[positions]
         return reference(qkv, cos, sin, counts, scale, window)
     torch._check(cuda_refusal(D, qkv.dtype) is None, lambda: f"the kernel needs {cuda_refusal(D, qkv.dtype)}")
     torch._check(B * H < 65536, lambda: f"{B} rows of {H} heads is more programs than a grid's second axis holds")
     out = torch.empty((B, S, H, D), dtype=qkv.dtype, device=qkv.device)
     tables = (cos.contiguous(), sin.contiguous()) if cos is not None else (None, None)
-    kernel = wrap_triton(_rotary_attention_kernel)
-    launch(qkv, *tables, counts.to(torch.int32), scale, window, out, kernel, positions=positions)
+    launch(qkv, *tables, counts.to(torch.int32), scale, window, out, wrap_triton(_rotary_attention_kernel))
     return out
 
 
