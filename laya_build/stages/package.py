@@ -128,17 +128,23 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -
     )
     tuning_path.write_text(package_tuning.dumps(tuning_doc))
     use = result["tuning_use"]
+    untuned = package_tuning.write_untuned(out, result.get("untuned") or {})
     if tuning_in is not None and use["autotuned"]:
         for spec in job["programs"]:
             Path(spec["package_tmp"]).unlink(missing_ok=True)
         name = build_name(target, exp["dtype"])
+        kernels = result.get("untuned") or {}
+        named = [kernels[e]["name"] or e for e in use["autotuned"] if e in kernels]
+        which = ", ".join(named[:3] + ([f"{len(named) - 3} more"] if len(named) > 3 else [])) or use["autotuned"][0]
+        sources = f"; their Inductor sources are in {untuned}" if untuned else ""
         raise StageError(
             f"package.tuning.{name}: {tuning_in['path']} holds no launch configuration for "
-            f"{len(use['autotuned'])} of the {use['entries']} tuned Triton kernels (first: "
-            f"{use['autotuned'][0]}), so this compile timed candidates and its package bytes would "
-            "not be reproducible; no package was written",
+            f"{len(use['autotuned'])} of the {use['entries']} tuned Triton kernels ({which}), so this "
+            f"compile timed candidates and its package bytes would not be reproducible; no package was "
+            f"written{sources}",
             hint=f"if the export changed on purpose, copy {tuning_path} (this compile's tuning) over "
-            f"{tuning_in['path']} and build again, or unset package.tuning.{name}",
+            f"{tuning_in['path']} and build again, or unset package.tuning.{name}; if it did not, compare "
+            "those kernels with the ones a build that matched the file compiled",
         )
 
     entries = []

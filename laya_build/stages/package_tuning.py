@@ -23,11 +23,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 from pathlib import Path
 
 from laya_build.errors import ConfigError
 
 FILE = "tuning.json"  # beside a build's packages
+# beside it when a compile with a tuning file had to tune kernels the file lacks: those kernels'
+# Inductor sources, one <kernel name>.py each, to compare with the kernels of a build that matched
+UNTUNED_DIR = "untuned-kernels"
 FORMAT = "laya-build triton tuning 1"
 SUFFIX = ".best_config"
 # Fields of a .best_config that are no launch configuration: how long tuning took (varies
@@ -108,6 +113,28 @@ def compare(seeded: dict[str, dict], harvested: dict[str, dict]) -> dict:
         "entries": len(harvested),
         "autotuned": autotuned,
     }
+
+
+def kernel_name(source: str) -> str | None:
+    """The name of the Triton kernel an Inductor kernel module defines (``triton_...``), or None."""
+    found = re.search(r"^def (triton_\w+)\(", source, re.MULTILINE)
+    return found.group(1) if found else None
+
+
+def write_untuned(out, kernels: dict[str, dict]) -> Path | None:
+    """Replace ``out/UNTUNED_DIR`` with the sources of ``kernels`` (entry -> ``{"name",
+    "source"}``), one ``<name>.py`` each; with none, remove it.  Returns the folder or None."""
+    folder = Path(out) / UNTUNED_DIR
+    shutil.rmtree(folder, ignore_errors=True)
+    if not kernels:
+        return None
+    tmp = folder.with_name(f".{UNTUNED_DIR}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for rel, kernel in sorted(kernels.items()):
+        (tmp / f"{kernel['name'] or Path(rel).stem}.py").write_text(kernel["source"])
+    tmp.rename(folder)
+    return folder
 
 
 def describe_path(path) -> str:

@@ -273,3 +273,46 @@ def test_h200_first_answer_of_the_head_package_within_the_goal():
     for n, r in start.items():
         assert r["rc"] == 0 and r["capture"] == "background"
         assert r["first_s"] - bare[n] <= 1.5, (n, r["first_s"], bare[n])
+
+
+PREFETCH = "2026-12-04-h200-prefetch"  # asking L2 for the next GEMMs' weights from the attention kernel
+BYID = "2026-12-04-h200-byid"  # the rotary tables read by position id; the read package again
+
+
+def test_h200_prefetch_from_the_attention_kernel_was_slower_than_none():
+    """Every prefetching variant was slower than none at 1 x 128 (the shape it was for) and none
+    faster at 7 x 256, its outputs bit for bit those without prefetch: why it was not adopted."""
+    rows = load(f"{PREFETCH}/prefetch-2.json")["rows"]
+    for shape in ("1x128", "7x256"):
+        at = {r["variant"]: r for r in rows if r["shape"] == shape}
+        asked = [r for v, r in at.items() if ":" in v]
+        assert len(asked) == 6 and all(r["same_output_as_none"] for r in asked)
+        none = at["none"]["median_ms"]
+        if shape == "1x128":
+            assert min(r["median_ms"] for r in asked) > none + 0.1
+        else:
+            assert min(r["median_ms"] for r in asked) >= none
+        assert at["l2"]["median_ms"] <= none  # the ceiling: the weights already in L2
+
+
+def test_h200_rotary_by_id_was_slower_and_read_kept_its_bytes_and_tuning():
+    """The by-id tables: verified, but slower than ``read`` at 7 x 256 in every round and equal at
+    1 x 128; ``read``, built from the revision before on another machine, gave its bytes and its
+    committed tuning file; the build refused for a tuning file that lacks kernels wrote no package."""
+    run = load(f"{BYID}/latency-2.json")
+    big = run["shapes"]["7x256x4"]["ms"]
+    assert min(big["byid"]["replay"]) > max(big["read"]["replay"])
+    small = run["shapes"]["1x128x3"]["median_ms"]
+    assert abs(small["byid"]["replay"] / small["read"]["replay"] - 1) < 0.01
+    verified = load(f"{BYID}/byid-verify.json")
+    validate(verified["stage"], verified, what="byid-verify.json")
+    assert verified["status"] == "ok" and verified["thresholds"] == h200_thresholds()
+    check_parity(verified["programs"], verified["thresholds"], "evidence")
+    read = load(f"{HEAD}/read-verify.json")["programs"][0]["package"]["sha256"]
+    logs = {n: (EVIDENCE / BYID / f"variants-{n}.log").read_text() for n in (1, 2, 3)}
+    assert digests(logs[1])["read"] == digests(logs[2])["read"] == {read}
+    assert run["packages"]["read"]["sha256"] == read
+    committed = (ROOT / "tuning" / "h200-cuda-bfloat16-read.json").read_bytes()
+    assert (EVIDENCE / BYID / "read-tuning.json").read_bytes() == committed
+    assert "holds no launch configuration for 1 of the 12 tuned" in logs[3] and "read" not in digests(logs[3])
+    assert "4 passed" in (EVIDENCE / BYID / "gpu-tests-3.log").read_text()

@@ -5,9 +5,14 @@ used for."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
+from laya_build import PROJECT_ROOT
 from laya_build.errors import ConfigError
 from laya_build.stages import package_tuning as tuning
 
@@ -116,6 +121,9 @@ def fake_child(monkeypatch, autotuned):
             ],
             "tuning": harvested,
             "tuning_use": tuning.compare(job["tuning"], harvested),
+            "untuned": {
+                e: {"name": f"triton_poi_fused_{i}", "source": f"# kernel {i}\n"} for i, e in enumerate(autotuned)
+            },
             "determinism": {
                 "ptxas_source_mtime": {"applied": False, "reason": "test"},
                 "int_array_targets_kept": {"applied": True},
@@ -166,9 +174,53 @@ def test_a_compile_that_had_to_tune_fails_and_leaves_its_tuning(build, tmp_path,
     out = tmp_path / "out"
     with pytest.raises(StageError, match=r"holds no launch configuration for 1 of the 2 tuned") as info:
         run_package(cfg, build.export_dir("float32"), out, "cpu", root=tmp_path)
-    assert f"copy {out / tuning.FILE}" in str(info.value) and "cd/k2.best_config" in str(info.value)
-    assert sorted(p.name for p in out.iterdir()) == [tuning.FILE]  # no package, no record
+    message = str(info.value)
+    assert f"copy {out / tuning.FILE}" in message and "(triton_poi_fused_0)" in message
+    assert f"their Inductor sources are in {out / tuning.UNTUNED_DIR}" in message
+    assert sorted(p.name for p in out.iterdir()) == sorted([tuning.UNTUNED_DIR, tuning.FILE])  # no package, no record
     assert "cd/k2.best_config" in json.loads((out / tuning.FILE).read_text())["entries"]
+    assert [(p.name, p.read_text()) for p in (out / tuning.UNTUNED_DIR).iterdir()] == [
+        ("triton_poi_fused_0.py", "# kernel 0\n")
+    ]
+    # the same build once the file holds them: a package, and no kernel sources left from before
+    fake_child(monkeypatch, autotuned=[])
+    run_package(cfg, build.export_dir("float32"), out, "cpu", root=tmp_path)
+    assert not (out / tuning.UNTUNED_DIR).exists()
+
+
+def test_an_entry_names_the_inductor_kernel_it_configures(tmp_path):
+    """kernel_sources finds the kernel module beside a .best_config as Inductor itself writes
+    both (its code cache and its autotune cache, in a fresh interpreter with its own cache)."""
+    script = textwrap.dedent(
+        """
+        import json, os, sys
+        import triton
+        from torch._inductor.codecache import PyCodeCache
+        from torch._inductor.runtime.autotune_cache import AutotuneCache
+        from laya_build.stages import package_tuning
+        from laya_build.stages.children.package import kernel_sources
+
+        sources = {}
+        for name in ("triton_poi_fused_add_0", "triton_per_fused_native_layer_norm_1"):
+            source = f"import triton\\n\\n@triton.jit\\ndef {name}(in_ptr0, xnumel, XBLOCK):\\n    pass\\n"
+            _, path = PyCodeCache.write(source)
+            AutotuneCache.create({"autotune_local_cache": True}, path, "h").save(
+                triton.Config({"XBLOCK": 128}, num_warps=4, num_stages=1), 1000
+            )
+            sources[name] = source
+        PyCodeCache.write("def helper():\\n    pass\\n")  # a module no entry configures
+        cache = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        entries = package_tuning.harvest(cache)
+        found = kernel_sources(cache, list(entries))
+        print(json.dumps({"entries": len(entries), "found": {v["name"]: v["source"] for v in found.values()},
+                          "sources": sources, "none": kernel_sources(cache, ["zz/none.best_config"])}))
+        """
+    )
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(PROJECT_ROOT)}
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["entries"] == 2 and got["found"] == got["sources"] and got["none"] == {}
 
 
 def test_the_h200_configuration_names_a_tuning_file_of_its_build():

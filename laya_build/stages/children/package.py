@@ -16,6 +16,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import time
+from pathlib import Path
 
 import torch
 import torch._inductor
@@ -86,6 +87,27 @@ def compile_program(program: dict, job: dict) -> dict:
     return {"name": program["name"], "package_s": package_s, "load_s": load_s, "restored_hints": restored}
 
 
+def kernel_sources(cache_dir, entries) -> dict[str, dict]:
+    """For each tuning entry (a cache-relative ``.best_config``): the name and source of the
+    Inductor kernel module it configures, the ``.py`` beside it whose autotune key (Inductor's
+    own, :class:`AutotuneCache`) names that file.  Entries whose kernel is not found are left out."""
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    found = {}
+    for rel in entries:
+        entry = Path(cache_dir, rel)
+        for module in sorted(entry.parent.glob("*.py")):
+            try:
+                key = AutotuneCache._make_local_cache_key(str(module.parent), AutotuneCache._prepare_key(str(module)))
+            except Exception:  # noqa: BLE001  (another torch's internals: no names, the entries stay)
+                return found
+            if Path(key).name == entry.name:
+                source = module.read_text()
+                found[rel] = {"name": package_tuning.kernel_name(source), "source": source}
+                break
+    return found
+
+
 def compile_packages(job: dict) -> dict:
     faulthandler.enable()
     preloaded = preload_modules(job["preload"])
@@ -99,11 +121,14 @@ def compile_packages(job: dict) -> dict:
     package_tuning.seed(cache_dir, seeded)
     programs = [compile_program(p, job) for p in job["programs"]]
     tuning = package_tuning.harvest(cache_dir)
+    use = package_tuning.compare(seeded, tuning)
     cache = list_tree(cache_dir)
     return {
         "programs": programs,
         "tuning": tuning,
-        "tuning_use": package_tuning.compare(seeded, tuning),
+        "tuning_use": use,
+        # with a tuning file, the kernels it lacked: what to compare with a build that matched
+        "untuned": kernel_sources(cache_dir, use["autotuned"]) if seeded else {},
         "determinism": fixes,
         "env_info": env_info(),
         "preload": preloaded,
