@@ -128,14 +128,14 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -
     )
     tuning_path.write_text(package_tuning.dumps(tuning_doc))
     use = result["tuning_use"]
-    untuned = package_tuning.write_untuned(out, result.get("untuned") or {})
+    kernels = result.get("untuned") or {}
+    untuned = package_tuning.write_untuned(out, kernels)
     if tuning_in is not None and use["autotuned"]:
         for spec in job["programs"]:
             Path(spec["package_tmp"]).unlink(missing_ok=True)
         name = build_name(target, exp["dtype"])
-        kernels = result.get("untuned") or {}
-        named = [kernels[e]["name"] or e for e in use["autotuned"] if e in kernels]
-        which = ", ".join(named[:3] + ([f"{len(named) - 3} more"] if len(named) > 3 else [])) or use["autotuned"][0]
+        named = [kernels.get(e, {}).get("name") or e for e in use["autotuned"]]  # the entry where no name
+        which = ", ".join(named[:3] + ([f"{len(named) - 3} more"] if len(named) > 3 else []))
         sources = f"; their Inductor sources are in {untuned}" if untuned else ""
         raise StageError(
             f"package.tuning.{name}: {tuning_in['path']} holds no launch configuration for "

@@ -123,7 +123,8 @@ def kernel_name(source: str) -> str | None:
 
 def write_untuned(out, kernels: dict[str, dict]) -> Path | None:
     """Replace ``out/UNTUNED_DIR`` with the sources of ``kernels`` (entry -> ``{"name",
-    "source"}``), one ``<name>.py`` each; with none, remove it.  Returns the folder or None."""
+    "source"}``), one ``<name>.py`` each (``<name>-<entry>.py`` where two programs' kernels share
+    a name); with none, remove it.  Returns the folder or None."""
     folder = Path(out) / UNTUNED_DIR
     shutil.rmtree(folder, ignore_errors=True)
     if not kernels:
@@ -132,7 +133,10 @@ def write_untuned(out, kernels: dict[str, dict]) -> Path | None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for rel, kernel in sorted(kernels.items()):
-        (tmp / f"{kernel['name'] or Path(rel).stem}.py").write_text(kernel["source"])
+        path = tmp / f"{kernel['name'] or Path(rel).stem}.py"
+        if path.exists():
+            path = path.with_name(f"{path.stem}-{Path(rel).stem}.py")
+        path.write_text(kernel["source"])
     tmp.rename(folder)
     return folder
 

@@ -238,3 +238,18 @@ def test_the_h200_configuration_names_a_tuning_file_of_its_build():
     )
     assert doc["torch"].endswith("+cu130") and len(entries) == len(doc["entries"]) == 11  # the read export's kernels
     assert all(k.endswith(tuning.SUFFIX) and "time_taken_ms" not in v for k, v in entries.items())
+
+
+def test_untuned_kernels_of_one_name_in_two_programs_keep_both_sources(tmp_path):
+    kernels = {
+        "ab/k1.best_config": {"name": "triton_poi_fused_0", "source": "# one\n"},
+        "cd/k2.best_config": {"name": "triton_poi_fused_0", "source": "# two\n"},
+        "ef/k3.best_config": {"name": None, "source": "# unnamed\n"},
+    }
+    folder = tuning.write_untuned(tmp_path, kernels)
+    assert {p.name: p.read_text() for p in folder.iterdir()} == {
+        "triton_poi_fused_0.py": "# one\n",
+        "triton_poi_fused_0-k2.py": "# two\n",
+        "k3.py": "# unnamed\n",
+    }
+    assert tuning.write_untuned(tmp_path, {}) is None and not folder.exists()
