@@ -11,8 +11,9 @@
 # file, so Inductor tunes afresh and the build writes its own tuning.json).  Steps, each skipped
 # once DEADLINE_S (default 560) is near:
 #   1. `doit config=pipeline.variant.yaml aoti_package:cuda-bfloat16` in every copy, at once;
-#      each package's sha256 and tuning.json to $OUT (and, for a build refused because its tuning
-#      file lacked kernels, those kernels' sources as NAME-untuned-kernels.tgz);
+#      each package's sha256, tuning.json and tuned kernels' sources (NAME-kernel-sources.tgz) to
+#      $OUT (and, for a build refused because its tuning file lacked kernels, those kernels'
+#      sources as NAME-untuned-kernels.tgz);
 #   2. benchmarks/package_latency.py over every package, interleaved (ROUNDS, default 4; PROFILE
 #      replays of each profiled when set);
 #   3. `doit verify:cuda-bfloat16` of the variants named in VERIFY (default: all but the first;
@@ -75,8 +76,11 @@ for p in "${pids[@]}"; do wait "$p"; done
 built=()
 for n in "${names[@]}"; do
   cp "$(pkg "$n")/tuning.json" "$OUT/$n-tuning.json" 2>/dev/null
-  # a build refused for a tuning file that lacked kernels: their sources, to compare
-  [ -d "$(pkg "$n")/untuned-kernels" ] && tar -C "$(pkg "$n")" -czf "$OUT/$n-untuned-kernels.tgz" untuned-kernels
+  # the sources of the kernels the tuning entries configure, and, for a build refused for a
+  # tuning file that lacked kernels, those kernels' sources: to compare the two
+  for d in kernel-sources untuned-kernels; do
+    [ -d "$(pkg "$n")/$d" ] && tar -C "$(pkg "$n")" -czf "$OUT/$n-$d.tgz" "$d"
+  done
   [ -f "$(pkg "$n")/decision.pt2" ] || continue
   built+=("$n")
   sha256sum "$(pkg "$n")/decision.pt2" | sed "s|  .*|  $n|" | tee -a "$log"

@@ -10,7 +10,9 @@ Triton launch configurations (:mod:`laya_build.stages.package_tuning`): the chil
 what Inductor tuned into ``tuning.json`` beside the packages; ``package.tuning.<target>-<dtype>``
 names such a file to compile with instead of timing candidates again, which makes the package's
 bytes a function of the export and that file.  A compile that had to tune a kernel the file
-does not hold fails (its packages would not be reproducible) and leaves its ``tuning.json``.
+does not hold fails (its packages would not be reproducible) and leaves its ``tuning.json``
+and those kernels' sources; every build keeps the sources of the kernels its entries configure
+(``kernel-sources/``), what a refused build's kernels are compared with.
 
 The child loads each package back once (load time; a package that cannot load fails here
 already), after importing ``package.preload.<target>`` (:func:`laya_build.runtime.preload_modules`).
@@ -128,8 +130,11 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -
     )
     tuning_path.write_text(package_tuning.dumps(tuning_doc))
     use = result["tuning_use"]
-    kernels = result.get("untuned") or {}
-    untuned = package_tuning.write_untuned(out, kernels)
+    kernels = result.get("kernels") or {}
+    package_tuning.write_sources(out, package_tuning.SOURCES_DIR, kernels)
+    untuned = package_tuning.write_sources(
+        out, package_tuning.UNTUNED_DIR, {e: k for e, k in kernels.items() if tuning_in and e in use["autotuned"]}
+    )
     if tuning_in is not None and use["autotuned"]:
         for spec in job["programs"]:
             Path(spec["package_tmp"]).unlink(missing_ok=True)
@@ -144,7 +149,8 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -
             f"written{sources}",
             hint=f"if the export changed on purpose, copy {tuning_path} (this compile's tuning) over "
             f"{tuning_in['path']} and build again, or unset package.tuning.{name}; if it did not, compare "
-            "those kernels with the ones a build that matched the file compiled",
+            f"those kernels with the files of the same names in {package_tuning.SOURCES_DIR}/ beside the "
+            "package of a build that matched the file",
         )
 
     entries = []

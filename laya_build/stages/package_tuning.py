@@ -30,8 +30,10 @@ from pathlib import Path
 from laya_build.errors import ConfigError
 
 FILE = "tuning.json"  # beside a build's packages
-# beside it when a compile with a tuning file had to tune kernels the file lacks: those kernels'
-# Inductor sources, one <kernel name>.py each, to compare with the kernels of a build that matched
+# beside it, one <kernel name>.py each: the Inductor source of every kernel this compile configured
+# from a tuning entry (what a later build's untuned kernels are compared with) ...
+SOURCES_DIR = "kernel-sources"
+# ... and, when a compile with a tuning file had to tune kernels the file lacks, those kernels'
 UNTUNED_DIR = "untuned-kernels"
 FORMAT = "laya-build triton tuning 1"
 SUFFIX = ".best_config"
@@ -121,15 +123,16 @@ def kernel_name(source: str) -> str | None:
     return found.group(1) if found else None
 
 
-def write_untuned(out, kernels: dict[str, dict]) -> Path | None:
-    """Replace ``out/UNTUNED_DIR`` with the sources of ``kernels`` (entry -> ``{"name",
-    "source"}``), one ``<name>.py`` each (``<name>-<entry>.py`` where two programs' kernels share
-    a name); with none, remove it.  Returns the folder or None."""
-    folder = Path(out) / UNTUNED_DIR
+def write_sources(out, name: str, kernels: dict[str, dict]) -> Path | None:
+    """Replace the folder ``out/name`` (:data:`SOURCES_DIR` or :data:`UNTUNED_DIR`) with the
+    sources of ``kernels`` (entry -> ``{"name", "source"}``), one ``<name>.py`` each
+    (``<name>-<entry>.py`` where two programs' kernels share a name); with none, remove it.
+    Returns the folder or None."""
+    folder = Path(out) / name
     shutil.rmtree(folder, ignore_errors=True)
     if not kernels:
         return None
-    tmp = folder.with_name(f".{UNTUNED_DIR}.tmp")
+    tmp = folder.with_name(f".{name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for rel, kernel in sorted(kernels.items()):

@@ -121,8 +121,9 @@ def fake_child(monkeypatch, autotuned):
             ],
             "tuning": harvested,
             "tuning_use": tuning.compare(job["tuning"], harvested),
-            "untuned": {
-                e: {"name": f"triton_poi_fused_{i}", "source": f"# kernel {i}\n"} for i, e in enumerate(autotuned)
+            "kernels": {
+                e: {"name": f"triton_poi_fused_{i}", "source": f"# kernel {i}\n"}
+                for i, e in enumerate(sorted(harvested))
             },
             "determinism": {
                 "ptxas_source_mtime": {"applied": False, "reason": "test"},
@@ -175,17 +176,25 @@ def test_a_compile_that_had_to_tune_fails_and_leaves_its_tuning(build, tmp_path,
     with pytest.raises(StageError, match=r"holds no launch configuration for 1 of the 2 tuned") as info:
         run_package(cfg, build.export_dir("float32"), out, "cpu", root=tmp_path)
     message = str(info.value)
-    assert f"copy {out / tuning.FILE}" in message and "(triton_poi_fused_0)" in message
+    assert f"copy {out / tuning.FILE}" in message and "(triton_poi_fused_1)" in message
     assert f"their Inductor sources are in {out / tuning.UNTUNED_DIR}" in message
-    assert sorted(p.name for p in out.iterdir()) == sorted([tuning.UNTUNED_DIR, tuning.FILE])  # no package, no record
+    assert f"the files of the same names in {tuning.SOURCES_DIR}/" in message
+    # no package, no record
+    assert sorted(p.name for p in out.iterdir()) == sorted([tuning.SOURCES_DIR, tuning.UNTUNED_DIR, tuning.FILE])
     assert "cd/k2.best_config" in json.loads((out / tuning.FILE).read_text())["entries"]
     assert [(p.name, p.read_text()) for p in (out / tuning.UNTUNED_DIR).iterdir()] == [
-        ("triton_poi_fused_0.py", "# kernel 0\n")
+        ("triton_poi_fused_1.py", "# kernel 1\n")
     ]
-    # the same build once the file holds them: a package, and no kernel sources left from before
+    assert sorted((p.name, p.read_text()) for p in (out / tuning.SOURCES_DIR).iterdir()) == [
+        ("triton_poi_fused_0.py", "# kernel 0\n"),
+        ("triton_poi_fused_1.py", "# kernel 1\n"),
+    ]
+    # the same build once the file holds them: a package, the sources of its kernels, and no
+    # untuned kernels left from before
     fake_child(monkeypatch, autotuned=[])
     run_package(cfg, build.export_dir("float32"), out, "cpu", root=tmp_path)
     assert not (out / tuning.UNTUNED_DIR).exists()
+    assert [p.name for p in (out / tuning.SOURCES_DIR).iterdir()] == ["triton_poi_fused_0.py"]
 
 
 def test_an_entry_names_the_inductor_kernel_it_configures(tmp_path):
@@ -246,10 +255,10 @@ def test_untuned_kernels_of_one_name_in_two_programs_keep_both_sources(tmp_path)
         "cd/k2.best_config": {"name": "triton_poi_fused_0", "source": "# two\n"},
         "ef/k3.best_config": {"name": None, "source": "# unnamed\n"},
     }
-    folder = tuning.write_untuned(tmp_path, kernels)
+    folder = tuning.write_sources(tmp_path, tuning.UNTUNED_DIR, kernels)
     assert {p.name: p.read_text() for p in folder.iterdir()} == {
         "triton_poi_fused_0.py": "# one\n",
         "triton_poi_fused_0-k2.py": "# two\n",
         "k3.py": "# unnamed\n",
     }
-    assert tuning.write_untuned(tmp_path, {}) is None and not folder.exists()
+    assert tuning.write_sources(tmp_path, tuning.UNTUNED_DIR, {}) is None and not folder.exists()

@@ -127,8 +127,9 @@ def compile_packages(job: dict) -> dict:
         "programs": programs,
         "tuning": tuning,
         "tuning_use": use,
-        # with a tuning file, the kernels it lacked: what to compare with a build that matched
-        "untuned": kernel_sources(cache_dir, use["autotuned"]) if seeded else {},
+        # the sources of the kernels the entries configure: with a tuning file, those of the
+        # kernels it lacked are what to compare with the same kernels of a build that matched it
+        "kernels": kernel_sources(cache_dir, sorted(tuning)),
         "determinism": fixes,
         "env_info": env_info(),
         "preload": preloaded,
