@@ -6,9 +6,10 @@ The H200 configuration's attention layer (16 heads of 64, bf16) at the two servi
 and 7 x 256 tokens), global (every key) and local (±64): 28 calls on 28 distinct packed ``Wqkv``
 outputs in one CUDA graph, replayed; the time per call is the replay's median over 28.  Rows:
 
-- ``fused BMxBN wW sS``: the kernel at each launch configuration of ``--configs`` (a JSON list of
-  ``{"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}``; default: the module's own and a few
-  around it), with every row's key count;
+- ``fused BMxBN wW sS [prefetch]``: the kernel at each launch configuration of ``--configs`` (a
+  JSON list of keys of the module's ``CONFIG``, the others its values: the blocks, warps and
+  stages, ``PREFETCH`` (each key block's loads issued an iteration ahead); default: the module's
+  own and a few around it), with every row's key count;
 - ``rotary + cudnn``: what the ``bias`` package runs in its place: the rotation in torch ops
   (fp32, rounded to bf16), then cuDNN's SDPA with the additive mask of the layer;
 - ``cudnn``: that SDPA call alone, on inputs already rotated.
@@ -33,6 +34,7 @@ HEADS, HEAD_DIM, LAYERS, HALF_WINDOW = 16, 64, 28, 64
 SHAPES = {"1x128": (1, 128), "7x256": (7, 256)}
 CONFIGS = [
     {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+    {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PREFETCH": False},
     {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
     {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
     {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
@@ -82,8 +84,10 @@ def timings(torch, ra, result, save, configs, shape, B, S, window) -> None:
         print(json.dumps(row), flush=True)
         save()
 
+    halves = ra.half(cos).contiguous(), ra.half(sin).contiguous()  # what the kernel reads
+
     def fused(i, config):
-        ra.launch(packed[i], cos, sin, counts, scale, window, outs[i], config=config)
+        ra.launch(packed[i], *halves, counts, scale, window, outs[i], config=config)
 
     def rotary_cudnn(i):
         p = packed[i]
@@ -95,7 +99,9 @@ def timings(torch, ra, result, save, configs, shape, B, S, window) -> None:
         return F.scaled_dot_product_attention(*rotated[i], packed[i][:, :, 2].transpose(1, 2), attn_mask=bias)
 
     for config in configs:
-        tag = f"fused {config['BLOCK_M']}x{config['BLOCK_N']} w{config['num_warps']} s{config['num_stages']}"
+        full = {**ra.CONFIG, **config}
+        flags = " prefetch" if full["PREFETCH"] else ""
+        tag = f"fused {full['BLOCK_M']}x{full['BLOCK_N']} w{full['num_warps']} s{full['num_stages']}{flags}"
         record(tag, [lambda i=i, config=config: fused(i, config) for i in range(LAYERS)], config)
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         record("rotary + cudnn", [lambda i=i: rotary_cudnn(i) for i in range(LAYERS)])
@@ -121,7 +127,7 @@ def main() -> int:
     # parity on padded rows, every configuration, both kinds of layer
     B, S = 4, 128
     qkv = torch.randn(B, S, 3, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-    cos, sin = tables(torch, S)
+    cos, sin = (ra.half(t).contiguous() for t in tables(torch, S))  # the halves the kernel reads
     counts = torch.tensor([128, 77, 16, 0], device="cuda", dtype=torch.int32)
     for window in (-1, HALF_WINDOW):
         ref = ra.reference(qkv, cos, sin, counts, scale, window)

@@ -94,7 +94,8 @@ def fused_forward(self, hidden_states: torch.Tensor, position_embeddings=None, a
     if counts is None:
         counts = torch.full(shape[:1], shape[1], dtype=torch.int32, device=qkv.device)
     window = self.sliding_window - 1 if self.sliding_window is not None else -1
-    out = torch.ops.laya.rotary_attention(qkv, cos, sin, counts, self.head_dim**-0.5, window)
+    half = rotary_attention_module().half  # the kernel reads one half of each table
+    out = torch.ops.laya.rotary_attention(qkv, half(cos), half(sin), counts, self.head_dim**-0.5, window)
     return self.out_drop(self.Wo(out.reshape(*shape, -1))), None
 
 
@@ -231,6 +232,19 @@ def use(model: torch.nn.Module, implementation: str) -> None:
         refusal = weight.is_cuda and kernel.cuda_refusal(model.encoder.layers[0].attn.head_dim, weight.dtype)
         if refusal:
             raise ValueError(f"export.attention fused on CUDA needs {refusal}: choose sdpa or bias for this model")
+        encoder = model.encoder
+        halves = kernel.halves_refusal(
+            encoder.rotary_emb,
+            set(encoder.config.layer_types),
+            encoder.config.max_position_embeddings,
+            weight.dtype,
+            weight.device,
+        )
+        if halves:
+            raise ValueError(
+                f"export.attention fused reads one half of each rotary table, but {halves}: "
+                "choose sdpa or bias for this model"
+            )
         model.encoder.set_attn_implementation(FUSED_NAME)
         for layer in model.encoder.layers:
             layer.attn.forward = types.MethodType(fused_forward, layer.attn)

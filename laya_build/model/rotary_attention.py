@@ -5,9 +5,11 @@ and ``k`` by position (in fp32, rounded back to the model's dtype), then attends
 its row's real keys, within ±window on the local layers.  Compiled as transformers writes it,
 that is a kernel that writes the rotated ``q`` and ``k``, a masked attention call reading a
 ``[B, 1, S, S]`` mask, and cuDNN's memset before it (docs/measurements/runtime-h200.md).  Here
-one kernel reads the packed ``Wqkv`` output and the rotary tables, rotates each tile of ``q``
-and ``k`` as it loads it, skips the key blocks a local layer's window cannot reach, and masks
-by each row's key count: no rotated copy, no mask tensor, no memset.
+one kernel reads the packed ``Wqkv`` output and the rotary tables (their first halves: the two
+halves of transformers' tables are equal), rotates each tile of ``q`` and ``k`` as it loads it
+(loading the next key block's tiles while it computes on this one), skips the key blocks a local
+layer's window cannot reach, and masks by each row's key count: no rotated copy, no mask tensor,
+no memset.
 
 The op is ``laya::rotary_attention``, a :func:`torch.library.triton_op`: torch.export keeps it
 as one op, and AOTInductor compiles the Triton kernel into the package (it needs nothing of
@@ -32,7 +34,8 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 # BLOCK_M queries a program, BLOCK_N keys an iteration (benchmarks/rotary_attention_probe.py)
-CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+# PREFETCH: each key block's loads issued an iteration ahead, in registers
+CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PREFETCH": True}
 LOG2E = 1.4426950408889634
 # head dims the kernel indexes: its q·k product is two dots over half a head, and a dot needs 16
 HEAD_DIMS = (32, 64, 128, 256)
@@ -49,20 +52,25 @@ def cuda_refusal(head_dim: int, dtype: torch.dtype) -> str | None:
 
 
 @triton.jit
-def _rotated(x_ptr, cos_ptr, sin_ptr, at, tab, ok, HALF: tl.constexpr, ROTARY: tl.constexpr):
-    """A tile of q or k rotated as transformers does: ``x * cos + rotate_half(x) * sin`` in
-    fp32, then the tensor's dtype; its two halves (``at``/``tab``: the first half's offsets).
-    Without ``ROTARY`` the two halves as they are (no table read)."""
+def _tile(x_ptr, cos_ptr, sin_ptr, at, tab, ok, HALF: tl.constexpr, ROTARY: tl.constexpr):
+    """The loads of a tile of q or k (``at``: its first half's offsets, ``tab``: the tables'):
+    its two halves, then cos and sin (one half each: the tables' two halves are equal).  Without
+    ``ROTARY`` no table is read (x's halves stand in their places, unused)."""
+    x1 = tl.load(x_ptr + at, mask=ok, other=0.0)
+    x2 = tl.load(x_ptr + at + HALF, mask=ok, other=0.0)
     if not ROTARY:
-        return tl.load(x_ptr + at, mask=ok, other=0.0), tl.load(x_ptr + at + HALF, mask=ok, other=0.0)
-    x1 = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
-    x2 = tl.load(x_ptr + at + HALF, mask=ok, other=0.0).to(tl.float32)
-    c1 = tl.load(cos_ptr + tab, mask=ok, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_ptr + tab + HALF, mask=ok, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_ptr + tab, mask=ok, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_ptr + tab + HALF, mask=ok, other=0.0).to(tl.float32)
-    dtype = x_ptr.dtype.element_ty
-    return (x1 * c1 - x2 * s1).to(dtype), (x2 * c2 + x1 * s2).to(dtype)
+        return x1, x2, x1, x2
+    return x1, x2, tl.load(cos_ptr + tab, mask=ok, other=0.0), tl.load(sin_ptr + tab, mask=ok, other=0.0)
+
+
+@triton.jit
+def _rotate(x1, x2, c, s, ROTARY: tl.constexpr):
+    """A tile of q or k rotated as transformers does: ``x * cos + rotate_half(x) * sin`` in
+    fp32, then the tensor's dtype; its two halves.  Without ``ROTARY`` the halves as they are."""
+    if not ROTARY:
+        return x1, x2
+    a, b, c, s = x1.to(tl.float32), x2.to(tl.float32), c.to(tl.float32), s.to(tl.float32)
+    return (a * c - b * s).to(x1.dtype), (b * c + a * s).to(x1.dtype)
 
 
 @triton.jit
@@ -86,6 +94,7 @@ def _rotary_attention_kernel(
     ROTARY: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     HALF: tl.constexpr = D // 2
     start_m = tl.program_id(0) * BLOCK_M
@@ -105,7 +114,8 @@ def _rotary_attention_kernel(
 
     at = rows[:, None] * stride_qs + half[None, :]
     tab = rows[:, None] * stride_cs + half[None, :]
-    q1, q2 = _rotated(q_base, cos_base, sin_base, at, tab, row_ok, HALF, ROTARY)
+    a1, a2, ac, as_ = _tile(q_base, cos_base, sin_base, at, tab, row_ok, HALF, ROTARY)
+    q1, q2 = _rotate(a1, a2, ac, as_, ROTARY)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -116,13 +126,46 @@ def _rotary_attention_kernel(
     else:
         lo = 0
         hi = count
+    if PREFETCH:  # the first key block's loads; each iteration then issues the next block's first
+        first = lo + tl.arange(0, BLOCK_N)
+        first_ok = first < hi
+        n1, n2, nc, ns = _tile(
+            k_base,
+            cos_base,
+            sin_base,
+            first[:, None] * stride_qs + half[None, :],
+            first[:, None] * stride_cs + half[None, :],
+            first_ok[:, None],
+            HALF,
+            ROTARY,
+        )
+        nv = tl.load(v_base + first[:, None] * stride_qs + dims[None, :], mask=first_ok[:, None], other=0.0)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
         col_ok = cols < count
-        # names of their own: a name assigned before the loop would be carried through it
-        k_at = cols[:, None] * stride_qs + half[None, :]
-        k_tab = cols[:, None] * stride_cs + half[None, :]
-        k1, k2 = _rotated(k_base, cos_base, sin_base, k_at, k_tab, col_ok[:, None], HALF, ROTARY)
+        if PREFETCH:
+            k1, k2 = _rotate(n1, n2, nc, ns, ROTARY)
+            v = nv
+            ahead = cols + BLOCK_N
+            ahead_ok = ahead < hi
+            n1, n2, nc, ns = _tile(
+                k_base,
+                cos_base,
+                sin_base,
+                ahead[:, None] * stride_qs + half[None, :],
+                ahead[:, None] * stride_cs + half[None, :],
+                ahead_ok[:, None],
+                HALF,
+                ROTARY,
+            )
+            nv = tl.load(v_base + ahead[:, None] * stride_qs + dims[None, :], mask=ahead_ok[:, None], other=0.0)
+        else:
+            # names of their own: a name assigned before the loop would be carried through it
+            k_at = cols[:, None] * stride_qs + half[None, :]
+            k_tab = cols[:, None] * stride_cs + half[None, :]
+            b1, b2, bc, bs = _tile(k_base, cos_base, sin_base, k_at, k_tab, col_ok[:, None], HALF, ROTARY)
+            k1, k2 = _rotate(b1, b2, bc, bs, ROTARY)
+            v = tl.load(v_base + cols[:, None] * stride_qs + dims[None, :], mask=col_ok[:, None], other=0.0)
         scores = (
             tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
         ) * SCALE  # a constant: Inductor hands a float argument to a kernel as fp64
@@ -136,7 +179,6 @@ def _rotary_attention_kernel(
         p = tl.exp2(scores - m_use[:, None])
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + cols[:, None] * stride_qs + dims[None, :], mask=col_ok[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -150,7 +192,7 @@ def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, c
     rotary (q and k as they are)."""
     B, S, _, H, D = qkv.shape
     kernel = kernel if kernel is not None else _rotary_attention_kernel
-    config = config or CONFIG
+    config = {**CONFIG, **(config or {})}
     rotary = cos is not None
     kernel[(triton.cdiv(S, config["BLOCK_M"]), B * H)](
         qkv,
@@ -176,7 +218,7 @@ def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, c
 
 def check(qkv, cos, sin, counts) -> None:
     """The layouts the kernel reads: ``qkv`` a view of ``Wqkv``'s output (its last three strides
-    ``H * D, D, 1``), cos and sin ``[1 or B, S, D]`` (or both None), one key count a row."""
+    ``H * D, D, 1``), cos and sin ``[1 or B, S, D / 2]`` (or both None), one key count a row."""
     torch._check(qkv.dim() == 5 and qkv.shape[2] == 3, lambda: f"qkv must be [B, S, 3, H, D], got {tuple(qkv.shape)}")
     B, S, _, H, D = qkv.shape
     torch._check(
@@ -187,19 +229,19 @@ def check(qkv, cos, sin, counts) -> None:
     if cos is None:
         return
     torch._check(
-        cos.dim() == 3 and cos.shape[1] == S and cos.shape[2] == D and sin.shape == cos.shape,
-        lambda: f"cos and sin must be [1 or B, S, D], got {tuple(cos.shape)}",
+        cos.dim() == 3 and cos.shape[1] == S and cos.shape[2] * 2 == D and sin.shape == cos.shape,
+        lambda: f"cos and sin must be [1 or B, S, D / 2], got {tuple(cos.shape)}",
     )
     if isinstance(cos.shape[0], int) and cos.shape[0] != 1:  # (a symbolic batch is the rows' own)
-        torch._check(cos.shape[0] == B, lambda: f"cos and sin must be [1 or B, S, D], got {tuple(cos.shape)}")
+        torch._check(cos.shape[0] == B, lambda: f"cos and sin must be [1 or B, S, D / 2], got {tuple(cos.shape)}")
 
 
 @triton_op("laya::rotary_attention", mutates_args={})
 def rotary_attention(
     qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, counts: torch.Tensor, scale: float, window: int
 ) -> torch.Tensor:
-    """``[B, S, 3, H, D]`` packed q, k, v (not yet rotated), ``[1 or B, S, D]`` cos and sin,
-    ``[B]`` int32 key counts -> ``[B, S, H, D]``."""
+    """``[B, S, 3, H, D]`` packed q, k, v (not yet rotated), ``[1 or B, S, D / 2]`` cos and sin
+    (:func:`half`), ``[B]`` int32 key counts -> ``[B, S, H, D]``."""
     return _run(qkv, cos, sin, counts, scale, window)
 
 
@@ -223,6 +265,29 @@ def _run(qkv, cos, sin, counts, scale: float, window: int) -> torch.Tensor:
     return out
 
 
+def half(table: torch.Tensor) -> torch.Tensor:
+    """The first half of the last axis of a rotary cos or sin table (``[..., D]`` -> ``[..., D / 2]``),
+    all of it the kernel reads: transformers' tables repeat one half (``cat((freqs, freqs))``;
+    :func:`halves_refusal` checks a model's)."""
+    return table[..., : table.shape[-1] // 2]
+
+
+def halves_refusal(rotary, layer_types, length: int, dtype: torch.dtype, device) -> str | None:
+    """Why the kernel cannot take the tables of the rotary module ``rotary`` (``forward(x,
+    position_ids, layer_type) -> (cos, sin)``) for positions ``0 .. length-1``, or None: their two
+    halves must be equal, since it reads the first only."""
+    positions = torch.arange(length, device=device)[None]
+    probe = torch.empty(0, dtype=dtype, device=device)
+    with torch.no_grad():
+        for layer_type in sorted(layer_types):
+            for name, table in zip(("cos", "sin"), rotary(probe, positions, layer_type)):
+                first, second = table[..., : table.shape[-1] // 2], table[..., table.shape[-1] // 2 :]
+                if not torch.equal(first, second):
+                    worst = (first.float() - second.float()).abs().max().item()
+                    return f"the {layer_type} {name} table's two halves differ (by up to {worst:.3g})"
+    return None
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """transformers' ``apply_rotary_pos_emb`` of one tensor: ``x * cos + rotate_half(x) * sin`` in
     fp32, then ``x``'s dtype (``cos``/``sin`` broadcast to ``x``)."""
@@ -232,11 +297,12 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 def reference(qkv, cos, sin, counts, scale: float, window: int) -> torch.Tensor:
-    """The kernel's semantics in torch ops: transformers' ``apply_rotary_pos_emb`` (none when
-    ``cos`` is None), then SDPA with the padding (and band) mask; a query that sees no key gets 0."""
+    """The kernel's semantics in torch ops: transformers' ``apply_rotary_pos_emb`` with the half
+    tables repeated (none when ``cos`` is None), then SDPA with the padding (and band) mask; a
+    query that sees no key gets 0."""
     q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))  # [B, H, S, D]
     if cos is not None:
-        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        c, s = torch.cat((cos, cos), -1).unsqueeze(1), torch.cat((sin, sin), -1).unsqueeze(1)
         q, k = rotate(q, c, s), rotate(k, c, s)
     S = qkv.shape[1]
     pos = torch.arange(S, device=qkv.device)

@@ -98,8 +98,8 @@ INTERPRETED = textwrap.dedent(
         for name, (cos, sin) in {"one table": (emb.cos()[None], emb.sin()[None]),
                                  "a table a row": (own.cos(), own.sin()),
                                  "no rotary": (None, None)}.items():
-            if cos is not None:
-                cos, sin = cos.to(dtype).contiguous(), sin.to(dtype).contiguous()
+            if cos is not None:  # the halves the kernel reads
+                cos, sin = ra.half(cos.to(dtype)).contiguous(), ra.half(sin.to(dtype)).contiguous()
             for window in (-1, 5, 40):
                 ref = ra.reference(qkv, cos, sin, counts, D ** -0.5, window)
                 for config in json.loads(sys.argv[1]):
@@ -116,9 +116,10 @@ INTERPRETED = textwrap.dedent(
 def test_the_kernel_in_triton_s_interpreter_is_the_reference():
     pytest.importorskip("triton")
     configs = [
-        {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
-        {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2},  # blocks of different sizes
-        {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+        {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PREFETCH": True},
+        {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PREFETCH": False},
+        {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2, "PREFETCH": True},  # blocks of different sizes
+        {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "PREFETCH": False},
     ]
     import json
 
@@ -146,8 +147,7 @@ def test_the_kernel_on_cuda_is_the_reference():
     B, S, H, D = 4, 256, 16, 64
     qkv = torch.randn(B, S, 3, H, D, device="cuda", dtype=torch.bfloat16)
     pos = torch.arange(S, device="cuda")[:, None] * (1.0 / 10000 ** (torch.arange(0, D, 2, device="cuda") / D))[None]
-    emb = torch.cat((pos, pos), -1)[None]
-    cos, sin = emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
+    cos, sin = pos.cos().to(torch.bfloat16)[None], pos.sin().to(torch.bfloat16)[None]  # one half of each table
     counts = torch.tensor([256, 77, 16, 0], device="cuda", dtype=torch.int32)  # full, padded, short, empty
     for window in (-1, 64, 8):  # global; local as the model's; a window that skips key blocks
         got = torch.ops.laya.rotary_attention(qkv, cos, sin, counts, D**-0.5, window)
@@ -174,7 +174,7 @@ def test_no_float_reaches_the_kernel_as_a_runtime_argument():
 
     B, S, H, D = 2, 48, 2, 64
     qkv = torch.zeros(B, S, 3, H, D)
-    cos = sin = torch.zeros(1, S, D)
+    cos = sin = torch.zeros(1, S, D // 2)
     ra.launch(qkv, cos, sin, torch.full((B,), S, dtype=torch.int32), D**-0.5, 8, torch.empty(B, S, H, D), Recorder())
     ((grid, args, kwargs),) = launched[:1]
     assert grid == (1, B * H)
@@ -185,20 +185,24 @@ def test_no_float_reaches_the_kernel_as_a_runtime_argument():
     assert launched[1][2]["ROTARY"] is False and not [a for a in launched[1][1] if isinstance(a, float)]
     constants = set(ra._rotary_attention_kernel.constexprs)
     names = ra._rotary_attention_kernel.arg_names
-    assert {names.index(k) for k in ("H", "D", "WINDOW", "SCALE", "ROTARY", "BLOCK_M", "BLOCK_N")} <= constants
+    constexprs = ("H", "D", "WINDOW", "SCALE", "ROTARY", "BLOCK_M", "BLOCK_N", "PREFETCH")
+    assert {names.index(k) for k in constexprs} <= constants
 
 
 def test_layouts_the_kernel_cannot_read_are_refused():
     from laya_build.model import rotary_attention as ra
 
     B, S, H, D = 2, 16, 2, 32
-    cos = sin = torch.zeros(1, S, D)
+    cos = sin = torch.zeros(1, S, D // 2)
     counts = torch.full((B,), S, dtype=torch.int32)
     packed = torch.zeros(B, S, 3 * H * D)
     with pytest.raises(RuntimeError, match="a view of the packed Wqkv output"):
         ra.rotary_attention(packed.view(B, S, H, 3, D).transpose(2, 3), cos, sin, counts, 0.1, -1)
-    with pytest.raises(RuntimeError, match=r"cos and sin must be \[1 or B, S, D\]"):
+    with pytest.raises(RuntimeError, match=r"cos and sin must be \[1 or B, S, D / 2\]"):
         ra.rotary_attention(packed.view(B, S, 3, H, D), cos[0], sin[0], counts, 0.1, -1)
+    whole = torch.zeros(1, S, D)  # a whole table: the op takes one half of it
+    with pytest.raises(RuntimeError, match=r"cos and sin must be \[1 or B, S, D / 2\], got \(1, 16, 32\)"):
+        ra.rotary_attention(packed.view(B, S, 3, H, D), whole, whole, counts, 0.1, -1)
     with pytest.raises(RuntimeError, match=r"counts must be \[B\]"):
         ra.rotary_attention(packed.view(B, S, 3, H, D), cos, sin, torch.ones(B, 1, S, S), 0.1, -1)
 
@@ -225,3 +229,28 @@ def test_a_cuda_model_the_kernel_cannot_run_is_refused_at_once():
             match=r"fused on CUDA needs a head dim of 32, 64, 128, 256 \(this model's is 16\): choose sdpa or bias",
         ):
             attention.use(model, "fused")
+
+
+def test_a_rotary_whose_table_halves_differ_is_refused_for_fused():
+    """The kernel reads one half of each table (transformers' repeat it): a model whose rotary
+    module gives two different halves is refused when the attention is chosen, naming the table."""
+    model = small_model()
+    real = model.encoder.rotary_emb
+
+    class Skewed(torch.nn.Module):
+        def forward(self, x, position_ids, layer_type):
+            cos, sin = real(x, position_ids, layer_type)
+            if layer_type == "sliding_attention":
+                sin = torch.cat((sin[..., : sin.shape[-1] // 2], 2 * sin[..., sin.shape[-1] // 2 :]), -1)
+            return cos, sin
+
+    model.encoder.rotary_emb = Skewed()
+    with pytest.raises(
+        ValueError,
+        match=r"fused reads one half of each rotary table, but the sliding_attention sin table's two halves "
+        r"differ \(by up to .*\): choose sdpa or bias",
+    ):
+        attention.use(model, "fused")
+    model.encoder.rotary_emb = real
+    rotary.use(model, "table")  # the tabulated rotary passes, as the module it tabulates
+    attention.use(model, "fused")

@@ -93,12 +93,14 @@ def kernel_sources(cache_dir, entries) -> dict[str, dict]:
     own, :class:`AutotuneCache`) names that file.  Entries whose kernel is not found are left out."""
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
+    meta = {"autotune_local_cache": True, "autotune_remote_cache": False}
     found = {}
     for rel in entries:
         entry = Path(cache_dir, rel)
         for module in sorted(entry.parent.glob("*.py")):
-            try:
-                key = AutotuneCache._make_local_cache_key(str(module.parent), AutotuneCache._prepare_key(str(module)))
+            try:  # where Inductor's local autotune cache keeps this module's entry (create writes nothing)
+                cache = AutotuneCache.create(meta, str(module), "")
+                key = cache.local_cache[1]
             except Exception:  # noqa: BLE001  (another torch's internals: no names, the entries stay)
                 return found
             if Path(key).name == entry.name:
