@@ -94,19 +94,21 @@ def kernel_sources(cache_dir, entries) -> dict[str, dict]:
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
     meta = {"autotune_local_cache": True, "autotune_remote_cache": False}
+    modules = {}  # folder -> entry file name -> the module it configures, each folder's keys made once
     found = {}
     for rel in entries:
         entry = Path(cache_dir, rel)
-        for module in sorted(entry.parent.glob("*.py")):
-            try:  # where Inductor's local autotune cache keeps this module's entry (create writes nothing)
-                cache = AutotuneCache.create(meta, str(module), "")
-                key = cache.local_cache[1]
+        if entry.parent not in modules:
+            try:  # where Inductor's local autotune cache keeps each module's entry (create writes nothing)
+                modules[entry.parent] = {
+                    Path(AutotuneCache.create(meta, str(m), "").local_cache[1]).name: m
+                    for m in sorted(entry.parent.glob("*.py"))
+                }
             except Exception:  # noqa: BLE001  (another torch's internals: no names, the entries stay)
                 return found
-            if Path(key).name == entry.name:
-                source = module.read_text()
-                found[rel] = {"name": package_tuning.kernel_name(source), "source": source}
-                break
+        if (module := modules[entry.parent].get(entry.name)) is not None:
+            source = module.read_text()
+            found[rel] = {"name": package_tuning.kernel_name(source), "source": source}
     return found
 
 
@@ -123,12 +125,11 @@ def compile_packages(job: dict) -> dict:
     package_tuning.seed(cache_dir, seeded)
     programs = [compile_program(p, job) for p in job["programs"]]
     tuning = package_tuning.harvest(cache_dir)
-    use = package_tuning.compare(seeded, tuning)
     cache = list_tree(cache_dir)
     return {
         "programs": programs,
         "tuning": tuning,
-        "tuning_use": use,
+        "tuning_use": package_tuning.compare(seeded, tuning),
         # the sources of the kernels the entries configure: with a tuning file, those of the
         # kernels it lacked are what to compare with the same kernels of a build that matched it
         "kernels": kernel_sources(cache_dir, sorted(tuning)),
