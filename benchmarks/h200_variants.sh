@@ -15,7 +15,8 @@
 #      $OUT (and, for a build refused because its tuning file lacked kernels, those kernels'
 #      sources as NAME-untuned-kernels.tgz);
 #   2. benchmarks/package_latency.py over every package, interleaved (ROUNDS, default 4; PROFILE
-#      replays of each profiled when set);
+#      replays of each profiled when set; BLAS='NAME=LIBRARY ...' times NAME's package once more
+#      as NAME-LIBRARY, its graphs captured with torch.backends.cuda.preferred_blas_library(LIBRARY));
 #   3. `doit verify:cuda-bfloat16` of the variants named in VERIFY (default: all but the first;
 #      none: no verification);
 #   4. the GPU tests named in TESTS (pytest node ids; pytest is not needed: each test function
@@ -87,12 +88,16 @@ for n in "${names[@]}"; do
 done
 
 if [ ${#built[@]} -gt 0 ] && ! late 70 latency; then
-  first=${built[0]} args=()
+  first=${built[0]} args=() blas=()
   for n in "${built[@]}"; do args+=("$n=$(pkg "$n")/decision.pt2"); done
+  for b in ${BLAS:-}; do  # NAME=LIBRARY: NAME's package again, its graphs captured with that GEMM library
+    n=${b%%=*}
+    [ -f "$(pkg "$n")/decision.pt2" ] && args+=("$n-${b#*=}=$(pkg "$n")/decision.pt2") blas+=(--blas "$n-${b#*=}=${b#*=}")
+  done
   s=$SECONDS
-  (cd "$WORK/$first" && PYTHONPATH="${PYTHONPATH:-}:$WORK/$first" "$PY" benchmarks/package_latency.py \
+  (cd "$WORK/$first" && PYTHONPATH="${PYTHONPATH:-}:$WORK/$first" "$PY" "$SRC/benchmarks/package_latency.py" \
     "artifacts/$VERSION/export/$BUILD" "artifacts/$VERSION/model/inputs.pt" "${args[@]}" \
-    --rounds "${ROUNDS:-4}" --preload lib:tvm_ffi ${PROFILE:+--profile "$PROFILE"} --out "$OUT/latency.json") \
+    "${blas[@]}" --rounds "${ROUNDS:-4}" --preload lib:tvm_ffi ${PROFILE:+--profile "$PROFILE"} --out "$OUT/latency.json") \
     > "$WORK/latency.log" 2>&1
   say "latency (${built[*]}) rc $? in $((SECONDS - s)) s"
   grep -v Warning "$WORK/latency.log" | tail -8 | cut -c1-400 | tee -a "$log"

@@ -40,6 +40,14 @@ def main(argv=None) -> int:
     parser.add_argument("--preload", default="tilelang")
     parser.add_argument("--out", default="latency.json")
     parser.add_argument("--profile", type=int, default=0, help="graph replays to profile per package and shape")
+    parser.add_argument(
+        "--blas",
+        action="append",
+        default=[],
+        metavar="NAME=LIBRARY",
+        help="capture NAME's graphs with torch.backends.cuda.preferred_blas_library(LIBRARY) (its replays "
+        "run the GEMM kernels chosen then; its plain calls the process's default); repeatable",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -62,12 +70,18 @@ def main(argv=None) -> int:
         "rounds": args.rounds,
         "packages": {},
     }
+    blas = dict(spec.split("=", 1) for spec in args.blas)
+    default_blas = torch.backends.cuda.preferred_blas_library()
     for spec in args.packages:
         name, _, path = spec.partition("=")
         with open(path, "rb") as fh:
             sha = hashlib.file_digest(fh, "sha256").hexdigest()
-        runners[name] = runtime.DecisionRunner(runtime.load_package(path, sha), dims=exp["dims"], buckets=buckets)
-        result["packages"][name] = {"path": path, "sha256": sha}
+        torch.backends.cuda.preferred_blas_library(blas.get(name, default_blas))
+        try:  # the graphs are captured here, with the GEMM kernels of that library
+            runners[name] = runtime.DecisionRunner(runtime.load_package(path, sha), dims=exp["dims"], buckets=buckets)
+        finally:
+            torch.backends.cuda.preferred_blas_library(default_blas)
+        result["packages"][name] = {"path": path, "sha256": sha, "blas_at_capture": str(blas.get(name, default_blas))}
     inputs = torch.load(args.inputs, weights_only=True)
     device = str(next(iter(runners.values())).device)
     rows, replays = {}, {}

@@ -90,12 +90,14 @@ def fused_forward(self, hidden_states: torch.Tensor, position_embeddings=None, a
     shape = hidden_states.shape[:-1]
     qkv = self.Wqkv(hidden_states).view(*shape, 3, -1, self.head_dim)
     cos, sin = position_embeddings
+    if cos.shape[-1] == self.head_dim:  # whole tables (a computed rotary): the kernel reads one half
+        half = rotary_attention_module().half
+        cos, sin = half(cos), half(sin)
     counts = attention_mask
     if counts is None:
         counts = torch.full(shape[:1], shape[1], dtype=torch.int32, device=qkv.device)
     window = self.sliding_window - 1 if self.sliding_window is not None else -1
-    half = rotary_attention_module().half  # the kernel reads one half of each table
-    out = torch.ops.laya.rotary_attention(qkv, half(cos), half(sin), counts, self.head_dim**-0.5, window)
+    out = torch.ops.laya.rotary_attention(qkv, cos, sin, counts, self.head_dim**-0.5, window)
     return self.out_drop(self.Wo(out.reshape(*shape, -1))), None
 
 
@@ -232,8 +234,11 @@ def use(model: torch.nn.Module, implementation: str) -> None:
         refusal = weight.is_cuda and kernel.cuda_refusal(model.encoder.layers[0].attn.head_dim, weight.dtype)
         if refusal:
             raise ValueError(f"export.attention fused on CUDA needs {refusal}: choose sdpa or bias for this model")
+        from laya_build.model.rotary import RotaryTable
+
         encoder = model.encoder
-        halves = kernel.halves_refusal(
+        table = encoder.rotary_emb if isinstance(encoder.rotary_emb, RotaryTable) else None
+        halves = (table is None or not table.halves) and kernel.halves_refusal(  # (halves: checked before)
             encoder.rotary_emb,
             set(encoder.config.layer_types),
             encoder.config.max_position_embeddings,
@@ -246,6 +251,8 @@ def use(model: torch.nn.Module, implementation: str) -> None:
                 "choose sdpa or bias for this model"
             )
         model.encoder.set_attn_implementation(FUSED_NAME)
+        if table is not None:  # (rotary.use(model, "table") before): its first halves, gathered once
+            table.halves = True
         for layer in model.encoder.layers:
             layer.attn.forward = types.MethodType(fused_forward, layer.attn)
         return

@@ -26,10 +26,16 @@ STATIC_TYPES = ("default",)  # rope types whose cos/sin depend on the position o
 
 class RotaryTable(nn.Module):
     """``forward(x, position_ids, layer_type) -> (cos, sin)`` as ModernBERT's rotary module
-    returns them, gathered from tables that module computed for positions ``0 .. length-1``."""
+    returns them, gathered from tables that module computed for positions ``0 .. length-1``.
 
-    def __init__(self, rotary: nn.Module, length: int, dtype: torch.dtype, device: torch.device):
+    With ``halves`` (the fused attention's, which reads one half of each table) it returns the
+    first halves, ``[B', S, D / 2]``, gathered by one op (``laya::rotary_rows``): a compiler
+    keeps an op's outputs as buffers, where it would make an indexing expression again inside
+    each layer's copy of the tables (20 kernels a forward on the H200 instead of 2)."""
+
+    def __init__(self, rotary: nn.Module, length: int, dtype: torch.dtype, device: torch.device, halves: bool = False):
         super().__init__()
+        self.halves = halves
         positions = torch.arange(length, device=device)[None]
         probe = torch.empty(0, dtype=dtype, device=device)
         with torch.no_grad():
@@ -40,6 +46,11 @@ class RotaryTable(nn.Module):
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str):
         cos, sin = getattr(self, f"{layer_type}_cos"), getattr(self, f"{layer_type}_sin")
+        if self.halves:
+            from laya_build.model.attention import rotary_attention_module
+
+            cos, sin = rotary_attention_module().rotary_rows(cos, sin, position_ids)
+            return (cos, sin) if cos.dtype == x.dtype else (cos.to(x.dtype), sin.to(x.dtype))
         return cos[position_ids].to(x.dtype), sin[position_ids].to(x.dtype)
 
 
@@ -63,8 +74,14 @@ def use(model: nn.Module, mode: str) -> None:
         return
     if reason := refusal(model):
         raise ValueError(f"export.rotary table: {reason}; set export.rotary: computed")
+    from laya_build.model.attention import FUSED_NAME
+
     encoder = model.encoder
     weight = encoder.embeddings.tok_embeddings.weight
     encoder.rotary_emb = RotaryTable(
-        encoder.rotary_emb, encoder.config.max_position_embeddings, weight.dtype, weight.device
+        encoder.rotary_emb,
+        encoder.config.max_position_embeddings,
+        weight.dtype,
+        weight.device,
+        halves=encoder.config._attn_implementation == FUSED_NAME,  # attention.use(model, "fused") before
     )

@@ -64,6 +64,37 @@ def _tile(x_ptr, cos_ptr, sin_ptr, at, tab, ok, HALF: tl.constexpr, ROTARY: tl.c
 
 
 @triton.jit
+def _key_block(
+    k_base,
+    v_base,
+    cos_base,
+    sin_base,
+    cols,
+    ok,
+    stride_qs,
+    stride_cs,
+    HALF: tl.constexpr,
+    D: tl.constexpr,
+    ROTARY: tl.constexpr,
+):
+    """The loads of the key block at positions ``cols`` (``ok``: which of them are read): its k
+    tile as :func:`_tile` loads it, then its v tile."""
+    half = tl.arange(0, HALF)
+    k1, k2, c, s = _tile(
+        k_base,
+        cos_base,
+        sin_base,
+        cols[:, None] * stride_qs + half[None, :],
+        cols[:, None] * stride_cs + half[None, :],
+        ok[:, None],
+        HALF,
+        ROTARY,
+    )
+    v = tl.load(v_base + cols[:, None] * stride_qs + tl.arange(0, D)[None, :], mask=ok[:, None], other=0.0)
+    return k1, k2, c, s, v
+
+
+@triton.jit
 def _rotate(x1, x2, c, s, ROTARY: tl.constexpr):
     """A tile of q or k rotated as transformers does: ``x * cos + rotate_half(x) * sin`` in
     fp32, then the tensor's dtype; its two halves.  Without ``ROTARY`` the halves as they are."""
@@ -128,18 +159,9 @@ def _rotary_attention_kernel(
         hi = count
     if PREFETCH:  # the first key block's loads; each iteration then issues the next block's first
         first = lo + tl.arange(0, BLOCK_N)
-        first_ok = first < hi
-        n1, n2, nc, ns = _tile(
-            k_base,
-            cos_base,
-            sin_base,
-            first[:, None] * stride_qs + half[None, :],
-            first[:, None] * stride_cs + half[None, :],
-            first_ok[:, None],
-            HALF,
-            ROTARY,
+        n1, n2, nc, ns, nv = _key_block(
+            k_base, v_base, cos_base, sin_base, first, first < hi, stride_qs, stride_cs, HALF, D, ROTARY
         )
-        nv = tl.load(v_base + first[:, None] * stride_qs + dims[None, :], mask=first_ok[:, None], other=0.0)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
         col_ok = cols < count
@@ -147,25 +169,15 @@ def _rotary_attention_kernel(
             k1, k2 = _rotate(n1, n2, nc, ns, ROTARY)
             v = nv
             ahead = cols + BLOCK_N
-            ahead_ok = ahead < hi
-            n1, n2, nc, ns = _tile(
-                k_base,
-                cos_base,
-                sin_base,
-                ahead[:, None] * stride_qs + half[None, :],
-                ahead[:, None] * stride_cs + half[None, :],
-                ahead_ok[:, None],
-                HALF,
-                ROTARY,
+            n1, n2, nc, ns, nv = _key_block(
+                k_base, v_base, cos_base, sin_base, ahead, ahead < hi, stride_qs, stride_cs, HALF, D, ROTARY
             )
-            nv = tl.load(v_base + ahead[:, None] * stride_qs + dims[None, :], mask=ahead_ok[:, None], other=0.0)
         else:
             # names of their own: a name assigned before the loop would be carried through it
-            k_at = cols[:, None] * stride_qs + half[None, :]
-            k_tab = cols[:, None] * stride_cs + half[None, :]
-            b1, b2, bc, bs = _tile(k_base, cos_base, sin_base, k_at, k_tab, col_ok[:, None], HALF, ROTARY)
+            b1, b2, bc, bs, v = _key_block(
+                k_base, v_base, cos_base, sin_base, cols, col_ok, stride_qs, stride_cs, HALF, D, ROTARY
+            )
             k1, k2 = _rotate(b1, b2, bc, bs, ROTARY)
-            v = tl.load(v_base + cols[:, None] * stride_qs + dims[None, :], mask=col_ok[:, None], other=0.0)
         scores = (
             tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
         ) * SCALE  # a constant: Inductor hands a float argument to a kernel as fp64
@@ -184,6 +196,34 @@ def _rotary_attention_kernel(
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_ptr = OUT + b.to(tl.int64) * stride_ob + h * D + rows[:, None] * stride_os + dims[None, :]
     tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def _rotary_rows_kernel(COS, SIN, IDS, COS_OUT, SIN_OUT, N, P, stride_t, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """Rows ``IDS`` of two ``[P, 2 HALF]`` tables' first halves into ``[N, HALF]`` outputs; an
+    id outside ``0 .. P-1`` gives a row of 0 (nothing outside the tables is read)."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    kept = (rows < N)[:, None]
+    ids = tl.load(IDS + rows, mask=rows < N, other=0)
+    inside = kept & ((ids >= 0) & (ids < P))[:, None]
+    cols = tl.arange(0, HALF)[None, :]
+    src = ids.to(tl.int64)[:, None] * stride_t + cols
+    dst = rows.to(tl.int64)[:, None] * HALF + cols
+    tl.store(COS_OUT + dst, tl.load(COS + src, mask=inside, other=0.0), mask=kept)
+    tl.store(SIN_OUT + dst, tl.load(SIN + src, mask=inside, other=0.0), mask=kept)
+
+
+ROWS_BLOCK = 64  # positions a program of the rows kernel
+
+
+def launch_rows(cos, sin, ids, cos_out, sin_out, kernel=None) -> None:
+    """Run the rows kernel (``kernel``: the JIT function or a wrapper of it): the first halves of
+    ``[P, D]`` tables ``cos`` and ``sin`` at contiguous ``ids`` into contiguous ``[..., D / 2]`` outputs."""
+    kernel = kernel if kernel is not None else _rotary_rows_kernel
+    n = ids.numel()
+    kernel[(triton.cdiv(n, ROWS_BLOCK),)](
+        cos, sin, ids, cos_out, sin_out, n, cos.shape[0], cos.stride(0), HALF=cos.shape[1] // 2, BLOCK=ROWS_BLOCK
+    )
 
 
 def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, config=None) -> None:
@@ -263,6 +303,25 @@ def _run(qkv, cos, sin, counts, scale: float, window: int) -> torch.Tensor:
     tables = (cos.contiguous(), sin.contiguous()) if cos is not None else (None, None)
     launch(qkv, *tables, counts.to(torch.int32), scale, window, out, wrap_triton(_rotary_attention_kernel))
     return out
+
+
+@triton_op("laya::rotary_rows", mutates_args={})
+def rotary_rows(cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[P, D]`` cos and sin tables, ``[B', S]`` position ids -> the first halves of the tables'
+    rows at those positions, ``[B', S, D / 2]`` each: the tables :func:`rotary_attention` reads,
+    gathered once a forward (:class:`laya_build.model.rotary.RotaryTable` with ``halves``).  As one
+    op its outputs are buffers that every layer reads; as an indexing expression a compiler makes
+    the gather again inside each layer's copy of the tables."""
+    torch._check(
+        cos.dim() == 2 and cos.shape[1] % 2 == 0 and sin.shape == cos.shape,
+        lambda: f"cos and sin must be [P, D] tables of rows, got {tuple(cos.shape)}",
+    )
+    if cos.device.type != "cuda":
+        return half(cos)[position_ids], half(sin)[position_ids]
+    ids = position_ids.contiguous()
+    out = [torch.empty((*ids.shape, cos.shape[1] // 2), dtype=t.dtype, device=t.device) for t in (cos, sin)]
+    launch_rows(cos.contiguous(), sin.contiguous(), ids, *out, wrap_triton(_rotary_rows_kernel))
+    return out[0], out[1]
 
 
 def half(table: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """What the package child fixes for reproducible CUDA bytes
 (laya_build/stages/children/determinism.py), checked without a GPU: the ptxas wrapper against a
-stand-in ptxas, the int-array cache of Inductor's C++ wrapper on torch's own class."""
+stand-in ptxas, the int-array cache of Inductor's C++ wrapper on torch's own class, the GEMM
+padding decided by timings turned off."""
 
 from __future__ import annotations
 
@@ -94,3 +95,16 @@ def test_a_live_target_still_shares_its_declaration():
     first = wrapper.codegen_int_array_var("{2L, 3L}", buffer.writeline)
     assert wrapper.codegen_int_array_var("{2L, 3L}", buffer.writeline) == first
     assert buffer.getvalue().count(f"{first}[] = {{2L, 3L}};") == 1
+
+
+def test_gemm_padding_by_timing_is_off_unless_the_config_sets_it(monkeypatch):
+    from torch._inductor import config
+
+    monkeypatch.setattr(config, "shape_padding", True)  # Inductor's default
+    assert determinism.no_timed_padding({"shape_padding": True}) == {
+        "applied": False,
+        "reason": "package.inductor_configs sets shape_padding: True",
+    }
+    assert config.shape_padding is True
+    assert determinism.no_timed_padding({"aot_inductor.check_lowerbound": False}) == {"applied": True}
+    assert config.shape_padding is False

@@ -128,6 +128,7 @@ def fake_child(monkeypatch, autotuned):
             "determinism": {
                 "ptxas_source_mtime": {"applied": False, "reason": "test"},
                 "int_array_targets_kept": {"applied": True},
+                "no_timed_padding": {"applied": True},
             },
             "env_info": None,
             "preload": {"imported": [], "missing": []},
@@ -197,6 +198,21 @@ def test_a_compile_that_had_to_tune_fails_and_leaves_its_tuning(build, tmp_path,
     assert [p.name for p in (out / tuning.SOURCES_DIR).iterdir()] == ["triton_poi_fused_0.py"]
 
 
+def test_gemm_padding_by_timing_with_a_tuning_file_is_refused_before_the_compile(build, tmp_path, monkeypatch):
+    from tests.stage_calls import run_package
+
+    fake_child(monkeypatch, autotuned=[])
+    write_tuning(tmp_path, "float32")
+    out = tmp_path / "out"
+    cfg = {"tuning": {"cpu-float32": "tuning.json"}, "inductor_configs": {"shape_padding": True}}
+    with pytest.raises(ConfigError, match=r"package.inductor_configs.shape_padding: true .* remove shape_padding"):
+        run_package(cfg, build.export_dir("float32"), out, "cpu", root=tmp_path)
+    assert not out.exists()
+    # without a tuning file the build's bytes are not claimed reproducible: it compiles
+    cfg = {"inductor_configs": {"shape_padding": True}}
+    assert run_package(cfg, build.export_dir("float32"), out, "cpu", root=tmp_path)["status"] == "ok"
+
+
 def test_an_entry_names_the_inductor_kernel_it_configures(tmp_path):
     """kernel_sources finds the kernel module beside a .best_config as Inductor itself writes
     both (its code cache and its autotune cache, in a fresh interpreter with its own cache)."""
@@ -245,7 +261,7 @@ def test_the_h200_configuration_names_a_tuning_file_of_its_build():
     entries = tuning.read(
         PROJECT_ROOT / rel, torch_version=doc["torch"], target="cuda", dtype="bfloat16", key="cuda-bfloat16"
     )
-    assert doc["torch"].endswith("+cu130") and len(entries) == len(doc["entries"]) == 11  # the read export's kernels
+    assert doc["torch"].endswith("+cu130") and len(entries) == len(doc["entries"]) == 9  # the export's tuned kernels
     assert all(k.endswith(tuning.SUFFIX) and "time_taken_ms" not in v for k, v in entries.items())
 
 

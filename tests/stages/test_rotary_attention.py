@@ -64,6 +64,46 @@ def test_fused_exports_as_one_op_a_layer_with_dynamic_rows_and_tokens():
             torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("order", ["attention first", "rotary first"])
+def test_fused_with_tables_gathers_their_halves_once_a_forward_for_every_layer(order):
+    """With the tabulated rotary the fused layers read the tables' first halves from one
+    ``laya::rotary_rows`` op for each kind of layer: the exported program holds two (global,
+    local), each read by its kind's layers, and no indexing of a table besides."""
+    model = small_model()
+    reference = small_model()
+    steps = [lambda: attention.use(model, "fused"), lambda: rotary.use(model, "table")]
+    for step in steps if order == "attention first" else steps[::-1]:
+        step()
+    assert model.encoder.rotary_emb.halves
+    attention.use(model, "fused")  # again: the halves are not checked (or halved) twice
+    program = exported(model)
+    nodes = program.graph.nodes
+    rows = [n for n in nodes if n.target is torch.ops.laya.rotary_rows.default]
+    assert len(rows) == 2
+    layers = [n for n in nodes if n.target is torch.ops.laya.rotary_attention.default]
+    assert len(layers) == 4
+    for layer in layers:  # cos and sin: the two outputs of one rotary_rows
+        tables = {a.args[0] for a in layer.args[1:3]}
+        assert len(tables) == 1 and tables.pop() in rows, layer.args[1:3]
+    index = [n for n in nodes if n.target is torch.ops.aten.index.Tensor]
+    assert not index, [n.args for n in index]
+    other = batch((32, 9), width=32)
+    with torch.inference_mode():
+        for e, g in zip(reference(*other), program.module()(*other)):
+            torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+def test_rotary_rows_are_the_tables_first_halves_at_the_positions():
+    from laya_build.model import rotary_attention as ra
+
+    table = torch.randn(40, 8)
+    ids = torch.tensor([[0, 3, 39], [5, 5, 1]])
+    cos, sin = torch.ops.laya.rotary_rows(table, 2 * table, ids)
+    assert cos.shape == (2, 3, 4) and torch.equal(cos, table[ids][..., :4]) and torch.equal(sin, 2 * cos)
+    with pytest.raises(RuntimeError, match=r"must be \[P, D\] tables"):
+        ra.rotary_rows(table[:, :7], table[:, :7], ids)
+
+
 def test_without_triton_fused_is_refused_with_what_to_do(monkeypatch):
     monkeypatch.delitem(sys.modules, "laya_build.model.rotary_attention", raising=False)
     monkeypatch.setitem(sys.modules, "triton", None)  # import triton fails
@@ -108,6 +148,14 @@ INTERPRETED = textwrap.dedent(
                     assert (out[3] == 0).all(), "an empty row is not 0"
                     key = f"{dtype} {name} window {window} {config}"
                     worst[key] = (out.float() - ref.float()).abs().max().item()
+    # the rows kernel: 150 positions (not a multiple of its block) of a [40, 64] table, ids a
+    # row, some outside the table (a row of 0)
+    table = torch.randn(40, D)
+    ids = torch.randint(-3, 45, (3, 50))
+    want = torch.where(((ids >= 0) & (ids < 40))[..., None], table[ids.clamp(0, 39)][..., : D // 2], 0.0)
+    got = [torch.full((3, 50, D // 2), float("nan")) for _ in range(2)]
+    ra.launch_rows(table, -table, ids, *got)
+    worst["rows"] = max((got[0] - want).abs().max().item(), (got[1] + want).abs().max().item())
     print(json.dumps(worst))
     """
 )
@@ -133,6 +181,7 @@ def test_the_kernel_in_triton_s_interpreter_is_the_reference():
     )
     assert run.returncode == 0, run.stderr[-3000:]
     worst = json.loads(run.stdout.strip().splitlines()[-1])
+    assert worst.pop("rows") == 0  # a copy: bit for bit
     assert len(worst) == 2 * 3 * 3 * len(configs)
     for key, err in worst.items():
         limit = 1e-5 if "float32" in key else 4e-3  # fp16: rounding of p and of the output
@@ -158,6 +207,10 @@ def test_the_kernel_on_cuda_is_the_reference():
         ref = ra.reference(qkv.float(), None, None, counts, D**-0.5, window)
         assert (plain.float() - ref).abs().max().item() < 2e-2
         assert (plain[3] == 0).all()
+    table = torch.randn(8192, D, device="cuda", dtype=torch.bfloat16)
+    ids = torch.arange(S, device="cuda")[None]
+    rows = torch.ops.laya.rotary_rows(table, table * 2, ids)
+    assert torch.equal(rows[0], table[ids][..., : D // 2]) and torch.equal(rows[1], 2 * rows[0])
 
 
 def test_no_float_reaches_the_kernel_as_a_runtime_argument():

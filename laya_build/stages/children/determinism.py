@@ -1,8 +1,9 @@
 """What the package child does so that one export and one tuning file give one package's bytes
 on CUDA (besides the seeded tuning, :mod:`laya_build.stages.package_tuning`).
 
-Two things varied between two compiles of one export with the same launch configurations
-(measured on an H200, torch 2.11, Triton 3.6: docs/measurements/aoti-h200.md, Reproducible bytes):
+Three things varied between two compiles of one export with the same launch configurations
+(measured on an H200, torch 2.11, Triton 3.6: docs/measurements/aoti-h200.md, Reproducible bytes,
+and docs/measurements/runtime-h200.md, "The rotary tables' halves gathered once a forward"):
 
 * **Every ``.cubin``**, in two bytes: Triton compiles with line information (``ptxas
   -lineinfo``), the PTX names each kernel's source file (``.file 1 "<cache>/xx/<hash>.py"``,
@@ -21,6 +22,13 @@ Two things varied between two compiles of one export with the same launch config
   array depended on memory addresses.  :func:`keep_int_array_targets`
   keeps every ``writeline``, its object and graph alive while the wrapper is generated, so an
   ``id`` never comes back.
+
+* **The graph itself, now and then**: Inductor's ``pad_mm`` pass (``shape_padding``, on by
+  default) pads a GEMM's operands to aligned sizes where a timing at compile time says the padded
+  GEMM is faster.  The decision head's GEMM over 1,028 features was padded to 1,032 in one compile
+  of eight: three more Triton kernels, which a tuning file made without them lacked, so that build
+  was refused.  :func:`no_timed_padding` turns the pass off unless ``package.inductor_configs``
+  sets ``shape_padding`` (the package stage refuses ``true`` together with a tuning file).
 
 Each returns what it did, for the package record.
 """
@@ -120,4 +128,18 @@ def keep_int_array_targets() -> dict:
 
     codegen_int_array_var.keeps_targets = True
     CppWrapperCpu.codegen_int_array_var = codegen_int_array_var
+    return {"applied": True}
+
+
+def no_timed_padding(inductor_configs: dict) -> dict:
+    """Turn Inductor's ``shape_padding`` off for the compiles of this process (see the module
+    docstring), unless ``inductor_configs`` (``package.inductor_configs``) sets it."""
+    if "shape_padding" in inductor_configs:
+        return {
+            "applied": False,
+            "reason": f"package.inductor_configs sets shape_padding: {inductor_configs['shape_padding']}",
+        }
+    from torch._inductor import config
+
+    config.shape_padding = False
     return {"applied": True}

@@ -120,6 +120,7 @@ def compile_packages(job: dict) -> dict:
     fixes = {
         "ptxas_source_mtime": determinism.fixed_mtime_ptxas(os.path.join(cache_dir, "ptxas-wrapper"), cache_dir),
         "int_array_targets_kept": determinism.keep_int_array_targets(),
+        "no_timed_padding": determinism.no_timed_padding(job["inductor_configs"] or {}),
     }
     seeded = job.get("tuning") or {}
     package_tuning.seed(cache_dir, seeded)
