@@ -25,10 +25,11 @@ and docs/measurements/runtime-h200.md, "The rotary tables' halves gathered once 
 
 * **The graph itself, now and then**: Inductor's ``pad_mm`` pass (``shape_padding``, on by
   default) pads a GEMM's operands to aligned sizes where a timing at compile time says the padded
-  GEMM is faster.  The decision head's GEMM over 1,028 features was padded to 1,032 in one compile
-  of eight: three more Triton kernels, which a tuning file made without them lacked, so that build
-  was refused.  :func:`no_timed_padding` turns the pass off unless ``package.inductor_configs``
-  sets ``shape_padding`` (the package stage refuses ``true`` together with a tuning file).
+  GEMM is faster.  In one compile of the H200 package from its tuning file the act head's first
+  GEMM (1,028 input features) was padded to 1,032: three more Triton kernels, which the file, made
+  without them, lacked, so that build was refused.  :func:`no_timed_padding` turns the pass off
+  unless ``package.inductor_configs`` sets ``shape_padding`` (the package stage refuses ``true``
+  together with a tuning file).
 
 Each returns what it did, for the package record.
 """
