@@ -103,6 +103,17 @@ def test_a_tuning_file_that_names_no_file_is_refused_when_the_config_is_loaded(t
     (tmp_path / "tuning").mkdir()
     (tmp_path / "tuning" / "cuda-bfloat16.json").write_text("{}")
     assert config.load(path, root=tmp_path).data["package"]["tuning"] == {"cuda-bfloat16": "tuning/cuda-bfloat16.json"}
+    # GEMM padding decided by timing beside a tuning file: refused at load, naming the key
+    data["package"]["inductor_configs"] = {"shape_padding": True}
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(
+        ConfigError, match=r"invalid at package\.inductor_configs\.shape_padding: true .*remove shape_padding"
+    ) as info:
+        config.load(path, root=tmp_path)
+    assert "package.tuning.cuda-bfloat16" in str(info.value)
+    data["package"]["inductor_configs"] = {"shape_padding": False}
+    path.write_text(yaml.safe_dump(data))
+    assert config.load(path, root=tmp_path).data["package"]["inductor_configs"]["shape_padding"] is False
 
 
 def fake_child(monkeypatch, autotuned):
