@@ -46,10 +46,10 @@ class RotaryTable(nn.Module):
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str):
         cos, sin = getattr(self, f"{layer_type}_cos"), getattr(self, f"{layer_type}_sin")
-        if self.halves:
-            from laya_build.model.attention import rotary_attention_module
+        if self.halves:  # (set where the fused attention, hence Triton, was chosen)
+            from laya_build.model import rotary_attention
 
-            cos, sin = rotary_attention_module().rotary_rows(cos, sin, position_ids)
+            cos, sin = rotary_attention.rotary_rows(cos, sin, position_ids)
             return (cos, sin) if cos.dtype == x.dtype else (cos.to(x.dtype), sin.to(x.dtype))
         return cos[position_ids].to(x.dtype), sin[position_ids].to(x.dtype)
 
@@ -65,17 +65,17 @@ def refusal(model: nn.Module) -> str | None:
     return None
 
 
-def use(model: nn.Module, mode: str) -> None:
+def use(model: nn.Module, mode: str, halves: bool = False) -> None:
     """Give ``model``'s encoder the rotary of ``mode`` (one of :data:`MODES`); call it after the
-    model is on its export dtype and device."""
+    model is on its export dtype and device.  ``halves``: the table gives its first halves
+    (:class:`RotaryTable`), for the fused attention (``laya_build.model.attention.use`` sets it on
+    a table made before it)."""
     if mode not in MODES:
         raise ValueError(f"rotary {mode!r} is not one of {', '.join(MODES)}")
     if mode == "computed" or isinstance(model.encoder.rotary_emb, RotaryTable):
         return
     if reason := refusal(model):
         raise ValueError(f"export.rotary table: {reason}; set export.rotary: computed")
-    from laya_build.model.attention import FUSED_NAME
-
     encoder = model.encoder
     weight = encoder.embeddings.tok_embeddings.weight
     encoder.rotary_emb = RotaryTable(
@@ -83,5 +83,5 @@ def use(model: nn.Module, mode: str) -> None:
         encoder.config.max_position_embeddings,
         weight.dtype,
         weight.device,
-        halves=encoder.config._attn_implementation == FUSED_NAME,  # attention.use(model, "fused") before
+        halves=halves,
     )

@@ -200,7 +200,7 @@ def run_export(
     try:
         attention.use(model, cfg["attention"][target])
         head_attention = head.use(model, cfg["attention"][target], cfg["last_head_layer"])
-        rotary.use(model, cfg["rotary"])
+        rotary.use(model, cfg["rotary"], halves=cfg["attention"][target] == "fused")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     meta = {"target": target, "dtype": dtype, "inputs_sha256": sha256_file(inputs_path)}

@@ -68,10 +68,12 @@ def test_fused_exports_as_one_op_a_layer_with_dynamic_rows_and_tokens():
 def test_fused_with_tables_gathers_their_halves_once_a_forward_for_every_layer(order):
     """With the tabulated rotary the fused layers read the tables' first halves from one
     ``laya::rotary_rows`` op for each kind of layer: the exported program holds two (global,
-    local), each read by its kind's layers, and no indexing of a table besides."""
+    local), each read by its kind's layers, and no indexing of a table besides.  The table is
+    told by the export (``halves``) when it comes after the attention, by the attention when it
+    comes before."""
     model = small_model()
     reference = small_model()
-    steps = [lambda: attention.use(model, "fused"), lambda: rotary.use(model, "table")]
+    steps = [lambda: attention.use(model, "fused"), lambda: rotary.use(model, "table", halves=True)]
     for step in steps if order == "attention first" else steps[::-1]:
         step()
     assert model.encoder.rotary_emb.halves
