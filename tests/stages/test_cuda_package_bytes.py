@@ -38,6 +38,7 @@ def test_two_cuda_builds_with_one_tuning_file_are_byte_identical(tmp_path):
     for name, record in zip(("a", "b"), builds):
         assert record == read_record(tmp_path / name / "aoti_package.json")
         assert record["tuning"]["autotuned"] == 0
+        assert record["determinism"]["no_timed_padding"] == {"applied": True}  # no GEMM padded by a timing
         assert record["tuning"]["input"]["sha256"] == sha256_file(tmp_path / "tuning.json")
         # what the build harvested is the file it was given: tuning it again gives it again
         assert (tmp_path / name / package_tuning.FILE).read_bytes() == (tmp_path / "tuning.json").read_bytes()
