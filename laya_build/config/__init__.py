@@ -566,6 +566,7 @@ def _check_model(data: dict, path: Path, root: Path) -> None:
     """The effective model sections: a local checkpoint is a folder, the batch layout fits
     the export ranges, and every package that is built has verification thresholds."""
     from laya_build.runtime.buckets import check_config as check_buckets
+    from laya_build.stages.package_tuning import padding_refusal
 
     local = data["model"].get("path")
     if local is not None and not (root / local).is_dir():
@@ -578,14 +579,8 @@ def _check_model(data: dict, path: Path, root: Path) -> None:
                 f"{tuning!r} ({(root / tuning).resolve()}) is no file: a build writes its tuning as "
                 "tuning.json beside its packages; copy that one here, or remove the key",
             )
-        if data["package"].get("inductor_configs", {}).get("shape_padding"):
-            _fail(
-                path,
-                "package.inductor_configs.shape_padding",
-                f"true has Inductor time GEMMs padded and not while it compiles, so two compiles can make "
-                f"different programs; package.tuning.{build} makes that build's bytes reproducible, which "
-                "timings must not decide: remove shape_padding (the compile turns it off) or that tuning file",
-            )
+        if padding := padding_refusal(data["package"].get("inductor_configs"), build):
+            _fail(path, "package.inductor_configs.shape_padding", padding)
     try:
         check_export_layout(planned_shapes(data["model"]["inputs"]), data["export"])
     except LayoutError as exc:

@@ -340,7 +340,7 @@ def halves_refusal(rotary, layer_types, length: int, dtype: torch.dtype, device)
     with torch.no_grad():
         for layer_type in sorted(layer_types):
             for name, table in zip(("cos", "sin"), rotary(probe, positions, layer_type)):
-                first, second = table[..., : table.shape[-1] // 2], table[..., table.shape[-1] // 2 :]
+                first, second = half(table), table[..., table.shape[-1] // 2 :]
                 if not torch.equal(first, second):
                     worst = (first.float() - second.float()).abs().max().item()
                     return f"the {layer_type} {name} table's two halves differ (by up to {worst:.3g})"

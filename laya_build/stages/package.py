@@ -69,6 +69,8 @@ def tuning_input(cfg: dict, target: str, dtype: str, root) -> tuple[dict, dict |
     rel = (cfg.get("tuning") or {}).get(name)
     if rel is None:
         return {}, None
+    if padding := package_tuning.padding_refusal(cfg["inductor_configs"], name):
+        raise ConfigError(f"package.inductor_configs.shape_padding: {padding}")
     path = Path(root) / rel
     entries = package_tuning.read(
         path, torch_version=torch.__version__, target=target, dtype=dtype, key=f"package.tuning.{name}"
@@ -96,13 +98,6 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -
     for p in programs:  # what gets compiled must be what the export stage recorded
         check_sha256(export_dir / p["exported"]["path"], p["exported"]["sha256"], "export record")
     tuning, tuning_in = tuning_input(cfg, target, exp["dtype"], root)
-    if tuning_in is not None and cfg["inductor_configs"].get("shape_padding"):
-        raise ConfigError(
-            f"package.inductor_configs.shape_padding: true has Inductor time each GEMM padded and not at "
-            f"compile time and keep the faster, so two compiles can make different programs; with "
-            f"package.tuning.{build_name(target, exp['dtype'])} the package's bytes must not depend on "
-            "timings: remove shape_padding (the child turns it off) or unset the tuning file"
-        )
     out.mkdir(parents=True, exist_ok=True)
     job = {
         "inductor_configs": cfg["inductor_configs"],

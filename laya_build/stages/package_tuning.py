@@ -43,6 +43,19 @@ SUFFIX = ".best_config"
 VOLATILE = ("time_taken_ms", "triton_cache_hash")
 
 
+def padding_refusal(inductor_configs: dict, build: str) -> str | None:
+    """Why ``package.inductor_configs`` cannot go with a tuning file for ``build`` (None: it can):
+    ``shape_padding: true`` lets a compile-time timing decide whether a GEMM is padded, so two
+    compiles can make different programs (the compile child turns it off otherwise)."""
+    if not (inductor_configs or {}).get("shape_padding"):
+        return None
+    return (
+        f"true has Inductor time GEMMs padded and not while it compiles, so two compiles can make "
+        f"different programs; package.tuning.{build} makes that build's bytes reproducible, which "
+        "timings must not decide: remove shape_padding (the compile turns it off) or that tuning file"
+    )
+
+
 def harvest(cache_dir) -> dict[str, dict]:
     """Every ``.best_config`` under ``cache_dir``: cache-relative POSIX path -> its launch
     configuration (without :data:`VOLATILE` fields), sorted by path."""
