@@ -428,9 +428,7 @@ def test_h200_rows_rebuilt_to_its_bytes_on_three_machines_and_verified():
     assert len(rows) == 1 and digests(logs[3])["rows"] == digests(logs[7])["rows"] == rows
     half = digests(logs[1])["half"]
     assert half == digests(logs[3])["half"] == {load(f"{HALF}/latency-2.json")["packages"]["half"]["sha256"]}
-    committed = (
-        ROOT / config.load(ROOT / "pipeline.h200.yaml").data["package"]["tuning"]["cuda-bfloat16"]
-    ).read_bytes()
+    committed = (ROOT / "tuning" / "h200-cuda-bfloat16-read.json").read_bytes()  # that export's file
     for n in (1, 3, 7):
         assert (EVIDENCE / ROWS / f"rows-tuning-{n}.json").read_bytes() == committed
     sources = []
@@ -467,3 +465,86 @@ def test_h200_the_refused_rebuild_padded_a_gemm_that_timing_chose():
     verified = load(f"{ROWS}/ex3-verify-5.json")
     validate(verified["stage"], verified, what="ex3-verify-5.json")
     check_parity(verified["programs"], verified["thresholds"], "evidence")
+
+
+POINTWISE = "2026-12-04-h200-pointwise"  # pointwise kernels untimed; the probes of what is left
+
+
+def test_h200_untimed_pointwise_kernels_faster_at_7x256_with_the_same_answers_and_no_kernel_timed():
+    """``pw`` (``triton.autotune_pointwise: false``, no tuning file) beside ``rows`` (the committed
+    file of that export) in one process: faster in every round at 7x256, where the GeGLU kernel
+    takes its heuristic configuration (Inductor's first candidate) and 60 us less; at 1x128 within
+    0.5 %; the same outputs bit for bit (a launch configuration does not change a pointwise
+    kernel's arithmetic).  Its build timed no kernel: the tuning file it wrote has no entry."""
+    run = load(f"{POINTWISE}/latency-1.json")
+    small, big = run["shapes"]["1x128x3"], run["shapes"]["7x256x4"]
+    assert max(big["ms"]["pw"]["replay"]) < min(big["ms"]["rows"]["replay"])
+    assert small["median_ms"]["pw"]["replay"] < small["median_ms"]["rows"]["replay"] * 1.005
+    for shape in (small, big):
+        assert shape["outputs_equal_to_first"] == {"rows": True, "pw": True}
+        assert shape["profile"]["pw"]["kernels_per_forward"] == shape["profile"]["rows"]["kernels_per_forward"]
+    geglu = "kernel: triton_poi_fused__unsafe_view_gelu_mul_split_4"
+    at_big = {n: {t["name"]: t["us_per_forward"] for t in p["top"]} for n, p in big["profile"].items()}
+    assert at_big["rows"][geglu] - at_big["pw"][geglu] > 60
+    rows_file = json.loads((EVIDENCE / POINTWISE / "rows-tuning-1.json").read_text())["entries"]
+    # the GeGLU kernel's entry in the rows file: the second candidate (512 elements, 8 warps)
+    assert {(e["XBLOCK"], e["num_warps"]) for e in rows_file.values()} >= {(512, 8)}
+    assert json.loads((EVIDENCE / POINTWISE / "pw-tuning-1.json").read_text())["entries"] == {}
+
+
+def test_h200_untimed_build_rebuilt_to_its_bytes_from_the_committed_file_and_verified():
+    """``pw`` tuned afresh (nothing to time) and the configuration as committed (``untimed``, its
+    empty tuning file as the input) gave one package; ``rows`` gave its bytes of the morning
+    again; both verifications pass today's thresholds."""
+    logs = {n: (EVIDENCE / POINTWISE / f"variants-{n}.log").read_text() for n in (1, 2)}
+    pw = digests(logs[1])["pw"]
+    assert len(pw) == 1 and digests(logs[2])["untimed"] == pw
+    assert digests(logs[1])["rows"] == digests((EVIDENCE / ROWS / "variants-7.log").read_text())["rows"]
+    committed = (
+        ROOT / config.load(ROOT / "pipeline.h200.yaml").data["package"]["tuning"]["cuda-bfloat16"]
+    ).read_bytes()
+    assert json.loads(committed)["entries"] == {}
+    assert (EVIDENCE / POINTWISE / "pw-tuning-1.json").read_bytes() == committed
+    assert (EVIDENCE / POINTWISE / "untimed-tuning-2.json").read_bytes() == committed
+    for name in ("pw-verify-1.json", "untimed-verify-2.json"):
+        verified = load(f"{POINTWISE}/{name}")
+        validate(verified["stage"], verified, what=name)
+        assert verified["status"] == "ok" and verified["thresholds"] == h200_thresholds()
+        check_parity(verified["programs"], verified["thresholds"], "evidence")
+        assert {verified["programs"][0]["package"]["sha256"]} == pw
+
+
+def test_h200_no_cublaslt_algorithm_is_much_faster_than_cublas_and_each_gives_its_bits():
+    """Every algorithm cuBLASLt's heuristic offered for the encoder's four GEMMs gave cuBLAS's
+    output bit for bit; the best of them is at most 5 % faster on a layer's GEMMs at 128
+    positions and 2 % at 1,792 (the distance docs/measurements/runtime-h200.md quotes)."""
+    rows = load(f"{POINTWISE}/cublaslt.json")["rows"]
+    by = {}
+    for r in rows:
+        by.setdefault((r["gemm"], r["M"]), []).append(r)
+    assert len(by) == 8 and not [r for r in rows if "error" in r]
+    layer = {128: [0.0, 0.0], 1792: [0.0, 0.0]}
+    for (gemm, m), group in by.items():
+        algos = [r for r in group if r["name"].startswith("lt #")]
+        assert algos and all(r["equal_to_cublas"] for r in algos), (gemm, m)
+        layer[m][0] += next(r["us"] for r in group if r["name"] == "cublas")
+        layer[m][1] += min(r["us"] for r in algos)
+    assert 0.95 < layer[128][1] / layer[128][0] < 1.0
+    assert 0.98 < layer[1792][1] / layer[1792][0] <= 1.0
+
+
+def test_h200_attention_configurations_per_shape_gain_little_over_the_module_s():
+    """The attention kernel at 25 launch configurations, weighted as a forward weighs its 10
+    global and 18 local layers: the module's configuration is the best at 1x128 but for 13 us
+    (blocks of 16 queries), and within 40 us of the best at 7x256 (blocks of 128 queries); no
+    one configuration is better at both."""
+    rows = [r for r in load(f"{POINTWISE}/attention-configs.json")["rows"] if "us" in r and "config" in r]
+    weight = {-1: 10, 64: 18}
+    sums = {}
+    for r in rows:
+        per = sums.setdefault(json.dumps(r["config"], sort_keys=True), {"1x128": 0.0, "7x256": 0.0})
+        per[r["shape"]] += weight[r["window"]] * r["us"]
+    module = sums[json.dumps({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}, sort_keys=True)]
+    best = {shape: min(s[shape] for s in sums.values()) for shape in ("1x128", "7x256")}
+    assert 0 < module["1x128"] - best["1x128"] < 15 and 0 < module["7x256"] - best["7x256"] < 40
+    assert not any(s["1x128"] < module["1x128"] and s["7x256"] < module["7x256"] for s in sums.values())
