@@ -58,6 +58,32 @@ def check_inductor_configs(configs: dict) -> None:
             f"package.inductor_configs.{unknown[0]}: not an Inductor option of torch "
             f"{torch.__version__}" + (f" (nor {', '.join(unknown[1:])})" if unknown[1:] else "")
         )
+    for key, value in sorted(configs.items()):
+        if (want := _option_type(known[key])) and not _of_type(value, want):
+            raise ConfigError(
+                f"package.inductor_configs.{key}: {value!r} is a {type(value).__name__}, and this Inductor "
+                f"option takes a {want.__name__} (its default: {known[key]!r}); "
+                + ("write true or false, unquoted" if want is bool else f"give a {want.__name__}")
+            )
+
+
+def _option_type(default) -> type | None:
+    """The type an Inductor option's value must have, from its default (None: any: a default of
+    None or of another type says nothing)."""
+    for kind in (bool, int, float, str, list, dict):
+        if type(default) is kind:
+            return kind
+    return list if isinstance(default, tuple) else None
+
+
+def _of_type(value, want: type) -> bool:
+    if want is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if want is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if want is list:
+        return isinstance(value, (list, tuple))
+    return isinstance(value, want)
 
 
 def tuning_input(cfg: dict, target: str, dtype: str, root) -> tuple[dict, dict | None]:

@@ -239,6 +239,34 @@ def test_an_unknown_inductor_option_is_a_config_error_before_compiling(build, tm
     assert not (tmp_path / "p").exists(), "nothing compiled, nothing written"
 
 
+@pytest.mark.parametrize(
+    "key, value, wants",
+    [
+        ("triton.autotune_pointwise", "false", "bool.*write true or false, unquoted"),  # quoted in the YAML
+        ("aot_inductor.check_lowerbound", 0, "bool"),
+        ("max_autotune_gemm_backends", ["ATEN"], "str"),
+        ("max_fusion_size", True, "int"),  # a bool is no count
+    ],
+)
+def test_an_inductor_option_of_the_wrong_type_is_a_config_error_before_compiling(build, tmp_path, key, value, wants):
+    """A value Inductor would take as something else (a quoted "false" is truthy) is refused,
+    naming the option, the value's type and the type the option takes; right types pass the check."""
+    from laya_build.stages.package import check_inductor_configs
+
+    with pytest.raises(ConfigError, match=rf"^package\.inductor_configs\.{re.escape(key)}: .* takes a {wants}"):
+        run_package({"inductor_configs": {key: value}}, build.export_dir("bfloat16"), tmp_path / "p", "cpu")
+    assert not (tmp_path / "p").exists(), "nothing compiled, nothing written"
+    check_inductor_configs(
+        {
+            "triton.autotune_pointwise": False,
+            "aot_inductor.check_lowerbound": False,
+            "max_autotune_gemm_backends": "ATEN,TRITON",
+            "max_fusion_size": 64,
+            "coordinate_descent_tuning": True,
+        }
+    )
+
+
 def test_changed_exported_program_is_not_compiled(build, tmp_path):
     export_dir = shutil.copytree(build.export_dir("bfloat16"), tmp_path / "e")
     (export_dir / "exported.pt2").write_bytes(b"not a program")
