@@ -259,21 +259,27 @@ def test_an_entry_names_the_inductor_kernel_it_configures(tmp_path):
     assert got["entries"] == 2 and got["found"] == got["sources"] and got["none"] == {}
 
 
-def test_the_h200_configuration_names_a_tuning_file_of_its_build():
+def test_the_h200_configuration_names_a_tuning_file_of_its_build(tmp_path):
     """pipeline.h200.yaml compiles its CUDA package with the committed tuning file: it loads as
-    that build's file for the stack it was made on, and every entry seeds a cache."""
+    that build's file for the stack it was made on.  With pointwise kernels untimed nothing of
+    that export is timed, so the file holds no entry (a build that would time a kernel fails);
+    the file of the same export with pointwise kernels timed holds its 9 kernels' entries, and
+    each seeds a cache."""
     import yaml
 
     from laya_build import PROJECT_ROOT
 
     cfg = yaml.safe_load((PROJECT_ROOT / "pipeline.h200.yaml").read_text())
-    rel = cfg["package"]["tuning"]["cuda-bfloat16"]
-    doc = json.loads((PROJECT_ROOT / rel).read_text())
-    entries = tuning.read(
-        PROJECT_ROOT / rel, torch_version=doc["torch"], target="cuda", dtype="bfloat16", key="cuda-bfloat16"
-    )
-    assert doc["torch"].endswith("+cu130") and len(entries) == len(doc["entries"]) == 9  # the export's tuned kernels
-    assert all(k.endswith(tuning.SUFFIX) and "time_taken_ms" not in v for k, v in entries.items())
+    assert cfg["package"]["inductor_configs"]["triton.autotune_pointwise"] is False
+    for rel, count in ((cfg["package"]["tuning"]["cuda-bfloat16"], 0), ("tuning/h200-cuda-bfloat16-read.json", 9)):
+        doc = json.loads((PROJECT_ROOT / rel).read_text())
+        entries = tuning.read(
+            PROJECT_ROOT / rel, torch_version=doc["torch"], target="cuda", dtype="bfloat16", key="cuda-bfloat16"
+        )
+        assert doc["torch"].endswith("+cu130") and len(entries) == len(doc["entries"]) == count, rel
+        assert all(k.endswith(tuning.SUFFIX) and "time_taken_ms" not in v for k, v in entries.items())
+        assert tuning.seed(tmp_path / rel, entries) == count
+        assert len(list((tmp_path / rel).rglob(f"*{tuning.SUFFIX}"))) == count
 
 
 def test_untuned_kernels_of_one_name_in_two_programs_keep_both_sources(tmp_path):
