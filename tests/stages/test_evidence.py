@@ -32,6 +32,16 @@ def h200_thresholds() -> dict:
     return config.load(ROOT / "pipeline.h200.yaml").data["verify"]["thresholds"]["cuda"]["bfloat16"]
 
 
+def verified_today(name: str) -> dict:
+    """The verification record ``name`` of the H200 data: valid, passed, under today's
+    thresholds of ``pipeline.h200.yaml`` and today's parity rules."""
+    verified = load(name)
+    validate(verified["stage"], verified, what=Path(name).name)
+    assert verified["status"] == "ok" and verified["thresholds"] == h200_thresholds()
+    check_parity(verified["programs"], verified["thresholds"], "evidence")
+    return verified
+
+
 @pytest.mark.parametrize("name", RECORDS)
 def test_h200_records_are_valid_records_of_the_large_cuda_build(name):
     record = load(name)
@@ -302,10 +312,7 @@ def test_h200_rotary_by_id_was_slower_and_read_kept_its_bytes_and_tuning():
     assert min(big["byid"]["replay"]) > max(big["read"]["replay"])
     small = run["shapes"]["1x128x3"]["median_ms"]
     assert abs(small["byid"]["replay"] / small["read"]["replay"] - 1) < 0.01
-    verified = load(f"{BYID}/byid-verify.json")
-    validate(verified["stage"], verified, what="byid-verify.json")
-    assert verified["status"] == "ok" and verified["thresholds"] == h200_thresholds()
-    check_parity(verified["programs"], verified["thresholds"], "evidence")
+    verified_today(f"{BYID}/byid-verify.json")
     read = load(f"{HEAD}/read-verify.json")["programs"][0]["package"]["sha256"]
     logs = {n: (EVIDENCE / BYID / f"variants-{n}.log").read_text() for n in (1, 2, 3)}
     assert digests(logs[1])["read"] == digests(logs[2])["read"] == {read}
@@ -357,10 +364,7 @@ def test_h200_half_tables_and_prefetch_were_faster_in_every_round_with_the_same_
             n: sum(t["us_per_forward"] for t in p["top"] if "rotary_attention" in t["name"]) for n, p in profile.items()
         }
         assert attention["half"] < attention["read"]
-    verified = load(f"{HALF}/half-verify.json")
-    validate(verified["stage"], verified, what="half-verify.json")
-    assert verified["status"] == "ok" and verified["thresholds"] == h200_thresholds()
-    check_parity(verified["programs"], verified["thresholds"], "evidence")
+    verified = verified_today(f"{HALF}/half-verify.json")
     logs = {n: (EVIDENCE / HALF / f"variants-{n}.log").read_text() for n in (2, 3)}
     half = digests(logs[2])["half"]
     assert len(half) == 1 and digests(logs[3])["half"] == half == {run["packages"]["half"]["sha256"]}
@@ -437,10 +441,7 @@ def test_h200_rows_rebuilt_to_its_bytes_on_three_machines_and_verified():
             sources.append({m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()})
     assert len(sources[0]) == len(json.loads(committed)["entries"]) == 9 and sources[0] == sources[1] == sources[2]
     for n in (1, 7):
-        verified = load(f"{ROWS}/rows-verify-{n}.json")
-        validate(verified["stage"], verified, what=f"rows-verify-{n}.json")
-        assert verified["status"] == "ok" and verified["thresholds"] == h200_thresholds()
-        check_parity(verified["programs"], verified["thresholds"], "evidence")
+        verified = verified_today(f"{ROWS}/rows-verify-{n}.json")
         assert {verified["programs"][0]["package"]["sha256"]} == rows
     assert "PASSED tests/stages/test_rotary_attention.py::test_the_kernel_on_cuda_is_the_reference" in logs[1]
 
@@ -507,10 +508,7 @@ def test_h200_untimed_build_rebuilt_to_its_bytes_from_the_committed_file_and_ver
     assert (EVIDENCE / POINTWISE / "pw-tuning-1.json").read_bytes() == committed
     assert (EVIDENCE / POINTWISE / "untimed-tuning-2.json").read_bytes() == committed
     for name in ("pw-verify-1.json", "untimed-verify-2.json"):
-        verified = load(f"{POINTWISE}/{name}")
-        validate(verified["stage"], verified, what=name)
-        assert verified["status"] == "ok" and verified["thresholds"] == h200_thresholds()
-        check_parity(verified["programs"], verified["thresholds"], "evidence")
+        verified = verified_today(f"{POINTWISE}/{name}")
         assert {verified["programs"][0]["package"]["sha256"]} == pw
 
 
