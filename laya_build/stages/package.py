@@ -70,10 +70,9 @@ def check_inductor_configs(configs: dict) -> None:
 def _option_type(default) -> type | None:
     """The type an Inductor option's value must have, from its default (None: any: a default of
     None or of another type says nothing)."""
-    for kind in (bool, int, float, str, list, dict):
-        if type(default) is kind:
-            return kind
-    return list if isinstance(default, tuple) else None
+    if isinstance(default, tuple):
+        return list
+    return type(default) if type(default) in (bool, int, float, str, list, dict) else None
 
 
 def _of_type(value, want: type) -> bool:
