@@ -197,3 +197,131 @@ def geglu_pointwise(h, out, block=1024):
     M, F = out.shape
     geglu_pointwise_kernel[(triton.cdiv(M * F, block),)](h, out, M, F, BLOCK=block)
     return out
+
+
+@triton.jit
+def _grouped_tile(tile, M, F, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Output tile ``tile``'s (row block, column block), GROUP_M row blocks at a time (the weights'
+    column blocks are read by GROUP_M programs close together, from L2)."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(F, BLOCK_N)
+    in_group = GROUP_M * num_n
+    first_m = (tile // in_group) * GROUP_M
+    size = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (tile % in_group) % size, (tile % in_group) // size
+
+
+@triton.jit
+def _geglu(up, gate, dtype):
+    """gelu(up) * gate in fp32 from the two GEMMs' results rounded to ``dtype`` (as cuBLAS's
+    output is before the pointwise kernel reads it), erf GELU."""
+    up = up.to(dtype).to(tl.float32)
+    gate = gate.to(dtype).to(tl.float32)
+    return 0.5 * up * (1.0 + tl.math.erf(up * 0.7071067811865476)) * gate
+
+
+@triton.jit
+def geglu_gemm_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    M,
+    F,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """y[M, F] = gelu(x @ w[:F]^T) * (x @ w[F:]^T); ``K % BLOCK_K == 0``; tiles in groups of GROUP_M row blocks."""
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, F, BLOCK_M, BLOCK_N, GROUP_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    am = tl.where(rm < M, rm, 0)
+    wn = tl.where(rn < F, rn, 0)
+    a_ptrs = x_ptr + am[:, None] * stride_xm + rk[None, :]
+    u_ptrs = w_ptr + wn[:, None] * stride_wn + rk[None, :]
+    g_ptrs = u_ptrs + F * stride_wn
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, K, BLOCK_K):
+        a = tl.load(a_ptrs)
+        up = tl.dot(a, tl.trans(tl.load(u_ptrs)), up)
+        gate = tl.dot(a, tl.trans(tl.load(g_ptrs)), gate)
+        a_ptrs += BLOCK_K
+        u_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K
+    out = _geglu(up, gate, y_ptr.dtype.element_ty)
+    mask = (rm[:, None] < M) & (rn[None, :] < F)
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def geglu_gemm_tma_kernel(
+    x_desc,
+    u_desc,
+    g_desc,
+    y_desc,
+    M,
+    F,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PROGRAMS: tl.constexpr,
+):
+    """The same through Hopper's TMA (host tensor descriptors: x, w[:F], w[F:], y), persistent:
+    PROGRAMS programs take the output tiles in turn."""
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(F, BLOCK_N)
+    for tile in range(tl.program_id(0), tiles, PROGRAMS):
+        pid_m, pid_n = _grouped_tile(tile, M, F, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for off_k in range(0, K, BLOCK_K):
+            a = x_desc.load([off_m, off_k])
+            up = tl.dot(a, u_desc.load([off_n, off_k]).T, up)
+            gate = tl.dot(a, g_desc.load([off_n, off_k]).T, gate)
+        y_desc.store([off_m, off_n], _geglu(up, gate, y_desc.dtype).to(y_desc.dtype))
+
+
+def geglu_gemm(x, w, out, block_m, block_n, block_k, num_warps=4, num_stages=3, group_m=8):
+    """``out[M, F] = gelu(x @ w[:F]^T) * (x @ w[F:]^T)``, one kernel, grouped tiles."""
+    M, K = x.shape
+    F = w.shape[0] // 2
+    grid = (triton.cdiv(M, block_m) * triton.cdiv(F, block_n),)
+    geglu_gemm_kernel[grid](
+        x, w, out, M, F, K, x.stride(0), w.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return out
+
+
+def geglu_gemm_tma(x, w, out, block_m, block_n, block_k, num_warps=4, num_stages=3, group_m=8, programs=None):
+    """:func:`geglu_gemm` through TMA, persistent over ``programs`` (default: one a multiprocessor)."""
+    import torch
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    M, K = x.shape
+    F = w.shape[0] // 2
+    tiles = triton.cdiv(M, block_m) * triton.cdiv(F, block_n)
+    if programs is None:
+        programs = torch.cuda.get_device_properties(x.device).multi_processor_count
+    programs = min(programs, tiles)
+    geglu_gemm_tma_kernel[(programs,)](
+        TensorDescriptor.from_tensor(x, [block_m, block_k]),
+        TensorDescriptor.from_tensor(w[:F], [block_n, block_k]),
+        TensorDescriptor.from_tensor(w[F:], [block_n, block_k]),
+        TensorDescriptor.from_tensor(out, [block_m, block_n]),
+        M, F, K,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, PROGRAMS=programs,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return out

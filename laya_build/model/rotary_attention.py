@@ -13,8 +13,12 @@ no memset.
 
 The op is ``laya::rotary_attention``, a :func:`torch.library.triton_op`: torch.export keeps it
 as one op, and AOTInductor compiles the Triton kernel into the package (it needs nothing of
-laya-build to load).  The launch configuration is fixed (:data:`CONFIG`; no autotuning), so two
-builds give the same kernel.
+laya-build to load).  Its launch configurations are fixed (:data:`CONFIGS`; no autotuning), so
+two builds give the same kernels.  Which one runs depends on the shape (:func:`selection`): the
+largest query block whose programs still fill the GPU once, so a short batch is spread over every
+multiprocessor and a long one runs in fewer, larger programs.  The package holds one kernel for
+every configuration and launches the one its shape selects (the others get a grid of 0 programs,
+which AOTInductor's launcher skips), so the choice is made at run time for every token count.
 Off CUDA the op runs :func:`reference`: transformers' rotary and SDPA with the boolean masks,
 the semantics the kernel is tested against on a GPU.  ``laya::packed_attention`` is the same
 kernel without rotary (``ROTARY`` a compile-time constant: no table is read), for the decision
@@ -36,6 +40,15 @@ from torch.library import triton_op, wrap_triton
 # BLOCK_M queries a program, BLOCK_N keys an iteration (benchmarks/rotary_attention_probe.py)
 # PREFETCH: each key block's loads issued an iteration ahead, in registers
 CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PREFETCH": True}
+# The configurations by shape, largest query block first: the best of 25 at 7 x 256 (128 x 32), the
+# best over both serving shapes (CONFIG), the best at 1 x 128 (16 x 64), on the H200
+# (docs/measurements/runtime-h200.md, "The attention kernel's blocks at each shape").
+CONFIGS = (
+    {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "PREFETCH": True},
+    CONFIG,
+    {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PREFETCH": True},
+)
+WAVE = 132  # programs that fill the GPU once: the H200's multiprocessors
 LOG2E = 1.4426950408889634
 # head dims the kernel indexes: its q·k product is two dots over half a head, and a dot needs 16
 HEAD_DIMS = (32, 64, 128, 256)
@@ -226,15 +239,35 @@ def launch_rows(cos, sin, ids, cos_out, sin_out, kernel=None) -> None:
     )
 
 
-def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, config=None) -> None:
+def fills(rows, length, heads, block_m: int):
+    """1 where ``block_m`` queries a program give at least :data:`WAVE` programs, else 0.  With
+    symbolic sizes the result is a symbolic size (``Min``/``Max``): choosing adds no guard to the
+    exported program."""
+    programs = (length + block_m - 1) // block_m * (rows * heads)
+    return torch.sym_min(1, torch.sym_max(0, programs - (WAVE - 1)))
+
+
+def selection(rows, length, heads) -> list[tuple[dict, object]]:
+    """``(config, use)`` for each of :data:`CONFIGS`: ``use`` is 1 for the first configuration
+    whose programs fill the GPU once (the last when none does) and 0 for the others."""
+    uses, before = [], 0
+    for config in CONFIGS[:-1]:
+        now = fills(rows, length, heads, config["BLOCK_M"])  # 0 ... 0 1 ... 1 down the list
+        uses.append(now - before)
+        before = now
+    uses.append(1 - before)
+    return list(zip(CONFIGS, uses))
+
+
+def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, config=None, use=1) -> None:
     """Run the kernel (``kernel``: the JIT function or a wrapper of it; ``config``: another
     launch configuration than :data:`CONFIG`) into ``out``.  ``cos`` and ``sin`` None: no
-    rotary (q and k as they are)."""
+    rotary (q and k as they are).  ``use`` multiplies the grid's first axis (0: no program)."""
     B, S, _, H, D = qkv.shape
     kernel = kernel if kernel is not None else _rotary_attention_kernel
     config = {**CONFIG, **(config or {})}
     rotary = cos is not None
-    kernel[(triton.cdiv(S, config["BLOCK_M"]), B * H)](
+    kernel[((S + config["BLOCK_M"] - 1) // config["BLOCK_M"] * use, B * H)](
         qkv,
         cos if rotary else qkv,  # (not read without rotary)
         sin if rotary else qkv,
@@ -301,7 +334,11 @@ def _run(qkv, cos, sin, counts, scale: float, window: int) -> torch.Tensor:
     torch._check(B * H < 65536, lambda: f"{B} rows of {H} heads is more programs than a grid's second axis holds")
     out = torch.empty((B, S, H, D), dtype=qkv.dtype, device=qkv.device)
     tables = (cos.contiguous(), sin.contiguous()) if cos is not None else (None, None)
-    launch(qkv, *tables, counts.to(torch.int32), scale, window, out, wrap_triton(_rotary_attention_kernel))
+    counts = counts.to(torch.int32)
+    for config, use in selection(B, S, H):
+        if isinstance(use, int) and use == 0:  # a concrete shape: its own configuration only
+            continue
+        launch(qkv, *tables, counts, scale, window, out, wrap_triton(_rotary_attention_kernel), config, use)
     return out
 
 

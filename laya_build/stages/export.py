@@ -193,14 +193,16 @@ def run_export(
         raise InputsMismatchError(f"{inputs_path}: {exc.detail}") from None
     programs = [p for p in PROGRAMS if cfg["single_slot"] or not p.single_slot]
 
-    from laya_build.model import attention, head, rotary
+    from laya_build.model import attention, head, linear_bias, rotary
 
     model, _, _ = load_checkpoint(checkpoint_dir)
     model = eval_copy(model, torch_dtype(dtype), target)
+    zero_bias = list(cfg["zero_bias"].get(target, []))
     try:
         attention.use(model, cfg["attention"][target])
         head_attention = head.use(model, cfg["attention"][target], cfg["last_head_layer"])
         rotary.use(model, cfg["rotary"], halves=cfg["attention"][target] == "fused")
+        linear_bias.use(model, zero_bias)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     meta = {"target": target, "dtype": dtype, "inputs_sha256": sha256_file(inputs_path)}
@@ -216,6 +218,7 @@ def run_export(
         "single_slot": cfg["single_slot"],
         "rotary": cfg["rotary"],
         "attention": cfg["attention"][target],
+        "zero_bias": zero_bias,
         "last_head_layer": cfg["last_head_layer"],
         "head_attention": head_attention,
         "inputs": {"sha256": meta["inputs_sha256"], "bytes": Path(inputs_path).stat().st_size},

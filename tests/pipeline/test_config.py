@@ -123,6 +123,16 @@ BAD = {
         "export.rotary",
         "is not one of ['table', 'computed']",
     ),
+    "unknown zero-bias layer": (
+        lambda d: d.setdefault("export", {}).update(zero_bias={"cuda": ["mlp.Wo", "mlp.Wout"]}),
+        "export.zero_bias.cuda.1",
+        "is not one of ['attn.Wqkv', 'attn.Wo', 'mlp.Wi', 'mlp.Wo']",
+    ),
+    "zero bias on the cpu": (
+        lambda d: d.setdefault("export", {}).update(zero_bias={"cpu": ["mlp.Wo"]}),
+        "export.zero_bias",
+        "'cpu' was unexpected",
+    ),
     "unknown last head layer": (
         lambda d: d.setdefault("export", {}).update(last_head_layer="markers"),
         "export.last_head_layer",
@@ -213,6 +223,7 @@ def test_h200_config_is_valid_and_differs_only_where_documented(tmp_path):
     expected["package"]["inductor_configs"]["triton.autotune_pointwise"] = False
     expected["export"]["attention"]["cuda"] = "fused"  # the export that tuning file was made for
     expected["export"]["last_head_layer"] = "read"
+    expected["export"]["zero_bias"]["cuda"] = ["mlp.Wo"]  # the MLP's output GEMM through cuBLASLt
     # a 7-row batch (rows 1..7) and CUDA-graph buckets at the serving shapes and saved batches
     expected["model"]["inputs"]["batches"].append(
         {

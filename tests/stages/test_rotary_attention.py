@@ -171,6 +171,9 @@ def test_the_kernel_in_triton_s_interpreter_is_the_reference():
         {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2, "PREFETCH": True},  # blocks of different sizes
         {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "PREFETCH": False},
     ]
+    from laya_build.model import rotary_attention as ra
+
+    configs += [c for c in ra.CONFIGS if c not in configs]  # every configuration a shape can select
     import json
 
     run = subprocess.run(
@@ -209,6 +212,19 @@ def test_the_kernel_on_cuda_is_the_reference():
         ref = ra.reference(qkv.float(), None, None, counts, D**-0.5, window)
         assert (plain.float() - ref).abs().max().item() < 2e-2
         assert (plain[3] == 0).all()
+        ref = ra.reference(qkv.float(), cos.float(), sin.float(), counts, D**-0.5, window)
+        for config in ra.CONFIGS:  # each configuration a shape can select, whichever this one selects
+            out = torch.full_like(got, float("nan"))
+            ra.launch(qkv, cos, sin, counts, D**-0.5, window, out, config=config)
+            assert (out.float() - ref).abs().max().item() < 2e-2, config
+            assert (out[3] == 0).all()
+        short = torch.ops.laya.rotary_attention(
+            qkv[:1, :128], cos[:, :128], sin[:, :128], counts[:1] // 2, D**-0.5, window
+        )
+        ref = ra.reference(
+            qkv[:1, :128].float(), cos[:, :128].float(), sin[:, :128].float(), counts[:1] // 2, D**-0.5, window
+        )
+        assert (short.float() - ref).abs().max().item() < 2e-2  # 1 x 128: the smallest query blocks
     table = torch.randn(8192, D, device="cuda", dtype=torch.bfloat16)
     ids = torch.arange(S, device="cuda")[None]
     rows = torch.ops.laya.rotary_rows(table, table * 2, ids)
@@ -242,6 +258,61 @@ def test_no_float_reaches_the_kernel_as_a_runtime_argument():
     names = ra._rotary_attention_kernel.arg_names
     constexprs = ("H", "D", "WINDOW", "SCALE", "ROTARY", "BLOCK_M", "BLOCK_N", "PREFETCH")
     assert {names.index(k) for k in constexprs} <= constants
+
+
+def test_a_shape_selects_one_configuration_and_a_symbolic_shape_adds_no_guard():
+    """The largest query block whose programs fill the GPU once runs; exactly one configuration a
+    shape.  With the sizes symbolic (as AOTInductor compiles the op for every token count) the
+    choice is an expression of them, the same for every shape, and adds no guard."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    from laya_build.model import rotary_attention as ra
+
+    def chosen(rows, length, heads):
+        uses = [use for _, use in ra.selection(rows, length, heads)]
+        assert sorted(uses) == [0] * (len(uses) - 1) + [1]
+        return ra.CONFIGS[uses.index(1)]["BLOCK_M"]
+
+    assert [c["BLOCK_M"] for c in ra.CONFIGS] == sorted((c["BLOCK_M"] for c in ra.CONFIGS), reverse=True)
+    assert chosen(1, 128, 16) == 16 and chosen(7, 256, 16) == 128  # the two serving shapes measured
+    assert chosen(3, 256, 16) == 64  # 96 programs of 128 queries, 192 of 64
+    shapes = [(b, 16 * t, h) for b in (1, 2, 3, 4, 7, 9) for t in (1, 2, 5, 8, 16, 32) for h in (1, 4, 16)]
+    for b, s, h in shapes:
+        block = chosen(b, s, h)
+        programs = -(-s // block) * b * h
+        bigger = [c["BLOCK_M"] for c in ra.CONFIGS if c["BLOCK_M"] > block]
+        assert programs >= ra.WAVE or block == ra.CONFIGS[-1]["BLOCK_M"], (b, s, h)
+        assert all(-(-s // m) * b * h < ra.WAVE for m in bigger), (b, s, h)
+
+    env = ShapeEnv()
+
+    def size(name, hint):
+        symbol = env.create_symbol(hint, ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC)
+        return env.create_symintnode(symbol, hint=hint), symbol
+
+    (rows, r), (length, n) = size("rows", 7), size("tokens", 256)
+    uses = [use for _, use in ra.selection(rows, length, 16)]
+    assert not env.guards
+    for b, s, _ in shapes:
+        values = [int(use.node.expr.subs({r: b, n: s})) for use in uses]
+        assert ra.CONFIGS[values.index(1)]["BLOCK_M"] == chosen(b, s, 16) and sum(values) == 1
+
+
+def test_a_configuration_not_selected_launches_no_program():
+    from laya_build.model import rotary_attention as ra
+
+    grids = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: grids.append((grid, kwargs["BLOCK_M"]))
+
+    B, S, H, D = 2, 48, 2, 64
+    qkv, counts = torch.zeros(B, S, 3, H, D), torch.full((B,), S, dtype=torch.int32)
+    for config, use in ra.selection(B, S, H):
+        ra.launch(qkv, None, None, counts, 0.1, -1, torch.empty(B, S, H, D), Recorder(), config, use)
+    assert sorted(grids, key=lambda g: g[1]) == [((3, B * H), 16), ((0, B * H), 64), ((0, B * H), 128)]
 
 
 def test_layouts_the_kernel_cannot_read_are_refused():
