@@ -42,7 +42,7 @@ from torch.library import triton_op, wrap_triton
 CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PREFETCH": True}
 # The configurations by shape, largest query block first: the best of 25 at 7 x 256 (128 x 32), the
 # best over both serving shapes (CONFIG), the best at 1 x 128 (16 x 64), on the H200
-# (docs/measurements/runtime-h200.md, "The attention kernel's blocks at each shape").
+# (docs/measurements/runtime-h200.md, "Attention blocks by shape, the MLP's output GEMM through cuBLASLt").
 CONFIGS = (
     {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "PREFETCH": True},
     CONFIG,

@@ -546,3 +546,66 @@ def test_h200_attention_configurations_per_shape_gain_little_over_the_module_s()
     best = {shape: min(s[shape] for s in sums.values()) for shape in ("1x128", "7x256")}
     assert 0 < module["1x128"] - best["1x128"] < 15 and 0 < module["7x256"] - best["7x256"] < 40
     assert not any(s["1x128"] < module["1x128"] and s["7x256"] < module["7x256"] for s in sums.values())
+
+
+SHAPES = "2026-12-04-h200-shape-blocks"  # attention blocks chosen by shape; the MLP's output GEMM through cuBLASLt
+
+
+def test_h200_shape_selected_attention_and_cublaslt_mlp_output_faster_at_both_shapes_and_verified():
+    """``new`` (this configuration: the attention kernel's blocks chosen by shape, ``mlp.Wo``
+    with a zero bias) beside ``base`` (the revision before, its configuration) in one process:
+    faster in every round at 1x128, faster by its median at 7x256; at 1x128 the MLP's output
+    GEMM lost its split-K reduction kernel (28 kernels fewer a forward) and the attention
+    kernels take less time at both shapes.  Replay equals the plain call; ``verify`` passes."""
+    run = load(f"{SHAPES}/latency-1.json")
+    small, big = run["shapes"]["1x128x3"], run["shapes"]["7x256x4"]
+    assert max(small["ms"]["new"]["replay"]) < min(small["ms"]["base"]["replay"])
+    assert big["median_ms"]["new"]["replay"] < big["median_ms"]["base"]["replay"]
+    kernels = {
+        s: {n: p["kernels_per_forward"] for n, p in shape["profile"].items()} for s, shape in run["shapes"].items()
+    }
+    assert kernels["1x128x3"]["base"] - kernels["1x128x3"]["new"] == 28
+    assert kernels["7x256x4"]["base"] == kernels["7x256x4"]["new"]
+    for shape in (small, big):
+        times = {n: {t["name"]: t["us_per_forward"] for t in p["top"]} for n, p in shape["profile"].items()}
+        attention = "kernel: _rotary_attention_kernel"
+        assert times["new"][attention] < times["base"][attention] - 20
+    reduces = {
+        n: sum(t["per_forward"] for t in p["top"] if "splitKreduce" in t["name"]) for n, p in small["profile"].items()
+    }
+    assert reduces["base"] - reduces["new"] == 28 and reduces["new"] == 3  # the decision head's remain
+    verified = verified_today(f"{SHAPES}/new-verify-1.json")
+    assert all(
+        b["replay_vs_plain"] == {"act": 0.0, "decision": 0.0} for b in verified["programs"][0]["runner"]["batches"]
+    )
+
+
+def test_h200_shape_selected_build_rebuilt_to_its_bytes_with_nothing_timed():
+    """The configuration built twice, the second time in a fresh copy with an empty cache, gave one
+    package; nothing was timed (both tuning files are the committed empty one); ``base`` gave the
+    bytes of the revision before once more."""
+    logs = {n: (EVIDENCE / SHAPES / f"variants-{n}.log").read_text() for n in (1, 2)}
+    new = digests(logs[1])["new"]
+    assert len(new) == 1 and digests(logs[2])["new"] == new
+    assert {load(f"{SHAPES}/new-verify-1.json")["programs"][0]["package"]["sha256"]} == new
+    assert digests(logs[1])["base"] == digests((EVIDENCE / POINTWISE / "variants-1.log").read_text())["pw"]
+    committed = (
+        ROOT / config.load(ROOT / "pipeline.h200.yaml").data["package"]["tuning"]["cuda-bfloat16"]
+    ).read_bytes()
+    for name in ("new-tuning-1.json", "new-tuning-2.json", "base-tuning-1.json"):
+        assert (EVIDENCE / SHAPES / name).read_bytes() == committed
+    assert config.load(ROOT / "pipeline.h200.yaml").data["export"]["zero_bias"] == {"cuda": ["mlp.Wo"]}
+
+
+def test_h200_fused_geglu_gemm_loses_and_a_zero_bias_wins_only_the_mlp_output_at_128():
+    """The MLP's first GEMM and its GeGLU in one Triton kernel (grouped tiles, or TMA and
+    persistent) is slower than cuBLAS and the pointwise kernel at both shapes, at every tile; a
+    zero bias (cuBLASLt) is faster only for the MLP's output GEMM at 128 positions."""
+    rows = load(f"{SHAPES}/mlp-probe.json")["rows"]
+    assert not [r for r in rows if "error" in r]
+    for m in (128, 1792):
+        geglu = {r["name"]: r["us"] for r in rows if r["section"] == "geglu" and r["M"] == m}
+        assert len(geglu) == 21 and all(us > geglu["mm+pointwise"] for n, us in geglu.items() if n != "mm+pointwise")
+    bias = {(r["gemm"], r["M"], r["name"]): r["us"] for r in rows if r["section"] == "bias"}
+    faster = {(g, m) for (g, m, n), us in bias.items() if n == "addmm-zero-bias" and us < bias[(g, m, "mm")]}
+    assert faster == {("mlp_out", 128)}
