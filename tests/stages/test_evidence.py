@@ -609,3 +609,24 @@ def test_h200_fused_geglu_gemm_loses_and_a_zero_bias_wins_only_the_mlp_output_at
     bias = {(r["gemm"], r["M"], r["name"]): r["us"] for r in rows if r["section"] == "bias"}
     faster = {(g, m) for (g, m, n), us in bias.items() if n == "addmm-zero-bias" and us < bias[(g, m, "mm")]}
     assert faster == {("mlp_out", 128)}
+
+
+def test_h200_shape_selected_package_rebuilt_on_a_second_machine_answers_first_in_time_and_survives_mixed_work():
+    """Run 3, a freshly started machine: the configuration's bytes a third time, nothing timed;
+    ``start_build`` within 1.5 s of the bare import of its round, every round; the mixed workload
+    changed no replay, and replays equal plain calls before and after."""
+    new = digests((EVIDENCE / SHAPES / "variants-1.log").read_text())["new"]
+    assert digests((EVIDENCE / SHAPES / "variants-3.log").read_text())["new"] == new
+    committed = (
+        ROOT / config.load(ROOT / "pipeline.h200.yaml").data["package"]["tuning"]["cuda-bfloat16"]
+    ).read_bytes()
+    assert (EVIDENCE / SHAPES / "new-tuning-3.json").read_bytes() == committed
+    rows = load(f"{SHAPES}/first-3.json")["rows"]
+    assert all(r["rc"] == 0 for r in rows)
+    bare = {r["round"]: r["first_s"] for r in rows if r["variant"] == "import torch"}
+    started = {r["round"]: r["first_s"] for r in rows if r["variant"] == "start_build"}
+    assert sorted(bare) == sorted(started) == [0, 1, 2]
+    assert all(started[k] - bare[k] <= 1.5 for k in bare)
+    mixed = load(f"{SHAPES}/mixed-3.json")
+    assert mixed["workspace_fix"] and mixed["done"] and mixed["replay_vs_plain"] and mixed["replay_vs_plain_after"]
+    assert len(mixed["steps"]) == 4 and all(step["replay_unchanged"] for step in mixed["steps"])
