@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemm_probe import finish, graphed_ms, probe_result, saver  # noqa: E402  (shared by the GPU probes)
+from benchmarks.gemm_probe import finish, probe_result, saver, timed_row  # noqa: E402  (shared by the GPU probes)
 
 LAYERS = 28
 GEMMS = {"Wqkv": (3072, 1024), "attn_out": (1024, 1024), "Wi": (5248, 1024), "mlp_out": (1024, 2624)}
@@ -174,17 +173,7 @@ def probe_shape(torch, lt: Lt, result: dict, save, name: str, M: int, weights: l
 
     def record(label, calls, out0=None, **extra):
         row = {"gemm": name, "M": M, "N": N, "K": K, "name": label, **extra}
-        try:
-            row["us"] = round(graphed_ms(torch, calls) / LAYERS * 1e3, 2)
-            if out0 is not None:
-                out = out0()
-                row["max_abs_vs_cublas"] = float((out.float() - reference.float()).abs().max())
-                row["equal_to_cublas"] = bool(torch.equal(out, reference))
-        except Exception as exc:  # noqa: BLE001 - a probe records what failed and goes on
-            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        result["rows"].append(row)
-        print(json.dumps(row), flush=True)
-        save()
+        timed_row(torch, result, save, row, calls, LAYERS, out0, reference, versus="cublas")
 
     def mm(i):
         torch.mm(xs[i], weights[i].t(), out=ys[i])

@@ -131,6 +131,24 @@ def finish(result: dict, save, start: float) -> int:
     return 0
 
 
+def timed_row(torch, result: dict, save, row: dict, calls, per: int, output=None, reference=None, versus="first"):
+    """Time ``calls`` in one graph into ``row["us"]`` (µs a call: the replay over ``per``), with
+    ``output()``'s largest difference from ``reference`` and whether it is that bit for bit
+    (``max_abs_vs_<versus>``, ``equal_to_<versus>``); a failure is the row's ``error``.  The row
+    joins ``result`` and is printed and saved."""
+    try:
+        row["us"] = round(graphed_ms(torch, calls) / per * 1e3, 2)
+        if output is not None and reference is not None:
+            out = output()
+            row[f"max_abs_vs_{versus}"] = float((out.float() - reference.float()).abs().max())
+            row[f"equal_to_{versus}"] = bool(torch.equal(out, reference))
+    except Exception as exc:  # noqa: BLE001 - a probe records what failed and goes on
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    result["rows"].append(row)
+    print(json.dumps(row), flush=True)
+    save()
+
+
 def graphed_ms(torch, calls) -> float:
     """Median ms of one replay of a CUDA graph holding ``calls`` (each a no-argument callable)."""
     from torch.utils import benchmark

@@ -19,14 +19,13 @@ replay's median / 28; M = 128 and 1,792 positions (the 1×128 and 7×256 serving
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemm_probe import finish, graphed_ms, probe_result, saver  # noqa: E402  (shared by the GPU probes)
+from benchmarks.gemm_probe import finish, probe_result, saver, timed_row  # noqa: E402  (shared by the GPU probes)
 
 LAYERS = 28
 GEMMS = {"Wqkv": (3072, 1024), "attn_out": (1024, 1024), "Wi": (5248, 1024), "mlp_out": (1024, 2624)}
@@ -46,20 +45,6 @@ TILES = (
 )
 
 
-def record_row(torch, result, save, row: dict, calls, output=None, reference=None) -> None:
-    try:
-        row["us"] = round(graphed_ms(torch, calls) / LAYERS * 1e3, 2)
-        if output is not None and reference is not None:
-            out = output()
-            row["max_abs_vs_first"] = float((out.float() - reference.float()).abs().max())
-            row["equal_to_first"] = bool(torch.equal(out, reference))
-    except Exception as exc:  # noqa: BLE001 - a probe records what failed and goes on
-        row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-    result["rows"].append(row)
-    print(json.dumps(row), flush=True)
-    save()
-
-
 def bias_rows(torch, result, save, name: str, M: int, weights: list) -> None:
     """``mm`` and ``addmm`` with a zero bias for one GEMM at one M."""
     N, K = weights[0].shape
@@ -69,10 +54,10 @@ def bias_rows(torch, result, save, name: str, M: int, weights: list) -> None:
     first = torch.mm(xs[0], weights[0].t())
     head = {"section": "bias", "gemm": name, "M": M, "N": N, "K": K}
     calls = [lambda i=i: torch.mm(xs[i], weights[i].t(), out=ys[i]) for i in range(LAYERS)]
-    record_row(torch, result, save, {**head, "name": "mm"}, calls)
+    timed_row(torch, result, save, {**head, "name": "mm"}, calls, LAYERS)
     calls = [lambda i=i: torch.addmm(zero, xs[i], weights[i].t(), out=ys[i]) for i in range(LAYERS)]
     once = lambda: torch.addmm(zero, xs[0], weights[0].t())  # noqa: E731
-    record_row(torch, result, save, {**head, "name": "addmm-zero-bias"}, calls, once, first)
+    timed_row(torch, result, save, {**head, "name": "addmm-zero-bias"}, calls, LAYERS, once, first)
 
 
 def geglu_rows(torch, result, save, skip, M: int, weights: list) -> None:
@@ -91,7 +76,8 @@ def geglu_rows(torch, result, save, skip, M: int, weights: list) -> None:
         torch.mm(xs[i], weights[i].t(), out=hs[i])
         geglu_pointwise(hs[i], ys[i])
 
-    record_row(torch, result, save, {**head, "name": "mm+pointwise"}, [lambda i=i: package(i) for i in range(LAYERS)])
+    calls = [lambda i=i: package(i) for i in range(LAYERS)]
+    timed_row(torch, result, save, {**head, "name": "mm+pointwise"}, calls, LAYERS)
     for kind, fn in (("fused", geglu_gemm), ("tma", geglu_gemm_tma)):
         if kind in skip:
             continue
@@ -103,15 +89,8 @@ def geglu_rows(torch, result, save, skip, M: int, weights: list) -> None:
 
             once = lambda run=run: run(0, torch.empty(M, F, device="cuda", dtype=torch.bfloat16))  # noqa: E731
             label = "{}:{}x{}x{}/w{}/s{}".format(kind, *tile)
-            record_row(
-                torch,
-                result,
-                save,
-                {**head, "name": label},
-                [lambda i=i, run=run: run(i) for i in range(LAYERS)],
-                once,
-                first,
-            )
+            calls = [lambda i=i, run=run: run(i) for i in range(LAYERS)]
+            timed_row(torch, result, save, {**head, "name": label}, calls, LAYERS, once, first)
 
 
 def main() -> int:
