@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 LINEARS = ("attn.Wqkv", "attn.Wo", "mlp.Wi", "mlp.Wo")  # an encoder layer's linear layers: export.zero_bias's values
+HALF_DTYPES = (torch.bfloat16, torch.float16)  # where Inductor keeps an addmm whole
 
 
 def use(model: torch.nn.Module, names: list[str]) -> None:
@@ -24,6 +25,13 @@ def use(model: torch.nn.Module, names: list[str]) -> None:
     unknown = [n for n in names if n not in LINEARS]
     if unknown:
         raise ValueError(f"export.zero_bias {unknown[0]!r} is not one of {', '.join(LINEARS)}")
+    dtype = model.encoder.embeddings.tok_embeddings.weight.dtype
+    if names and dtype not in HALF_DTYPES:
+        raise ValueError(
+            f"export.zero_bias sends a GEMM to cuBLASLt in bf16 or fp16 exports only (this one is "
+            f"{str(dtype).removeprefix('torch.')}; Inductor splits an addmm of other dtypes into a GEMM and an add): "
+            "leave export.zero_bias.cuda empty for it"
+        )
     for layer in model.encoder.layers:
         for name in names:
             linear = layer.get_submodule(name)

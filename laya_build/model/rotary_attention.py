@@ -16,7 +16,8 @@ as one op, and AOTInductor compiles the Triton kernel into the package (it needs
 laya-build to load).  Its launch configurations are fixed (:data:`CONFIGS`; no autotuning), so
 two builds give the same kernels.  Which one runs depends on the shape (:func:`selection`): the
 largest query block whose programs still fill the GPU once, so a short batch is spread over every
-multiprocessor and a long one runs in fewer, larger programs.  The package holds one kernel for
+multiprocessor and a long one runs in fewer, larger programs; a head dim above 64 keeps to the
+blocks of at most 64 queries (:func:`configs`).  The package holds one kernel for
 every configuration and launches the one its shape selects (the others get a grid of 0 programs,
 which AOTInductor's launcher skips), so the choice is made at run time for every token count.
 Off CUDA the op runs :func:`reference`: transformers' rotary and SDPA with the boolean masks,
@@ -49,6 +50,9 @@ CONFIGS = (
     {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PREFETCH": True},
 )
 WAVE = 132  # programs that fill the GPU once: the H200's multiprocessors
+# The largest BLOCK_M x head dim a configuration other than CONFIG may hold in fp32 (128 queries of
+# a 64 head dim, as measured): larger head dims keep to CONFIG and the smaller blocks
+ACCUMULATOR = 128 * 64
 LOG2E = 1.4426950408889634
 # head dims the kernel indexes: its q·k product is two dots over half a head, and a dot needs 16
 HEAD_DIMS = (32, 64, 128, 256)
@@ -247,16 +251,30 @@ def fills(rows, length, heads, block_m: int):
     return torch.sym_min(1, torch.sym_max(0, programs - (WAVE - 1)))
 
 
-def selection(rows, length, heads) -> list[tuple[dict, object]]:
-    """``(config, use)`` for each of :data:`CONFIGS`: ``use`` is 1 for the first configuration
+def configs(head_dim: int) -> tuple[dict, ...]:
+    """The configurations a model of ``head_dim`` may run, largest query block first: those whose
+    ``BLOCK_M x head_dim`` fp32 accumulator is at most :data:`ACCUMULATOR`, and :data:`CONFIG`
+    always (the one configuration before there were several, for every head dim)."""
+    return tuple(c for c in CONFIGS if c is CONFIG or c["BLOCK_M"] * head_dim <= ACCUMULATOR)
+
+
+def selection(rows, length, heads, head_dim: int = 64) -> list[tuple[dict, object]]:
+    """``(config, use)`` for each of :func:`configs`: ``use`` is 1 for the first configuration
     whose programs fill the GPU once (the last when none does) and 0 for the others."""
+    candidates = configs(head_dim)
     uses, before = [], 0
-    for config in CONFIGS[:-1]:
+    for config in candidates[:-1]:
         now = fills(rows, length, heads, config["BLOCK_M"])  # 0 ... 0 1 ... 1 down the list
         uses.append(now - before)
         before = now
     uses.append(1 - before)
-    return list(zip(CONFIGS, uses))
+    return list(zip(candidates, uses))
+
+
+def launches(rows, length, heads, head_dim: int) -> list[tuple[dict, object]]:
+    """The launches of one call: the chosen configuration alone for a concrete shape; every
+    configuration of :func:`selection` for a symbolic one (the package's), each with its ``use``."""
+    return [(c, use) for c, use in selection(rows, length, heads, head_dim) if not (isinstance(use, int) and use == 0)]
 
 
 def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, config=None, use=1) -> None:
@@ -335,9 +353,7 @@ def _run(qkv, cos, sin, counts, scale: float, window: int) -> torch.Tensor:
     out = torch.empty((B, S, H, D), dtype=qkv.dtype, device=qkv.device)
     tables = (cos.contiguous(), sin.contiguous()) if cos is not None else (None, None)
     counts = counts.to(torch.int32)
-    for config, use in selection(B, S, H):
-        if isinstance(use, int) and use == 0:  # a concrete shape: its own configuration only
-            continue
+    for config, use in launches(B, S, H, D):
         launch(qkv, *tables, counts, scale, window, out, wrap_triton(_rotary_attention_kernel), config, use)
     return out
 

@@ -578,6 +578,15 @@ def test_h200_shape_selected_attention_and_cublaslt_mlp_output_faster_at_both_sh
     assert all(
         b["replay_vs_plain"] == {"act": 0.0, "decision": 0.0} for b in verified["programs"][0]["runner"]["batches"]
     )
+    summary = verified["programs"][0]["summary"]  # the deltas docs/measurements/runtime-h200.md quotes
+    quoted = {"decision": (0.030, 0.0073), "act": (0.043, 0.0089)}
+    for head, (logit, prob) in quoted.items():
+        assert summary[head]["argmax_agree"] == summary[head]["rows"] == 14
+        assert round(summary[head]["max_logit_delta"], 3) == logit and round(summary[head]["max_prob_delta"], 4) == prob
+    for run, (small_ms, big_ms) in {2: (1.025, 3.394), 3: (1.024, 3.372)}.items():  # `new` timed alone
+        medians = load(f"{SHAPES}/latency-{run}.json")["shapes"]
+        assert round(medians["1x128x3"]["median_ms"]["new"]["replay"], 3) == small_ms
+        assert round(medians["7x256x4"]["median_ms"]["new"]["replay"], 3) == big_ms
 
 
 def test_h200_shape_selected_build_rebuilt_to_its_bytes_with_nothing_timed():
@@ -627,6 +636,8 @@ def test_h200_shape_selected_package_rebuilt_on_a_second_machine_answers_first_i
     started = {r["round"]: r["first_s"] for r in rows if r["variant"] == "start_build"}
     assert sorted(bare) == sorted(started) == [0, 1, 2]
     assert all(started[k] - bare[k] <= 1.5 for k in bare)
+    tests = (EVIDENCE / SHAPES / "gpu-tests-4.log").read_text()  # the runtime's GPU tests, tiny fused package
+    assert "2 passed, 2 deselected" in tests and "failed" not in tests
     mixed = load(f"{SHAPES}/mixed-3.json")
     assert mixed["workspace_fix"] and mixed["done"] and mixed["replay_vs_plain"] and mixed["replay_vs_plain_after"]
     assert len(mixed["steps"]) == 4 and all(step["replay_unchanged"] for step in mixed["steps"])

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 
 
 def test_zero_biases_change_no_output_and_export_as_addmm():
-    model = small_model()
+    model = small_model().to(torch.bfloat16)
     args = batch()
     with torch.no_grad():
         expected = model(*args)
@@ -26,11 +26,17 @@ def test_zero_biases_change_no_output_and_export_as_addmm():
         got = model(*args)
     for layer in model.encoder.layers:
         for name in ("mlp.Wo", "attn.Wqkv"):
-            bias = layer.get_submodule(name).bias
-            assert bias is not None and bias.dtype == torch.float32 and not bias.any() and not bias.requires_grad
+            linear = layer.get_submodule(name)
+            bias = linear.bias
+            assert bias is not None and not bias.any() and not bias.requires_grad
+            assert (bias.dtype, bias.device, bias.shape) == (
+                torch.bfloat16,
+                linear.weight.device,
+                linear.weight.shape[:1],
+            )
         assert layer.mlp.Wi.bias is None and layer.attn.Wo.bias is None
     for e, g in zip(expected, got):
-        torch.testing.assert_close(g, e, atol=1e-6, rtol=1e-6)
+        assert torch.equal(g, e)  # x + 0 is x: a zero bias changes no bit of the CPU's results
     program = exported(model).run_decompositions()
     biases = [n.args[0].name for n in program.graph.nodes if n.target is torch.ops.aten.addmm.default]
     encoder = sorted(b for b in biases if b.startswith("p_encoder_layers_"))  # (the head's have biases of their own)
@@ -44,12 +50,19 @@ def test_an_unknown_layer_or_one_with_a_bias_is_refused_with_what_to_do():
     with pytest.raises(
         ValueError, match=r"export.zero_bias 'mlp.Wout' is not one of attn.Wqkv, attn.Wo, mlp.Wi, mlp.Wo"
     ):
-        linear_bias.use(small_model(), ["mlp.Wout"])
-    model = small_model(mlp_bias=True)
+        linear_bias.use(small_model().to(torch.bfloat16), ["mlp.Wout"])
+    model = small_model(mlp_bias=True).to(torch.bfloat16)
     with pytest.raises(
         ValueError, match=r"export.zero_bias mlp.Wo: this model's mlp.Wo has a bias of its own; leave it out"
     ):
         linear_bias.use(model, ["mlp.Wo"])
+
+
+def test_a_float32_export_is_refused_with_what_to_do():
+    with pytest.raises(
+        ValueError, match=r"bf16 or fp16 exports only \(this one is float32.*leave export.zero_bias.cuda empty"
+    ):
+        linear_bias.use(small_model(), ["mlp.Wo"])
 
 
 def test_nothing_named_changes_nothing():

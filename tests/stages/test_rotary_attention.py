@@ -299,6 +299,23 @@ def test_a_shape_selects_one_configuration_and_a_symbolic_shape_adds_no_guard():
         assert ra.CONFIGS[values.index(1)]["BLOCK_M"] == chosen(b, s, 16) and sum(values) == 1
 
 
+def test_a_concrete_shape_launches_its_configuration_alone_and_large_head_dims_keep_small_blocks():
+    """In eager (concrete sizes) one launch a call, the selected configuration's; a configuration
+    whose query block times the head dim exceeds the measured accumulator is never compiled or
+    launched for that head dim, while the module's configuration stays for every head dim."""
+    from laya_build.model import rotary_attention as ra
+
+    for b, s in ((1, 128), (7, 256), (3, 256), (4, 512)):
+        chosen = [c for c, use in ra.selection(b, s, 16) if use == 1]
+        assert ra.launches(b, s, 16, 64) == [(chosen[0], 1)]
+    for d in ra.HEAD_DIMS:
+        blocks = [c["BLOCK_M"] for c in ra.configs(d)]
+        assert ra.CONFIG in ra.configs(d) and blocks[-1] == 16
+        assert all(c is ra.CONFIG or c["BLOCK_M"] * d <= ra.ACCUMULATOR for c in ra.configs(d))
+        assert (128 in blocks) == (d <= 64)
+        assert ra.launches(7, 256, 16, d)[0][0]["BLOCK_M"] == (128 if d <= 64 else 64)
+
+
 def test_a_configuration_not_selected_launches_no_program():
     from laya_build.model import rotary_attention as ra
 
