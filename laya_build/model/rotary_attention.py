@@ -285,7 +285,7 @@ def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, c
     kernel = kernel if kernel is not None else _rotary_attention_kernel
     config = {**CONFIG, **(config or {})}
     rotary = cos is not None
-    kernel[((S + config["BLOCK_M"] - 1) // config["BLOCK_M"] * use, B * H)](
+    kernel[(triton.cdiv(S, config["BLOCK_M"]) * use, B * H)](
         qkv,
         cos if rotary else qkv,  # (not read without rotary)
         sin if rotary else qkv,

@@ -28,8 +28,17 @@ def load(name: str) -> dict:
     return json.loads((EVIDENCE / name).read_text())
 
 
+def h200_config() -> dict:
+    return config.load(ROOT / "pipeline.h200.yaml").data
+
+
 def h200_thresholds() -> dict:
-    return config.load(ROOT / "pipeline.h200.yaml").data["verify"]["thresholds"]["cuda"]["bfloat16"]
+    return h200_config()["verify"]["thresholds"]["cuda"]["bfloat16"]
+
+
+def committed_tuning() -> bytes:
+    """The bytes of the tuning file pipeline.h200.yaml compiles its CUDA package with."""
+    return (ROOT / h200_config()["package"]["tuning"]["cuda-bfloat16"]).read_bytes()
 
 
 def verified_today(name: str) -> dict:
@@ -501,9 +510,7 @@ def test_h200_untimed_build_rebuilt_to_its_bytes_from_the_committed_file_and_ver
     pw = digests(logs[1])["pw"]
     assert len(pw) == 1 and digests(logs[2])["untimed"] == pw
     assert digests(logs[1])["rows"] == digests((EVIDENCE / ROWS / "variants-7.log").read_text())["rows"]
-    committed = (
-        ROOT / config.load(ROOT / "pipeline.h200.yaml").data["package"]["tuning"]["cuda-bfloat16"]
-    ).read_bytes()
+    committed = committed_tuning()
     assert json.loads(committed)["entries"] == {}
     assert (EVIDENCE / POINTWISE / "pw-tuning-1.json").read_bytes() == committed
     assert (EVIDENCE / POINTWISE / "untimed-tuning-2.json").read_bytes() == committed
@@ -598,12 +605,10 @@ def test_h200_shape_selected_build_rebuilt_to_its_bytes_with_nothing_timed():
     assert len(new) == 1 and digests(logs[2])["new"] == new
     assert {load(f"{SHAPES}/new-verify-1.json")["programs"][0]["package"]["sha256"]} == new
     assert digests(logs[1])["base"] == digests((EVIDENCE / POINTWISE / "variants-1.log").read_text())["pw"]
-    committed = (
-        ROOT / config.load(ROOT / "pipeline.h200.yaml").data["package"]["tuning"]["cuda-bfloat16"]
-    ).read_bytes()
+    committed = committed_tuning()
     for name in ("new-tuning-1.json", "new-tuning-2.json", "base-tuning-1.json"):
         assert (EVIDENCE / SHAPES / name).read_bytes() == committed
-    assert config.load(ROOT / "pipeline.h200.yaml").data["export"]["zero_bias"] == {"cuda": ["mlp.Wo"]}
+    assert h200_config()["export"]["zero_bias"] == {"cuda": ["mlp.Wo"]}
 
 
 def test_h200_fused_geglu_gemm_loses_and_a_zero_bias_wins_only_the_mlp_output_at_128():
@@ -626,9 +631,7 @@ def test_h200_shape_selected_package_rebuilt_on_a_second_machine_answers_first_i
     changed no replay, and replays equal plain calls before and after."""
     new = digests((EVIDENCE / SHAPES / "variants-1.log").read_text())["new"]
     assert digests((EVIDENCE / SHAPES / "variants-3.log").read_text())["new"] == new
-    committed = (
-        ROOT / config.load(ROOT / "pipeline.h200.yaml").data["package"]["tuning"]["cuda-bfloat16"]
-    ).read_bytes()
+    committed = committed_tuning()
     assert (EVIDENCE / SHAPES / "new-tuning-3.json").read_bytes() == committed
     rows = load(f"{SHAPES}/first-3.json")["rows"]
     assert all(r["rc"] == 0 for r in rows)
