@@ -15,7 +15,8 @@
 #      $OUT (and, for a build refused because its tuning file lacked kernels, those kernels'
 #      sources as NAME-untuned-kernels.tgz);
 #   2. benchmarks/package_latency.py over every package, interleaved (ROUNDS, default 4; PROFILE
-#      replays of each profiled when set; BLAS='NAME=LIBRARY ...' times NAME's package once more
+#      replays of each profiled when set; LAUNCH replays of each timed by host launch and CUDA events
+#      when set; BLAS='NAME=LIBRARY ...' times NAME's package once more
 #      as NAME-LIBRARY, its graphs captured with torch.backends.cuda.preferred_blas_library(LIBRARY));
 #   3. `doit verify:cuda-bfloat16` of the variants named in VERIFY (default: all but the first;
 #      none: no verification);
@@ -97,7 +98,7 @@ if [ ${#built[@]} -gt 0 ] && ! late 70 latency; then
   s=$SECONDS
   (cd "$WORK/$first" && PYTHONPATH="${PYTHONPATH:-}:$WORK/$first" "$PY" "$SRC/benchmarks/package_latency.py" \
     "artifacts/$VERSION/export/$BUILD" "artifacts/$VERSION/model/inputs.pt" "${args[@]}" \
-    "${blas[@]}" --rounds "${ROUNDS:-4}" --preload lib:tvm_ffi ${PROFILE:+--profile "$PROFILE"} --out "$OUT/latency.json") \
+    "${blas[@]}" --rounds "${ROUNDS:-4}" --preload lib:tvm_ffi ${PROFILE:+--profile "$PROFILE"} ${LAUNCH:+--launch "$LAUNCH"} --out "$OUT/latency.json") \
     > "$WORK/latency.log" 2>&1
   say "latency (${built[*]}) rc $? in $((SECONDS - s)) s"
   grep -v Warning "$WORK/latency.log" | tail -8 | cut -c1-400 | tee -a "$log"

@@ -12,7 +12,9 @@ of the packages are equal.  Interleaving keeps clock and thermal drift out of th
 ``--profile N`` then, after all timing, records per package and shape N graph replays under
 torch.profiler: the GPU work of one forward (kernels, memsets and copies: count, GPU time, the
 span from the first one's start to the last one's end) and every kernel by name, the most time
-first.
+first.  ``--launch N`` times N replays of each package and shape without a profiler: the host's
+time in each ``replay()`` call alone, and N replays back to back by CUDA events and by the wall
+clock.
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ def main(argv=None) -> int:
     parser.add_argument("--preload", default="tilelang")
     parser.add_argument("--out", default="latency.json")
     parser.add_argument("--profile", type=int, default=0, help="graph replays to profile per package and shape")
+    parser.add_argument(
+        "--launch",
+        type=int,
+        default=0,
+        help="graph replays per package and shape timed on the host (the launch call alone) and by CUDA events",
+    )
     parser.add_argument(
         "--blas",
         action="append",
@@ -114,10 +122,41 @@ def main(argv=None) -> int:
         result["shapes"] = rows
         Path(args.out).write_text(json.dumps(result, indent=1))
         print(shape, json.dumps(rows[shape]["median_ms"]), rows[shape]["outputs_equal_to_first"], flush=True)
+    for shape, graphed in replays.items() if args.launch else ():
+        rows[shape]["launch"] = {n: launch_times(torch, replay, args.launch) for n, replay in graphed.items()}
+        Path(args.out).write_text(json.dumps(result, indent=1))
     for shape, graphed in replays.items() if args.profile else ():  # after every timing: no profiler state in them
         rows[shape]["profile"] = {n: kernel_profile(torch, replay, args.profile) for n, replay in graphed.items()}
         Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
+
+
+def launch_times(torch, replay, calls: int) -> dict:
+    """Where a replay's time goes without a profiler: the host's time in each ``replay()`` call
+    (the launch alone, the GPU idle before it), and the GPU's time for ``calls`` replays back to
+    back, from CUDA events recorded around them, against the wall time of the same replays."""
+    torch.cuda.synchronize()
+    host = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        replay()
+        host.append(time.perf_counter() - start)
+        torch.cuda.synchronize()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    wall = time.perf_counter()
+    begin.record()
+    for _ in range(calls):
+        replay()
+    end.record()
+    end.synchronize()
+    wall = time.perf_counter() - wall
+    return {
+        "calls": calls,
+        "host_launch_us_median": round(statistics.median(host) * 1e6, 2),
+        "events_us_per_replay": round(begin.elapsed_time(end) * 1e3 / calls, 2),
+        "wall_us_per_replay": round(wall * 1e6 / calls, 2),
+    }
 
 
 def kernel_profile(torch, replay, calls: int, top: int | None = None) -> dict:

@@ -79,8 +79,7 @@ class DecisionModel(nn.Module):
         """
         probs = torch.softmax(logits.float(), dim=-1)
         if probs.shape[-1] >= 2:
-            top = probs.topk(2, dim=-1).values
-            top1, top2 = top[:, 0], top[:, 1]
+            top1, top2 = top_two(probs)
         else:  # single-option branch: a static shape decision, resolved at export time
             top1 = probs[:, 0]
             top2 = torch.zeros_like(top1)
@@ -96,6 +95,16 @@ class DecisionModel(nn.Module):
         if not torch.is_autocast_enabled(feats.device.type):
             feats = feats.to(self.act_head[0].weight.dtype)
         return feats
+
+
+def top_two(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The largest and second largest value of each row of ``probs`` (``[B, k]``, ``k >= 2``):
+    ``probs.topk(2).values``, bit for bit (a tie gives the tied value twice), as two max
+    reductions.  A compiler fuses those into the kernels around them; ``topk`` is a sort of its
+    own (two kernels on CUDA)."""
+    top1, first = probs.max(dim=-1)
+    taken = torch.arange(probs.shape[-1], device=probs.device) == first[:, None]
+    return top1, probs.masked_fill(taken, float("-inf")).amax(dim=-1)
 
 
 def eval_copy(model: nn.Module, dtype: torch.dtype, device: str | torch.device = "cpu") -> nn.Module:

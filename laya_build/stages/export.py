@@ -193,16 +193,18 @@ def run_export(
         raise InputsMismatchError(f"{inputs_path}: {exc.detail}") from None
     programs = [p for p in PROGRAMS if cfg["single_slot"] or not p.single_slot]
 
-    from laya_build.model import attention, head, linear_bias, rotary
+    from laya_build.model import attention, fused_linear, head, linear_bias, rotary
 
     model, _, _ = load_checkpoint(checkpoint_dir)
     model = eval_copy(model, torch_dtype(dtype), target)
     zero_bias = list(cfg["zero_bias"].get(target, []))
+    fused_linears = list(cfg["fused_linears"].get(target, []))
     try:
         attention.use(model, cfg["attention"][target])
         head_attention = head.use(model, cfg["attention"][target], cfg["last_head_layer"])
         rotary.use(model, cfg["rotary"], halves=cfg["attention"][target] == "fused")
         linear_bias.use(model, zero_bias)
+        fused_linear.use(model, fused_linears)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     meta = {"target": target, "dtype": dtype, "inputs_sha256": sha256_file(inputs_path)}
@@ -219,6 +221,7 @@ def run_export(
         "rotary": cfg["rotary"],
         "attention": cfg["attention"][target],
         "zero_bias": zero_bias,
+        "fused_linears": fused_linears,
         "last_head_layer": cfg["last_head_layer"],
         "head_attention": head_attention,
         "inputs": {"sha256": meta["inputs_sha256"], "bytes": Path(inputs_path).stat().st_size},

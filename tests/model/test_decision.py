@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from laya_build.model.decision import ENTROPY_FLOOR, eval_copy
+from laya_build.model.decision import ENTROPY_FLOOR, eval_copy, top_two
 
 
 def _capture_act_input(model):
@@ -99,3 +99,26 @@ def test_eval_copy_leaves_the_original(checkpoint):
     assert next(model.parameters()).dtype == torch.float32
     assert next(copy.parameters()).dtype == torch.bfloat16 and not copy.training
     assert copy.temperature.tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("k", [2, 3, 8, 40])
+def test_top_two_is_topk_bit_for_bit(k):
+    generator = torch.Generator().manual_seed(k)
+    probs = torch.softmax(torch.randn(64, k, generator=generator) * 4, dim=-1)
+    probs[0] = 1.0 / k  # every value tied
+    probs[1, :2] = probs[1].max()  # the largest twice
+    probs[2] = 0.0
+    probs[2, -1] = 1.0  # the largest last, the rest tied
+    top1, top2 = top_two(probs)
+    expected = probs.topk(2, dim=-1).values
+    assert torch.equal(top1, expected[:, 0]) and torch.equal(top2, expected[:, 1])
+    assert torch.equal(top2[:2], top1[:2])  # a tie gives the tied value twice
+
+
+def test_the_forward_exports_without_a_sort(checkpoint, inputs):
+    model = checkpoint[0]
+    batch = inputs["batches"][1]
+    program = torch.export.export(model, tuple(batch[k] for k in inputs["arg_names"]))
+    targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert not [t for t in targets if "topk" in t or "sort" in t], sorted(targets)
+    assert "aten.amax.default" in targets

@@ -133,6 +133,16 @@ BAD = {
         "export.zero_bias",
         "'cpu' was unexpected",
     ),
+    "fused linear not a module path": (
+        lambda d: d.setdefault("export", {}).update(fused_linears={"cuda": ["act_head.0", "act head"]}),
+        "export.fused_linears.cuda.1",
+        "does not match",
+    ),
+    "fused linears on an unknown target": (
+        lambda d: d.setdefault("export", {}).update(fused_linears={"tpu": ["act_head.0"]}),
+        "export.fused_linears",
+        "'tpu' was unexpected",
+    ),
     "unknown last head layer": (
         lambda d: d.setdefault("export", {}).update(last_head_layer="markers"),
         "export.last_head_layer",
@@ -224,6 +234,8 @@ def test_h200_config_is_valid_and_differs_only_where_documented(tmp_path):
     expected["export"]["attention"]["cuda"] = "fused"  # the export that tuning file was made for
     expected["export"]["last_head_layer"] = "read"
     expected["export"]["zero_bias"]["cuda"] = ["mlp.Wo"]  # the MLP's output GEMM through cuBLASLt
+    # the scorer's last layer as a reduction fused with the GELU before it
+    expected["export"]["fused_linears"]["cuda"] = ["scorer.3"]
     # a 7-row batch (rows 1..7) and CUDA-graph buckets at the serving shapes and saved batches
     expected["model"]["inputs"]["batches"].append(
         {

@@ -644,3 +644,75 @@ def test_h200_shape_selected_package_rebuilt_on_a_second_machine_answers_first_i
     mixed = load(f"{SHAPES}/mixed-3.json")
     assert mixed["workspace_fix"] and mixed["done"] and mixed["replay_vs_plain"] and mixed["replay_vs_plain_after"]
     assert len(mixed["steps"]) == 4 and all(step["replay_unchanged"] for step in mixed["steps"])
+
+
+TAIL = "2026-12-04-h200-head-tail"  # top two without a sort; small linear layers fused
+
+
+def test_h200_top_two_and_fused_layers_took_the_sort_and_gemv_kernels_out_and_verified():
+    """Run 1: ``new`` (top two by max reductions; the scorer's last layer and the act head's two
+    layers fused) beside ``base``: the sort's and cuBLAS's GEMV, dot and reduction kernels are gone,
+    12 kernels and more than 30 µs of GPU work fewer a 1x128 forward, outputs within 0.004 of
+    ``base``'s; ``verify`` passes with the deltas the document quotes."""
+    run = load(f"{TAIL}/latency-1.json")
+    for shape in run["shapes"].values():
+        assert max(shape["max_abs_vs_first"].values()) <= 0.004
+        kernels = {t["name"] for t in shape["profile"]["new"]["top"]}
+        assert not [k for k in kernels if "TopK" in k or "bitonicSort" in k or "gemvx" in k or "dot_kernel" in k]
+        assert [k for k in {t["name"] for t in shape["profile"]["base"]["top"]} if "TopK" in k]
+    small = run["shapes"]["1x128x3"]["profile"]
+    assert small["base"]["kernels_per_forward"] - small["new"]["kernels_per_forward"] == 12
+    assert small["base"]["gpu_us_per_forward"] - small["new"]["gpu_us_per_forward"] > 30
+    verified = verified_today(f"{TAIL}/new-verify-1.json")
+    assert all(
+        b["replay_vs_plain"] == {"act": 0.0, "decision": 0.0} for b in verified["programs"][0]["runner"]["batches"]
+    )
+    summary = verified["programs"][0]["summary"]
+    for head, (logit, prob) in {"decision": (0.030, 0.0071), "act": (0.043, 0.0094)}.items():
+        assert summary[head]["argmax_agree"] == summary[head]["rows"] == 14
+        assert round(summary[head]["max_logit_delta"], 3) == logit and round(summary[head]["max_prob_delta"], 4) == prob
+
+
+def test_h200_the_act_head_fused_made_every_1x128_replay_slower_despite_less_gpu_work():
+    """The packages with the act head fused (``new``, ``flact``) were slower at 1x128 in every
+    round than the package beside them without it, on three machines, although the profiler
+    counted less GPU work; CUDA events say the time is on the GPU; the SM clock held 1,980 MHz."""
+    pairs = {1: ("new", "base"), 2: ("new", "nofl"), 3: ("flact", "flsc")}
+    for run, (fused, other) in pairs.items():
+        shape = load(f"{TAIL}/latency-{run}.json")["shapes"]["1x128x3"]
+        assert min(shape["ms"][fused]["replay"]) > max(shape["ms"][other]["replay"]) + 0.06
+        if run > 1:
+            events = shape["launch"][fused]["events_us_per_replay"]
+            assert abs(events / 1000 - shape["median_ms"][fused]["replay"]) < 0.005
+    profiled = load(f"{TAIL}/latency-3.json")["shapes"]["1x128x3"]["profile"]
+    assert profiled["flsc"]["gpu_us_per_forward"] - profiled["flact"]["gpu_us_per_forward"] > 7
+    medians = {
+        (run, n): round(load(f"{TAIL}/latency-{run}.json")["shapes"]["1x128x3"]["median_ms"][n]["replay"], 3)
+        for run, names in pairs.items()
+        for n in names
+    }
+    assert medians == {
+        (1, "new"): 1.087,
+        (1, "base"): 1.025,
+        (2, "new"): 1.088,
+        (2, "nofl"): 1.017,
+        (3, "flact"): 1.09,
+        (3, "flsc"): 1.009,
+    }
+    rows = (EVIDENCE / TAIL / "clocks-3.csv").read_text().splitlines()[1:]
+    busy = [r.split(", ") for r in rows if r.split(", ")[-1] == "100 %" and r.split(", ")[0] < "2026/12/04 18:42:31"]
+    assert busy and {r[1] for r in busy} == {"1980 MHz"}
+
+
+def test_h200_head_tail_builds_timed_nothing_and_new_rebuilt_to_its_bytes_on_a_second_machine():
+    """``new`` gave one package tuned afresh and from the committed empty tuning file on another
+    machine; every build's tuning file is the committed one; ``base`` gave the bytes of the
+    revision before again; the committed configuration is ``flsc``'s."""
+    logs = {n: digests((EVIDENCE / TAIL / f"variants-{n}.log").read_text()) for n in (1, 2, 3)}
+    assert len(logs[1]["new"]) == 1 and logs[2]["new"] == logs[1]["new"]
+    assert {load(f"{TAIL}/new-verify-1.json")["programs"][0]["package"]["sha256"]} == logs[1]["new"]
+    assert logs[1]["base"] == digests((EVIDENCE / SHAPES / "variants-1.log").read_text())["new"]
+    committed = committed_tuning()
+    for name in ("base-tuning-1", "new-tuning-1", "new-tuning-2", "nofl-tuning-2", "flact-tuning-3", "flsc-tuning-3"):
+        assert (EVIDENCE / TAIL / f"{name}.json").read_bytes() == committed
+    assert h200_config()["export"]["fused_linears"] == {"cpu": [], "cuda": ["scorer.3"]}

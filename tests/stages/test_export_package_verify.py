@@ -104,6 +104,7 @@ def test_records_validate_and_describe_the_build(build):
         assert exp["dims"]["tokens"] == {"min": 32, "max": 512}
         assert exp["rotary"] == "table" and exp["attention"] == "sdpa"  # the defaults, recorded
         assert exp["last_head_layer"] == "all" and exp["head_attention"] == "sdpa" and exp["zero_bias"] == []
+        assert exp["fused_linears"] == []
         constraints = sorted(exp["programs"][0]["range_constraints"].values())
         assert [1, 4] in constraints and [2, 8] in constraints and [32, 512] in constraints
         pkg = read_record(build.package_record(dtype))
