@@ -11,7 +11,7 @@ Each row's product and sum touches the whole weight, so this suits layers whose 
 small (a compiler re-reads it for every row, from cache); a GEMM stays the right kernel for the
 encoder's and the head's large layers.  Fewer kernels is not always faster: on the H200 the act
 head's two layers fused as well took 8 µs less GPU work a 1x128 forward under the profiler, yet
-the graph replay took 0.07 ms longer (docs/measurements/runtime-h200.md, "Top two without a sort,
+the graph replay took 0.08 ms longer (docs/measurements/runtime-h200.md, "Top two without a sort,
 small linear layers fused").  Measure a choice.  The outputs differ from the GEMM's by rounding:
 the terms are added in another order, in fp32, and the result rounded to the layer's dtype once.
 """
@@ -48,7 +48,9 @@ def candidates(model: nn.Module) -> list[str]:
     """The names :func:`use` takes: every linear layer the forward always calls as a module.  Not
     the encoder's (GEMM-sized), nor those inside an ``nn.MultiheadAttention`` or an
     ``nn.TransformerEncoderLayer``: those modules may read a layer's weight themselves (the output
-    projection; their fused inference path), and a replaced layer would then not be used."""
+    projection; their fused inference path), and a replaced layer would then not be used.  Laya's
+    ``scorer.1`` (hidden x hidden) is among them but is no small layer: fused, each of its rows
+    re-reads the whole weight."""
     owners = [name for name, m in model.named_modules() if isinstance(m, READS_WEIGHTS)]
     return [
         name

@@ -109,9 +109,12 @@ def test_top_two_is_topk_bit_for_bit(k):
     probs[1, :2] = probs[1].max()  # the largest twice
     probs[2] = 0.0
     probs[2, -1] = 1.0  # the largest last, the rest tied
+    probs[3, 0] = float("nan")  # NaN ranks first, as in topk
+    probs[4, :2] = float("nan")
     top1, top2 = top_two(probs)
     expected = probs.topk(2, dim=-1).values
-    assert torch.equal(top1, expected[:, 0]) and torch.equal(top2, expected[:, 1])
+    torch.testing.assert_close(top1, expected[:, 0], atol=0, rtol=0, equal_nan=True)
+    torch.testing.assert_close(top2, expected[:, 1], atol=0, rtol=0, equal_nan=True)
     assert torch.equal(top2[:2], top1[:2])  # a tie gives the tied value twice
 
 
