@@ -51,6 +51,19 @@ def verified_today(name: str) -> dict:
     return verified
 
 
+def verified_as_quoted(name: str, quoted: dict[str, tuple[float, float]]) -> None:
+    """:func:`verified_today`, with every replay equal to its plain call, all 14 argmaxes the
+    reference's and, per head, the largest logit and probability deltas the document quotes."""
+    verified = verified_today(name)
+    assert all(
+        b["replay_vs_plain"] == {"act": 0.0, "decision": 0.0} for b in verified["programs"][0]["runner"]["batches"]
+    )
+    summary = verified["programs"][0]["summary"]
+    for head, (logit, prob) in quoted.items():
+        assert summary[head]["argmax_agree"] == summary[head]["rows"] == 14
+        assert round(summary[head]["max_logit_delta"], 3) == logit and round(summary[head]["max_prob_delta"], 4) == prob
+
+
 @pytest.mark.parametrize("name", RECORDS)
 def test_h200_records_are_valid_records_of_the_large_cuda_build(name):
     record = load(name)
@@ -581,15 +594,7 @@ def test_h200_shape_selected_attention_and_cublaslt_mlp_output_faster_at_both_sh
         n: sum(t["per_forward"] for t in p["top"] if "splitKreduce" in t["name"]) for n, p in small["profile"].items()
     }
     assert reduces["base"] - reduces["new"] == 28 and reduces["new"] == 3  # the decision head's remain
-    verified = verified_today(f"{SHAPES}/new-verify-1.json")
-    assert all(
-        b["replay_vs_plain"] == {"act": 0.0, "decision": 0.0} for b in verified["programs"][0]["runner"]["batches"]
-    )
-    summary = verified["programs"][0]["summary"]  # the deltas docs/measurements/runtime-h200.md quotes
-    quoted = {"decision": (0.030, 0.0073), "act": (0.043, 0.0089)}
-    for head, (logit, prob) in quoted.items():
-        assert summary[head]["argmax_agree"] == summary[head]["rows"] == 14
-        assert round(summary[head]["max_logit_delta"], 3) == logit and round(summary[head]["max_prob_delta"], 4) == prob
+    verified_as_quoted(f"{SHAPES}/new-verify-1.json", {"decision": (0.030, 0.0073), "act": (0.043, 0.0089)})
     for run, (small_ms, big_ms) in {2: (1.025, 3.394), 3: (1.024, 3.372)}.items():  # `new` timed alone
         medians = load(f"{SHAPES}/latency-{run}.json")["shapes"]
         assert round(medians["1x128x3"]["median_ms"]["new"]["replay"], 3) == small_ms
@@ -666,14 +671,7 @@ def test_h200_top_two_and_fused_layers_took_the_sort_and_gemv_kernels_out_and_ve
     assert reduces["base"] - reduces["new"] == 2
     assert small["base"]["kernels_per_forward"] - small["new"]["kernels_per_forward"] == 12
     assert small["base"]["gpu_us_per_forward"] - small["new"]["gpu_us_per_forward"] > 30
-    verified = verified_today(f"{TAIL}/new-verify-1.json")
-    assert all(
-        b["replay_vs_plain"] == {"act": 0.0, "decision": 0.0} for b in verified["programs"][0]["runner"]["batches"]
-    )
-    summary = verified["programs"][0]["summary"]
-    for head, (logit, prob) in {"decision": (0.030, 0.0071), "act": (0.043, 0.0094)}.items():
-        assert summary[head]["argmax_agree"] == summary[head]["rows"] == 14
-        assert round(summary[head]["max_logit_delta"], 3) == logit and round(summary[head]["max_prob_delta"], 4) == prob
+    verified_as_quoted(f"{TAIL}/new-verify-1.json", {"decision": (0.030, 0.0071), "act": (0.043, 0.0094)})
 
 
 def test_h200_the_act_head_fused_made_every_1x128_replay_slower_despite_less_gpu_work():
@@ -682,19 +680,16 @@ def test_h200_the_act_head_fused_made_every_1x128_replay_slower_despite_less_gpu
     counted less GPU work; CUDA events say the time is on the GPU; the SM clock held 1,980 MHz
     during run 3's 1x128 rounds (those end before 18:42:31, when the 7x256 rounds begin)."""
     pairs = {1: ("new", "base"), 2: ("new", "nofl"), 3: ("flact", "flsc")}
+    small = {run: load(f"{TAIL}/latency-{run}.json")["shapes"]["1x128x3"] for run in pairs}
     for run, (fused, other) in pairs.items():
-        shape = load(f"{TAIL}/latency-{run}.json")["shapes"]["1x128x3"]
+        shape = small[run]
         assert min(shape["ms"][fused]["replay"]) > max(shape["ms"][other]["replay"]) + 0.06
         if run > 1:
             events = shape["launch"][fused]["events_us_per_replay"]
             assert abs(events / 1000 - shape["median_ms"][fused]["replay"]) < 0.005
-    profiled = load(f"{TAIL}/latency-3.json")["shapes"]["1x128x3"]["profile"]
+    profiled = small[3]["profile"]
     assert profiled["flsc"]["gpu_us_per_forward"] - profiled["flact"]["gpu_us_per_forward"] > 7
-    medians = {
-        (run, n): round(load(f"{TAIL}/latency-{run}.json")["shapes"]["1x128x3"]["median_ms"][n]["replay"], 3)
-        for run, names in pairs.items()
-        for n in names
-    }
+    medians = {(run, n): round(small[run]["median_ms"][n]["replay"], 3) for run, names in pairs.items() for n in names}
     assert medians == {
         (1, "new"): 1.087,
         (1, "base"): 1.025,
