@@ -81,6 +81,29 @@ def row_key_counts(
     return attention_mask.sum(-1, dtype=torch.int32)
 
 
+def counted_forward(self, *args, attention_mask=None, **kwargs):
+    """The encoder's own forward with each row's key count made here, once a forward, and handed
+    to every layer as transformers' mask mapping (a mask function would be called for each kind
+    of layer); with ``keeps_counts`` set (by :mod:`laya_build.model.head`) they are kept for the
+    decision head, which takes them later in the same forward (:func:`forward_counts`)."""
+    if attention_mask is not None and not isinstance(attention_mask, dict):
+        counts = row_key_counts(attention_mask != 0)
+        if getattr(self, "keeps_counts", False):
+            self.key_counts = (attention_mask, counts)
+        attention_mask = dict.fromkeys(sorted(set(self.config.layer_types)), counts)
+    return type(self).forward(self, *args, attention_mask=attention_mask, **kwargs)
+
+
+def forward_counts(encoder, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Each row's key count of ``attention_mask``: those the encoder made for it in this forward
+    (:func:`counted_forward`; taken, so nothing of the forward is held), else made here."""
+    kept = getattr(encoder, "key_counts", None)
+    if kept is not None and kept[0] is attention_mask:
+        encoder.key_counts = None
+        return kept[1]
+    return row_key_counts(attention_mask != 0)
+
+
 def fused_forward(self, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None, **_):
     """A ModernBERT attention layer's forward with rotary and attention as one op
     (``laya::rotary_attention``) on the packed ``Wqkv`` output; ``attention_mask`` is
@@ -255,5 +278,7 @@ def use(model: torch.nn.Module, implementation: str) -> None:
             table.halves = True
         for layer in model.encoder.layers:
             layer.attn.forward = types.MethodType(fused_forward, layer.attn)
+        if getattr(encoder.forward, "__func__", None) is not counted_forward:
+            encoder.forward = types.MethodType(counted_forward, encoder)
         return
     model.encoder.set_attn_implementation(BIAS_NAME if implementation == "bias" else NAME)

@@ -43,6 +43,7 @@ def use(model: torch.nn.Module, attention: str, last_layer: str) -> str | None:
         attn = model.head.layers[0].self_attn
         weight = attn.in_proj_weight
         fused = not (weight.is_cuda and _kernel().cuda_refusal(attn.head_dim, weight.dtype))
+        model.encoder.keeps_counts = fused  # the encoder's key counts, when it makes them, are the head's
     if fused or read:  # layer_forward writes out the norm-first layer
         if not all(layer.norm_first for layer in model.head.layers):
             raise ValueError("the decision head's layers must be norm_first (upstream's) to run them otherwise")
@@ -61,10 +62,10 @@ def run_head(
 ):
     """:meth:`DecisionModel.run_head` run as :func:`use` chose: ``(states, index)``, the head's
     output and where the markers are in it."""
-    from laya_build.model.attention import row_key_counts
+    from laya_build.model.attention import forward_counts
 
     padding = attention_mask == 0
-    counts = row_key_counts(attention_mask) if fused else None  # once a forward, as the encoder's
+    counts = forward_counts(model.encoder, attention_mask) if fused else None  # the encoder's, when it made them
     layers = list(model.head.layers)
     for number, layer in enumerate(layers):
         at = None

@@ -29,29 +29,78 @@ class RotaryTable(nn.Module):
     returns them, gathered from tables that module computed for positions ``0 .. length-1``.
 
     With ``halves`` (the fused attention's, which reads one half of each table) it returns the
-    first halves, ``[B', S, D / 2]``, gathered by one op (``laya::rotary_rows``): a compiler
-    keeps an op's outputs as buffers, where it would make an indexing expression again inside
-    each layer's copy of the tables (20 kernels a forward on the H200 instead of 2)."""
+    first halves, ``[B', S, D / 2]``, of every kind of layer's tables from one op a forward
+    (``laya::rotary_rows``): a compiler keeps an op's output as a buffer, where it would make an
+    indexing expression again inside each layer's copy of the tables (20 kernels a forward on the
+    H200 instead of 1).  The encoder asks for each kind of layer (``layer_types``: those its layers
+    use; default every kind the rotary module knows) once a forward, with the same position ids:
+    the first ask gathers the rows of all of them, the others take theirs from that one result.
+    """
 
-    def __init__(self, rotary: nn.Module, length: int, dtype: torch.dtype, device: torch.device, halves: bool = False):
+    def __init__(
+        self,
+        rotary: nn.Module,
+        length: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        halves: bool = False,
+        layer_types=None,
+    ):
         super().__init__()
-        self.halves = halves
+        self.types = sorted(set(layer_types) if layer_types is not None else rotary.rope_type)
+        unknown = sorted(set(self.types) - set(rotary.rope_type))
+        if unknown:
+            raise ValueError(f"the rotary module has no tables for the layer types {', '.join(unknown)}")
+        self._pending: dict = {}  # within a forward: the position ids and the kinds not yet asked for
         positions = torch.arange(length, device=device)[None]
         probe = torch.empty(0, dtype=dtype, device=device)
         with torch.no_grad():
-            for layer_type in sorted(rotary.rope_type):
+            for layer_type in self.types:
                 cos, sin = rotary(probe, positions, layer_type)
                 self.register_buffer(f"{layer_type}_cos", cos[0].clone(), persistent=False)
                 self.register_buffer(f"{layer_type}_sin", sin[0].clone(), persistent=False)
+        self.halves = halves
+
+    @property
+    def halves(self) -> bool:
+        """Whether the table gives the first halves (see the class); once set, the whole tables
+        are gone: only the halves are kept, stacked as ``halves_tables`` ``[2 T, P, D / 2]`` (each
+        kind's cos, then its sin)."""
+        return "halves_tables" in self._buffers
+
+    @halves.setter
+    def halves(self, value: bool) -> None:
+        if not value:
+            if self.halves:
+                raise ValueError("a rotary table that gives the tables' first halves cannot give whole tables again")
+            return
+        if self.halves:
+            return
+        from laya_build.model import rotary_attention
+
+        tables = []
+        for layer_type in self.types:
+            for name in (f"{layer_type}_cos", f"{layer_type}_sin"):
+                tables.append(rotary_attention.half(self._buffers.pop(name)))
+        self.register_buffer("halves_tables", torch.stack(tables).contiguous(), persistent=False)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str):
-        cos, sin = getattr(self, f"{layer_type}_cos"), getattr(self, f"{layer_type}_sin")
-        if self.halves:  # (set where the fused attention, hence Triton, was chosen)
+        if not self.halves:
+            cos, sin = getattr(self, f"{layer_type}_cos"), getattr(self, f"{layer_type}_sin")
+            return cos[position_ids].to(x.dtype), sin[position_ids].to(x.dtype)
+        if self._pending.get("ids") is not position_ids or layer_type not in self._pending.get("rows", {}):
+            # (set where the fused attention, hence Triton, was chosen)
             from laya_build.model import rotary_attention
 
-            cos, sin = rotary_attention.rotary_rows(cos, sin, position_ids)
-            return (cos, sin) if cos.dtype == x.dtype else (cos.to(x.dtype), sin.to(x.dtype))
-        return cos[position_ids].to(x.dtype), sin[position_ids].to(x.dtype)
+            rows = rotary_attention.rotary_rows(self.halves_tables, position_ids)
+            self._pending = {
+                "ids": position_ids,
+                "rows": {t: (rows[2 * i], rows[2 * i + 1]) for i, t in enumerate(self.types)},
+            }
+        cos, sin = self._pending["rows"].pop(layer_type)
+        if not self._pending["rows"]:
+            self._pending = {}  # every kind served: nothing of this forward is held
+        return (cos, sin) if cos.dtype == x.dtype else (cos.to(x.dtype), sin.to(x.dtype))
 
 
 def refusal(model: nn.Module) -> str | None:
@@ -84,4 +133,5 @@ def use(model: nn.Module, mode: str, halves: bool = False) -> None:
         weight.dtype,
         weight.device,
         halves=halves,
+        layer_types=encoder.config.layer_types,
     )

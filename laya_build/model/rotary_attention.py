@@ -216,30 +216,31 @@ def _rotary_attention_kernel(
 
 
 @triton.jit
-def _rotary_rows_kernel(COS, SIN, IDS, COS_OUT, SIN_OUT, N, P, stride_t, HALF: tl.constexpr, BLOCK: tl.constexpr):
-    """Rows ``IDS`` of two ``[P, 2 HALF]`` tables' first halves into ``[N, HALF]`` outputs; an
-    id outside ``0 .. P-1`` gives a row of 0 (nothing outside the tables is read)."""
+def _rotary_rows_kernel(TABLES, IDS, OUT, N, P, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """Rows ``IDS`` of table ``program_id(1)`` of ``[T, P, HALF]`` tables into ``[T, N, HALF]``;
+    an id outside ``0 .. P-1`` gives a row of 0 (nothing outside the tables is read)."""
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    table = tl.program_id(1).to(tl.int64)
     kept = (rows < N)[:, None]
     ids = tl.load(IDS + rows, mask=rows < N, other=0)
     inside = kept & ((ids >= 0) & (ids < P))[:, None]
     cols = tl.arange(0, HALF)[None, :]
-    src = ids.to(tl.int64)[:, None] * stride_t + cols
-    dst = rows.to(tl.int64)[:, None] * HALF + cols
-    tl.store(COS_OUT + dst, tl.load(COS + src, mask=inside, other=0.0), mask=kept)
-    tl.store(SIN_OUT + dst, tl.load(SIN + src, mask=inside, other=0.0), mask=kept)
+    src = (table * P + ids.to(tl.int64)[:, None]) * HALF + cols
+    dst = (table * N + rows.to(tl.int64)[:, None]) * HALF + cols
+    tl.store(OUT + dst, tl.load(TABLES + src, mask=inside, other=0.0), mask=kept)
 
 
 ROWS_BLOCK = 64  # positions a program of the rows kernel
 
 
-def launch_rows(cos, sin, ids, cos_out, sin_out, kernel=None) -> None:
-    """Run the rows kernel (``kernel``: the JIT function or a wrapper of it): the first halves of
-    ``[P, D]`` tables ``cos`` and ``sin`` at contiguous ``ids`` into contiguous ``[..., D / 2]`` outputs."""
+def launch_rows(tables, ids, out, kernel=None) -> None:
+    """Run the rows kernel (``kernel``: the JIT function or a wrapper of it): the rows ``ids``
+    (contiguous) of each of the contiguous ``[T, P, H]`` ``tables`` into the contiguous ``out``,
+    ``[T, *ids.shape, H]``, in one launch."""
     kernel = kernel if kernel is not None else _rotary_rows_kernel
     n = ids.numel()
-    kernel[(triton.cdiv(n, ROWS_BLOCK),)](
-        cos, sin, ids, cos_out, sin_out, n, cos.shape[0], cos.stride(0), HALF=cos.shape[1] // 2, BLOCK=ROWS_BLOCK
+    kernel[(triton.cdiv(n, ROWS_BLOCK), tables.shape[0])](
+        tables, ids, out, n, tables.shape[1], HALF=tables.shape[2], BLOCK=ROWS_BLOCK
     )
 
 
@@ -359,22 +360,24 @@ def _run(qkv, cos, sin, counts, scale: float, window: int) -> torch.Tensor:
 
 
 @triton_op("laya::rotary_rows", mutates_args={})
-def rotary_rows(cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[P, D]`` cos and sin tables, ``[B', S]`` position ids -> the first halves of the tables'
-    rows at those positions, ``[B', S, D / 2]`` each: the tables :func:`rotary_attention` reads,
-    gathered once a forward (:class:`laya_build.model.rotary.RotaryTable` with ``halves``).  As one
-    op its outputs are buffers that every layer reads; as an indexing expression a compiler makes
-    the gather again inside each layer's copy of the tables."""
+def rotary_rows(tables: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """``[T, P, H]`` tables (the first halves of the rotary cos and sin tables of every kind of
+    layer, :func:`half`), ``[B', S]`` position ids -> ``[T, B', S, H]``, each table's rows at those
+    positions: the tables :func:`rotary_attention` reads, gathered once a forward for every kind of
+    layer in one launch (:class:`laya_build.model.rotary.RotaryTable` with ``halves``).  As one op
+    its output is a buffer that every layer reads; as an indexing expression a compiler makes the
+    gather again inside each layer's copy of the tables."""
+    torch._check(tables.dim() == 3, lambda: f"tables must be [T, P, H], got {tuple(tables.shape)}")
+    if tables.device.type != "cuda":
+        return tables[:, position_ids]
     torch._check(
-        cos.dim() == 2 and cos.shape[1] % 2 == 0 and sin.shape == cos.shape,
-        lambda: f"cos and sin must be [P, D] tables of rows, got {tuple(cos.shape)}",
+        tables.shape[2] in {d // 2 for d in HEAD_DIMS},
+        lambda: f"the kernel reads halves of a head dim of {HEAD_DIMS}, got tables of {tuple(tables.shape)}",
     )
-    if cos.device.type != "cuda":
-        return half(cos)[position_ids], half(sin)[position_ids]
     ids = position_ids.contiguous()
-    out = [torch.empty((*ids.shape, cos.shape[1] // 2), dtype=t.dtype, device=t.device) for t in (cos, sin)]
-    launch_rows(cos.contiguous(), sin.contiguous(), ids, *out, wrap_triton(_rotary_rows_kernel))
-    return out[0], out[1]
+    out = torch.empty((tables.shape[0], *ids.shape, tables.shape[2]), dtype=tables.dtype, device=tables.device)
+    launch_rows(tables.contiguous(), ids, out, wrap_triton(_rotary_rows_kernel))
+    return out
 
 
 def half(table: torch.Tensor) -> torch.Tensor:

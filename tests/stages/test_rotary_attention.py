@@ -45,7 +45,7 @@ def test_fused_gives_the_sdpa_outputs_bit_for_bit_with_one_op_a_layer(mode, monk
     assert model.encoder.config._attn_implementation == attention.FUSED_NAME
     # every layer ran the op on the packed Wqkv output, with the rows' key counts and its window
     assert seen == [([48, 30, 17], -1), ([48, 30, 17], 8), ([48, 30, 17], 8), ([48, 30, 17], -1)]
-    assert len(counted) == 2  # once a forward for each of the encoder's two masks, not once a layer
+    assert len(counted) == 1  # once a forward, not once a layer or a kind of layer
     for e, g in zip(expected, got):
         assert torch.equal(e, g)
 
@@ -67,10 +67,10 @@ def test_fused_exports_as_one_op_a_layer_with_dynamic_rows_and_tokens():
 @pytest.mark.parametrize("order", ["attention first", "rotary first"])
 def test_fused_with_tables_gathers_their_halves_once_a_forward_for_every_layer(order):
     """With the tabulated rotary the fused layers read the tables' first halves from one
-    ``laya::rotary_rows`` op for each kind of layer: the exported program holds two (global,
-    local), each read by its kind's layers, and no indexing of a table besides.  The table is
-    told by the export (``halves``) when it comes after the attention, by the attention when it
-    comes before."""
+    ``laya::rotary_rows`` op a forward, for every kind of layer: the exported program holds one,
+    each layer reads its kind's cos and sin from it (the global layers other rows than the local
+    ones), and no table is indexed besides.  The table is told by the export (``halves``) when it
+    comes after the attention, by the attention when it comes before."""
     model = small_model()
     reference = small_model()
     steps = [lambda: attention.use(model, "fused"), lambda: rotary.use(model, "table", halves=True)]
@@ -81,29 +81,84 @@ def test_fused_with_tables_gathers_their_halves_once_a_forward_for_every_layer(o
     program = exported(model)
     nodes = program.graph.nodes
     rows = [n for n in nodes if n.target is torch.ops.laya.rotary_rows.default]
-    assert len(rows) == 2
+    assert len(rows) == 1
     layers = [n for n in nodes if n.target is torch.ops.laya.rotary_attention.default]
     assert len(layers) == 4
-    for layer in layers:  # cos and sin: the two outputs of one rotary_rows
-        tables = {a.args[0] for a in layer.args[1:3]}
-        assert len(tables) == 1 and tables.pop() in rows, layer.args[1:3]
+    picked = []
+    for layer in layers:  # cos and sin: two tables of the one rotary_rows
+        cos, sin = layer.args[1:3]
+        assert cos.args[0] is rows[0] and sin.args[0] is rows[0], layer.args[1:3]
+        assert cos.target is sin.target is torch.ops.aten.select.int and sin.args[2] == cos.args[2] + 1
+        picked.append(cos.args[2])
+    kinds = model.encoder.config.layer_types  # every third layer global (small_model)
+    assert [picked[i] for i, kind in enumerate(kinds) if kind == "full_attention"] == [0, 0]
+    assert [picked[i] for i, kind in enumerate(kinds) if kind == "sliding_attention"] == [2, 2]
     index = [n for n in nodes if n.target is torch.ops.aten.index.Tensor]
     assert not index, [n.args for n in index]
     other = batch((32, 9), width=32)
     with torch.inference_mode():
         for e, g in zip(reference(*other), program.module()(*other)):
             torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+        for e, g in zip(reference(*other), model(*other)):  # eager, twice: nothing of one forward is kept
+            torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    assert model.encoder.rotary_emb._pending == {}
 
 
-def test_rotary_rows_are_the_tables_first_halves_at_the_positions():
+def test_rotary_rows_are_the_tables_rows_at_the_positions():
     from laya_build.model import rotary_attention as ra
 
-    table = torch.randn(40, 8)
+    tables = torch.randn(3, 40, 4)
     ids = torch.tensor([[0, 3, 39], [5, 5, 1]])
-    cos, sin = torch.ops.laya.rotary_rows(table, 2 * table, ids)
-    assert cos.shape == (2, 3, 4) and torch.equal(cos, table[ids][..., :4]) and torch.equal(sin, 2 * cos)
-    with pytest.raises(RuntimeError, match=r"must be \[P, D\] tables"):
-        ra.rotary_rows(table[:, :7], table[:, :7], ids)
+    rows = torch.ops.laya.rotary_rows(tables, ids)
+    assert rows.shape == (3, 2, 3, 4)
+    for t in range(3):
+        assert torch.equal(rows[t], tables[t][ids])
+    with pytest.raises(RuntimeError, match=r"tables must be \[T, P, H\]"):
+        ra.rotary_rows(tables[0], ids)
+
+
+def test_a_halved_table_keeps_only_the_halves_and_stays_halved():
+    model = small_model()
+    rotary.use(model, "table")
+    table = model.encoder.rotary_emb
+    whole = {name: buf.clone() for name, buf in table.named_buffers()}
+    table.halves = True
+    assert [name for name, _ in table.named_buffers()] == ["halves_tables"]
+    expected = [whole[f"{kind}_{fn}"][:, :8] for kind in table.types for fn in ("cos", "sin")]
+    assert torch.equal(table.halves_tables, torch.stack(expected))
+    table.halves = True  # again: nothing changes
+    assert torch.equal(table.halves_tables, torch.stack(expected))
+    with pytest.raises(ValueError, match="cannot give whole tables again"):
+        table.halves = False
+
+
+def test_the_encoder_makes_the_key_counts_once_for_itself_and_the_head():
+    """With fused attention the key counts are one sum a forward: the encoder's layers (both
+    kinds) and the decision head's read the same node."""
+    from laya_build.model import head
+
+    model = small_model()
+    attention.use(model, "fused")
+    head.use(model, "fused", "all")
+    rotary.use(model, "table", halves=True)
+    program = exported(model)
+    nodes = program.graph.nodes
+    mask = next(n for n in nodes if n.name == "attention_mask")
+    sums = [n for n in nodes if n.target is torch.ops.aten.sum.dim_IntList and mask in n.args[0].all_input_nodes]
+    assert len(sums) == 1, [n.args for n in sums]
+    ops = (torch.ops.laya.rotary_attention.default, torch.ops.laya.packed_attention.default)
+    readers = [n for n in nodes if n.target in ops]
+    assert len(readers) == 5  # four encoder layers, one head layer
+    counts = {n.args[3] if n.target is torch.ops.laya.rotary_attention.default else n.args[1] for n in readers}
+    assert len(counts) == 1
+    other = batch((32, 9), width=32)
+    reference = small_model()
+    with torch.inference_mode():
+        for e, g in zip(reference(*other), program.module()(*other)):
+            torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+        for e, g in zip(reference(*other), model(*other)):
+            torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    assert model.encoder.key_counts is None  # taken by the head: nothing of the forward is held
 
 
 def test_without_triton_fused_is_refused_with_what_to_do(monkeypatch):
@@ -150,14 +205,15 @@ INTERPRETED = textwrap.dedent(
                     assert (out[3] == 0).all(), "an empty row is not 0"
                     key = f"{dtype} {name} window {window} {config}"
                     worst[key] = (out.float() - ref.float()).abs().max().item()
-    # the rows kernel: 150 positions (not a multiple of its block) of a [40, 64] table, ids a
-    # row, some outside the table (a row of 0)
-    table = torch.randn(40, D)
+    # the rows kernel: 150 positions (not a multiple of its block) of three [40, 32] tables, ids
+    # a row, some outside the tables (a row of 0)
+    tables = torch.randn(3, 40, D // 2)
     ids = torch.randint(-3, 45, (3, 50))
-    want = torch.where(((ids >= 0) & (ids < 40))[..., None], table[ids.clamp(0, 39)][..., : D // 2], 0.0)
-    got = [torch.full((3, 50, D // 2), float("nan")) for _ in range(2)]
-    ra.launch_rows(table, -table, ids, *got)
-    worst["rows"] = max((got[0] - want).abs().max().item(), (got[1] + want).abs().max().item())
+    inside = ((ids >= 0) & (ids < 40))[None, ..., None]
+    want = torch.where(inside, tables[:, ids.clamp(0, 39)], 0.0)
+    got = torch.full((3, 3, 50, D // 2), float("nan"))
+    ra.launch_rows(tables, ids, got)
+    worst["rows"] = (got - want).abs().max().item()
     print(json.dumps(worst))
     """
 )
@@ -225,10 +281,10 @@ def test_the_kernel_on_cuda_is_the_reference():
             qkv[:1, :128].float(), cos[:, :128].float(), sin[:, :128].float(), counts[:1] // 2, D**-0.5, window
         )
         assert (short.float() - ref).abs().max().item() < 2e-2  # 1 x 128: the smallest query blocks
-    table = torch.randn(8192, D, device="cuda", dtype=torch.bfloat16)
+    tables = torch.randn(4, 8192, D // 2, device="cuda", dtype=torch.bfloat16)
     ids = torch.arange(S, device="cuda")[None]
-    rows = torch.ops.laya.rotary_rows(table, table * 2, ids)
-    assert torch.equal(rows[0], table[ids][..., : D // 2]) and torch.equal(rows[1], 2 * rows[0])
+    rows = torch.ops.laya.rotary_rows(tables, ids)
+    assert torch.equal(rows, tables[:, ids])
 
 
 def test_no_float_reaches_the_kernel_as_a_runtime_argument():
