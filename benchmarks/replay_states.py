@@ -78,7 +78,7 @@ def paced(torch, replay, count: int) -> list[float]:
     return out
 
 
-def steps(torch, args, runner, other, graph, shape, heavy, padded) -> dict:
+def steps(torch, runner, other, graph, shape, heavy, padded) -> dict:
     """What may run before a condition's timing, by name: each a function of the seconds it runs."""
     tiny = torch.zeros(1, device=runner.device)
     done = {
@@ -86,7 +86,10 @@ def steps(torch, args, runner, other, graph, shape, heavy, padded) -> dict:
         "heavy": lambda s: busy(torch, graph(runner, heavy), s),
         "plain": lambda s: busy(torch, lambda: runner.plain(*padded), s),
         "tiny": lambda s: busy(torch, lambda: tiny.add_(1), s),  # host-bound small kernels, no package
-        "synced": lambda s: busy(torch, lambda: (graph(runner, shape)(), torch.cuda.synchronize()), s),
+        "synced": lambda s: (
+            replay := graph(runner, shape),
+            busy(torch, lambda: (replay(), torch.cuda.synchronize()), s),
+        ),
     }
     if other is not None:
         done["other"] = lambda s: busy(torch, graph(other, shape), s)
@@ -169,7 +172,7 @@ def main(argv=None) -> int:
                 replay = graph(runner, shape)
                 padded = runner.padded_inputs(call)
                 other = runners[names[(i + 1) % len(names)]] if len(names) > 1 else None
-                available = steps(torch, args, runner, other, graph, shape, heavy, padded)
+                available = steps(torch, runner, other, graph, shape, heavy, padded)
                 blocks(torch, replay, 3, args.block)  # warm
                 for condition, (before, timing) in CONDITIONS.items():
                     if any(step not in available for step in before):

@@ -10,6 +10,7 @@ docs/measurements/aoti-h200.md quotes.
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -715,3 +716,70 @@ def test_h200_head_tail_builds_timed_nothing_and_new_rebuilt_to_its_bytes_on_a_s
     for name in ("base-tuning-1", "new-tuning-1", "new-tuning-2", "nofl-tuning-2", "flact-tuning-3", "flsc-tuning-3"):
         assert (EVIDENCE / TAIL / f"{name}.json").read_bytes() == committed
     assert h200_config()["export"]["fused_linears"] == {"cpu": [], "cuda": ["scorer.3"]}
+
+
+ONE = "2026-12-04-h200-one-gather"  # one rotary gather a forward; the key counts once; two replay speeds
+
+
+def test_h200_one_gather_and_shared_counts_took_three_kernels_out_with_the_same_answers_and_verified():
+    """Run 1's profile of ``new``: one rotary-rows kernel, one position-id kernel and one key-count
+    sum a forward, 3 kernels fewer than ``flsc`` (the revision before, profiled in the section
+    before); run 2: ``new``'s outputs are ``flsc``'s bit for bit and every 1x128 round faster;
+    ``verify`` passes with the deltas the document quotes."""
+    profiled = load(f"{ONE}/latency-1.json")["shapes"]
+    before = load(f"{TAIL}/latency-3.json")["shapes"]
+    for shape, kernels in (("1x128x3", 261), ("7x256x4", 257)):
+        top = {t["name"].removeprefix("kernel: "): t["per_forward"] for t in profiled[shape]["profile"]["new"]["top"]}
+        assert top["_rotary_rows_kernel"] == 1 and top["triton_poi_fused_arange_unsqueeze_1"] == 1
+        assert [n for n in top if n.endswith("_sum_2")] == ["triton_per_fused_ne_sum_2"]  # the key counts
+        assert profiled[shape]["profile"]["new"]["kernels_per_forward"] == kernels
+        assert before[shape]["profile"]["flsc"]["kernels_per_forward"] == kernels + 3
+    side = load(f"{ONE}/latency-2.json")["shapes"]
+    for shape in side.values():
+        assert shape["outputs_equal_to_first"] == {"flsc": True, "new": True}
+    small = side["1x128x3"]
+    assert max(small["ms"]["new"]["replay"]) < min(small["ms"]["flsc"]["replay"])
+    medians = {(s, n): round(side[s]["median_ms"][n]["replay"], 3) for s in side for n in ("flsc", "new")}
+    assert medians == {
+        ("1x128x3", "flsc"): 1.007,
+        ("1x128x3", "new"): 1.001,
+        ("7x256x4", "flsc"): 3.372,
+        ("7x256x4", "new"): 3.37,
+    }
+    verified_as_quoted(f"{ONE}/new-verify-1.json", {"decision": (0.030, 0.0071), "act": (0.043, 0.0089)})
+
+
+def test_h200_the_configuration_before_rebuilt_to_its_bytes_on_a_second_machine_with_nothing_timed():
+    """``flsc`` gave the digest of its first build (the section before, another machine); both
+    builds of this run's packages wrote the committed empty tuning file; ``new``'s verification
+    is of the package run 2 timed."""
+    first = digests((EVIDENCE / TAIL / "variants-3.log").read_text())["flsc"]
+    logs = {n: digests((EVIDENCE / ONE / f"variants-{n}.log").read_text()) for n in (1, 2)}
+    assert len(first) == 1 and logs[2]["flsc"] == first
+    assert logs[1]["new"] == logs[2]["new"] == {load(f"{ONE}/new-verify-1.json")["programs"][0]["package"]["sha256"]}
+    assert "flsc" not in logs[1]  # run 1's build of the revision before did not start
+    for name in ("new-tuning-1", "flsc-tuning-2"):
+        assert (EVIDENCE / ONE / f"{name}.json").read_bytes() == committed_tuning()
+
+
+def test_h200_a_graph_replays_about_0_095_ms_faster_after_its_plain_call_and_not_after_anything_else():
+    """Every block after the package's plain call is faster than every block of every other
+    condition, by more than 0.085 ms, for both packages in both repeats; the SM clock read 1,980 MHz
+    during the blocks after the plain call and after the other package's graph."""
+    states = load(f"{ONE}/states-2.json")
+    by = {}
+    for run in states["runs"]:
+        by.setdefault(run["package"], {}).setdefault(run["condition"], []).extend(run["us"])
+    assert sorted(by) == ["flsc", "new"]
+    for conditions in by.values():
+        assert sorted(conditions) == ["heavy", "idle", "other", "plain", "recaptured", "steady"]
+        slow = min(us for c, values in conditions.items() if c != "plain" for us in values)
+        assert max(conditions["plain"]) + 85 < slow
+        assert 1085 < slow and max(conditions["plain"]) < 1010
+    samples = [r.split(", ") for r in (EVIDENCE / ONE / "clocks-2.csv").read_text().splitlines()[1:]]
+    at = [(datetime.strptime(r[0], "%Y/%m/%d %H:%M:%S.%f"), r[1], r[2]) for r in samples]
+    for run in states["runs"]:
+        if run["condition"] in ("plain", "other"):  # its blocks: after 2 s of the condition's work
+            begin = datetime.strptime(f"2026/12/04 {run['utc']}", "%Y/%m/%d %H:%M:%S") + timedelta(seconds=2)
+            window = [(sm, mem) for t, sm, mem in at if begin <= t <= begin + timedelta(seconds=1.6)]
+            assert window and set(window) == {("1980 MHz", "3201 MHz")}, run
