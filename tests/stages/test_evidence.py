@@ -783,3 +783,15 @@ def test_h200_a_graph_replays_about_0_095_ms_faster_after_its_plain_call_and_not
             begin = datetime.strptime(f"2026/12/04 {run['utc']}", "%Y/%m/%d %H:%M:%S") + timedelta(seconds=2)
             window = [(sm, mem) for t, sm, mem in at if begin <= t <= begin + timedelta(seconds=1.6)]
             assert window and set(window) == {("1980 MHz", "3201 MHz")}, run
+
+
+def test_h200_back_to_back_the_act_head_fused_packages_were_the_faster_at_1x128():
+    """By CUDA events after all rounds (no plain call before), the packages with the act head fused
+    replayed faster at 1x128 than the package beside them, slower at 7x256."""
+    for run, (fused, other) in {2: ("new", "nofl"), 3: ("flact", "flsc")}.items():
+        shapes = load(f"{TAIL}/latency-{run}.json")["shapes"]
+        events = {s: {n: v["events_us_per_replay"] for n, v in shapes[s]["launch"].items()} for s in shapes}
+        assert events["1x128x3"][fused] + 5 < events["1x128x3"][other]
+        assert events["7x256x4"][fused] > events["7x256x4"][other] + 25
+    quoted = {n: round(v["events_us_per_replay"] / 1000, 3) for n, v in shapes["1x128x3"]["launch"].items()}
+    assert quoted == {"flact": 1.09, "flsc": 1.098}
