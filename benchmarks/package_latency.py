@@ -31,11 +31,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def package_arguments(description: str) -> argparse.ArgumentParser:
+    """A parser with the arguments of a script over packages of one export: the export's folder,
+    the saved inputs, ``NAME=PATH`` of each ``decision.pt2``."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("export_dir")
     parser.add_argument("inputs")
     parser.add_argument("packages", nargs="+", help="NAME=PATH of a decision.pt2")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = package_arguments(__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="1x128x3,7x256x4")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--timing", default='{"warmup": 10, "min_run_time_s": 0.4}')

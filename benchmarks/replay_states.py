@@ -27,7 +27,6 @@ for ``nvidia-smi`` beside it.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import statistics
@@ -37,6 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+from package_latency import package_arguments  # noqa: E402  (the benchmarks folder, on the path above)
 
 
 def blocks(torch, replay, count: int, size: int) -> list[float]:
@@ -114,10 +115,7 @@ CONDITIONS = {
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("export_dir")
-    parser.add_argument("inputs")
-    parser.add_argument("packages", nargs="+", help="NAME=PATH of a decision.pt2")
+    parser = package_arguments(__doc__.splitlines()[0])
     parser.add_argument("--shape", default="1x128x3")
     parser.add_argument("--heavy", default="7x256x4")
     parser.add_argument("--repeat", type=int, default=2)
