@@ -20,7 +20,9 @@ time; the median of each block's worth).  The steps:
 - ``synced``: this graph replayed one at a time, synchronised after each.
 
 Last, ``recaptured``: a new runner of the same package (new graphs, new static buffers), after an
-allocation of a few MiB that moves where its buffers land.  Reports every block's microseconds a
+allocation of a few MiB that moves where its buffers land; capturing runs each bucket's warm-up
+plain calls first, the ``--heavy`` bucket's last.  ``--conditions`` runs some conditions only
+(``steady,idle,heavy,plain,other`` and ``recaptured`` were the first version's).  Reports every block's microseconds a
 replay, so that a change of state shows as a step between blocks; the GPU's clocks and power are
 for ``nvidia-smi`` beside it.
 """
@@ -106,11 +108,11 @@ CONDITIONS = {
     "other": (["other"], "blocks"),
     "tiny": (["tiny"], "blocks"),
     "synced": (["synced"], "blocks"),
-    "plain, idle": (["plain", "idle"], "blocks"),
-    "plain, heavy": (["plain", "heavy"], "blocks"),
-    "one at a time": ([], "paced"),
-    "plain, one at a time": (["plain"], "paced"),
-    "plain, long": (["plain"], "long"),
+    "plain-idle": (["plain", "idle"], "blocks"),
+    "plain-heavy": (["plain", "heavy"], "blocks"),
+    "one-at-a-time": ([], "paced"),
+    "plain-one-at-a-time": (["plain"], "paced"),
+    "plain-long": (["plain"], "long"),
 }
 
 
@@ -124,8 +126,14 @@ def main(argv=None) -> int:
     parser.add_argument("--idle-s", type=float, default=2.0)
     parser.add_argument("--busy-s", type=float, default=2.0)
     parser.add_argument("--preload", default="lib:tvm_ffi")
+    parser.add_argument(
+        "--conditions", default=",".join(CONDITIONS), help="the conditions to run, comma-separated (default: all)"
+    )
     parser.add_argument("--out", default="replay-states.json")
     args = parser.parse_args(argv)
+    chosen = [c.strip() for c in args.conditions.split(",") if c.strip()]
+    if unknown := [c for c in chosen if c not in CONDITIONS]:
+        parser.error(f"--conditions: {', '.join(unknown)} not among {', '.join(CONDITIONS)}")
 
     import torch
     from runtime_bench import parse_shapes, synthetic_call
@@ -150,7 +158,7 @@ def main(argv=None) -> int:
     heavy_call = tuple(x.to(device) for x in synthetic_call(inputs, *heavy))
 
     def graph(runner, which):
-        runner(*(call if which is shape else heavy_call))  # the plain path fills the static inputs
+        runner(*(call if which is shape else heavy_call))  # fills the bucket's static inputs (and replays)
         return runner.graphs[runner.bucket_for(*which)].replay
 
     result = {
@@ -173,7 +181,7 @@ def main(argv=None) -> int:
                 available = steps(torch, runner, other, graph, shape, heavy, padded)
                 blocks(torch, replay, 3, args.block)  # warm
                 for condition, (before, timing) in CONDITIONS.items():
-                    if any(step not in available for step in before):
+                    if condition not in chosen or any(step not in available for step in before):
                         continue
                     torch.cuda.synchronize()
                     started = time.strftime("%H:%M:%S", time.gmtime())

@@ -35,6 +35,8 @@ Inductor compile as the ops it runs (:func:`compile_through`).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 NAME = "laya_varlen"
@@ -81,17 +83,29 @@ def row_key_counts(
     return attention_mask.sum(-1, dtype=torch.int32)
 
 
-def counted_forward(self, *args, attention_mask=None, **kwargs):
+def counted_forward(self, input_ids=None, attention_mask=None, *args, **kwargs):
     """The encoder's own forward with each row's key count made here, once a forward, and handed
     to every layer as transformers' mask mapping (a mask function would be called for each kind
     of layer); with ``keeps_counts`` set (by :mod:`laya_build.model.head`) they are kept for the
-    decision head, which takes them later in the same forward (:func:`forward_counts`)."""
+    decision head, which takes them later in the same forward (:func:`forward_counts`).  A
+    tabulated rotary that gives halves serves every kind of layer from one gather within the
+    forward (:meth:`laya_build.model.rotary.RotaryTable.one_forward`).  Nothing is kept from one
+    forward to the next."""
+    self.key_counts = None
     if attention_mask is not None and not isinstance(attention_mask, dict):
-        counts = row_key_counts(attention_mask != 0)
+        if attention_mask.dim() != 2:
+            raise ValueError(
+                f"{FUSED_NAME} attention takes a [rows, tokens] padding mask, got one of shape "
+                f"{tuple(attention_mask.shape)}: pass the tokenizer's 2D attention mask"
+            )
+        device = self.embeddings.tok_embeddings.weight.device
+        counts = row_key_counts(attention_mask.to(device) != 0)
         if getattr(self, "keeps_counts", False):
             self.key_counts = (attention_mask, counts)
         attention_mask = dict.fromkeys(sorted(set(self.config.layer_types)), counts)
-    return type(self).forward(self, *args, attention_mask=attention_mask, **kwargs)
+    scope = getattr(self.rotary_emb, "one_forward", None)
+    with scope() if scope is not None else contextlib.nullcontext():
+        return type(self).forward(self, input_ids, attention_mask, *args, **kwargs)
 
 
 def forward_counts(encoder, attention_mask: torch.Tensor) -> torch.Tensor:

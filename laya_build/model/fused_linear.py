@@ -9,12 +9,13 @@ own and fuses with the pointwise work before and after it (there: one kernel of 
 
 Each row's product and sum touches the whole weight, so this suits layers whose weight is
 small (a compiler re-reads it for every row, from cache); a GEMM stays the right kernel for the
-encoder's and the head's large layers.  Fewer kernels is not always faster: on the H200 the act
-head's two layers fused as well took 8 µs less GPU work a 1x128 forward under the profiler, and
-the graph replayed 0.007-0.021 ms faster back to back, but 0.08 ms slower right after the package's
-plain call, which makes the other packages' replays faster (docs/measurements/runtime-h200.md,
-"Top two without a sort, small linear layers fused" and "two replay speeds").  Measure a choice.  The outputs differ from the GEMM's by rounding:
-the terms are added in another order, in fp32, and the result rounded to the layer's dtype once.
+encoder's and the head's large layers. Fewer kernels is not always faster: on the H200 the act
+head's two layers fused as well took 8 µs less GPU work a 1x128 forward under the profiler, and the
+graph replayed 0.007-0.021 ms faster back to back, but 0.08 ms slower right after the package's
+plain call, which makes the other packages' replays faster (docs/measurements/runtime-h200.md, "Top
+two without a sort, small linear layers fused" and "two replay speeds"). Measure a choice. The
+outputs differ from the GEMM's by rounding: the terms are added in another order, in fp32, and the
+result rounded to the layer's dtype once.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ depend on the sequence (``default`` here) are tabulated; any other is refused wi
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -33,8 +35,9 @@ class RotaryTable(nn.Module):
     (``laya::rotary_rows``): a compiler keeps an op's output as a buffer, where it would make an
     indexing expression again inside each layer's copy of the tables (20 kernels a forward on the
     H200 instead of 1).  The encoder asks for each kind of layer (``layer_types``: those its layers
-    use; default every kind the rotary module knows) once a forward, with the same position ids:
-    the first ask gathers the rows of all of them, the others take theirs from that one result.
+    use; default every kind the rotary module knows) once a forward, with the same position ids;
+    within :meth:`one_forward` (the fused attention's encoder forward) the first ask gathers the
+    rows of all of them and the others take theirs from that one result.
     """
 
     def __init__(
@@ -51,7 +54,7 @@ class RotaryTable(nn.Module):
         unknown = sorted(set(self.types) - set(rotary.rope_type))
         if unknown:
             raise ValueError(f"the rotary module has no tables for the layer types {', '.join(unknown)}")
-        self._pending: dict = {}  # within a forward: the position ids and the kinds not yet asked for
+        self._pending: dict | None = None  # within one_forward: the position ids, the kinds not yet asked for
         positions = torch.arange(length, device=device)[None]
         probe = torch.empty(0, dtype=dtype, device=device)
         with torch.no_grad():
@@ -84,22 +87,31 @@ class RotaryTable(nn.Module):
                 tables.append(rotary_attention.half(self._buffers.pop(name)))
         self.register_buffer("halves_tables", torch.stack(tables).contiguous(), persistent=False)
 
+    @contextlib.contextmanager
+    def one_forward(self):
+        """Within it (one encoder forward), the asks for the halves of the same position ids share
+        one gather; outside, each ask gathers its own (nothing is kept between asks)."""
+        self._pending = {"ids": None, "rows": {}}
+        try:
+            yield
+        finally:
+            self._pending = None
+
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str):
         if not self.halves:
             cos, sin = getattr(self, f"{layer_type}_cos"), getattr(self, f"{layer_type}_sin")
             return cos[position_ids].to(x.dtype), sin[position_ids].to(x.dtype)
-        if self._pending.get("ids") is not position_ids or layer_type not in self._pending.get("rows", {}):
-            # (set where the fused attention, hence Triton, was chosen)
+        pending = self._pending
+        if pending is not None and pending["ids"] is position_ids and layer_type in pending["rows"]:
+            cos, sin = pending["rows"].pop(layer_type)
+        else:  # (halves are set where the fused attention, hence Triton, was chosen)
             from laya_build.model import rotary_attention
 
             rows = rotary_attention.rotary_rows(self.halves_tables, position_ids)
-            self._pending = {
-                "ids": position_ids,
-                "rows": {t: (rows[2 * i], rows[2 * i + 1]) for i, t in enumerate(self.types)},
-            }
-        cos, sin = self._pending["rows"].pop(layer_type)
-        if not self._pending["rows"]:
-            self._pending = {}  # every kind served: nothing of this forward is held
+            kinds = {t: (rows[2 * i], rows[2 * i + 1]) for i, t in enumerate(self.types)}
+            cos, sin = kinds.pop(layer_type)
+            if pending is not None:  # within one forward: the other kinds' rows, for their asks
+                self._pending = {"ids": position_ids, "rows": kinds}
         return (cos, sin) if cos.dtype == x.dtype else (cos.to(x.dtype), sin.to(x.dtype))
 
 

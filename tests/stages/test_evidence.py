@@ -765,7 +765,9 @@ def test_h200_the_configuration_before_rebuilt_to_its_bytes_on_a_second_machine_
 def test_h200_a_graph_replays_about_0_095_ms_faster_after_its_plain_call_and_not_after_anything_else():
     """Every block after the package's plain call is faster than every block of every other
     condition, by more than 0.085 ms, for both packages in both repeats; the SM clock read 1,980 MHz
-    during the blocks after the plain call and after the other package's graph."""
+    during the blocks after the plain call and after the other package's graph; the power read
+    178-262 W after the plain call and 334-337 W after the other graph, in the 0.8 s after each
+    condition's 2 s of work."""
     states = load(f"{ONE}/states-2.json")
     by = {}
     for run in states["runs"]:
@@ -777,21 +779,26 @@ def test_h200_a_graph_replays_about_0_095_ms_faster_after_its_plain_call_and_not
         assert max(conditions["plain"]) + 85 < slow
         assert 1085 < slow and max(conditions["plain"]) < 1010
     samples = [r.split(", ") for r in (EVIDENCE / ONE / "clocks-2.csv").read_text().splitlines()[1:]]
-    at = [(datetime.strptime(r[0], "%Y/%m/%d %H:%M:%S.%f"), r[1], r[2]) for r in samples]
+    at = [(datetime.strptime(r[0], "%Y/%m/%d %H:%M:%S.%f"), r[1], r[2], float(r[3].split()[0])) for r in samples]
+    watts = {"plain": [], "other": []}
     for run in states["runs"]:
         if run["condition"] in ("plain", "other"):  # its blocks: after 2 s of the condition's work
             begin = datetime.strptime(f"2026/12/04 {run['utc']}", "%Y/%m/%d %H:%M:%S") + timedelta(seconds=2)
-            window = [(sm, mem) for t, sm, mem in at if begin <= t <= begin + timedelta(seconds=1.6)]
+            window = [(sm, mem) for t, sm, mem, _ in at if begin <= t <= begin + timedelta(seconds=1.6)]
             assert window and set(window) == {("1980 MHz", "3201 MHz")}, run
+            power = [w for t, _, _, w in at if begin <= t <= begin + timedelta(seconds=0.8)]
+            watts[run["condition"]].extend(power)
+    assert (min(watts["plain"]), max(watts["plain"])) == (177.86, 261.62)
+    assert (min(watts["other"]), max(watts["other"])) == (333.77, 337.08)
 
 
 def test_h200_back_to_back_the_act_head_fused_packages_were_the_faster_at_1x128():
     """By CUDA events after all rounds (no plain call before), the packages with the act head fused
     replayed faster at 1x128 than the package beside them, slower at 7x256."""
+    quoted = {2: {"new": 1.088, "nofl": 1.108}, 3: {"flact": 1.09, "flsc": 1.098}}
     for run, (fused, other) in {2: ("new", "nofl"), 3: ("flact", "flsc")}.items():
         shapes = load(f"{TAIL}/latency-{run}.json")["shapes"]
         events = {s: {n: v["events_us_per_replay"] for n, v in shapes[s]["launch"].items()} for s in shapes}
         assert events["1x128x3"][fused] + 5 < events["1x128x3"][other]
         assert events["7x256x4"][fused] > events["7x256x4"][other] + 25
-    quoted = {n: round(v["events_us_per_replay"] / 1000, 3) for n, v in shapes["1x128x3"]["launch"].items()}
-    assert quoted == {"flact": 1.09, "flsc": 1.098}
+        assert {n: round(us / 1000, 3) for n, us in events["1x128x3"].items()} == quoted[run]
