@@ -18,6 +18,9 @@
 #      replays of each profiled when set; LAUNCH replays of each timed by host launch and CUDA events
 #      when set; BLAS='NAME=LIBRARY ...' times NAME's package once more
 #      as NAME-LIBRARY, its graphs captured with torch.backends.cuda.preferred_blas_library(LIBRARY));
+#   2b. with STATES (a comma-separated list of benchmarks/replay_states.py's conditions, e.g.
+#      plain,other,one-at-a-time,plain-one-at-a-time), that probe over every package (STATES_REPEAT
+#      repeats, default 1), to $OUT/states.json;
 #   3. `doit verify:cuda-bfloat16` of the variants named in VERIFY (default: all but the first;
 #      none: no verification);
 #   4. the GPU tests named in TESTS (pytest node ids; pytest is not needed: each test function
@@ -102,6 +105,17 @@ if [ ${#built[@]} -gt 0 ] && ! late 70 latency; then
     > "$WORK/latency.log" 2>&1
   say "latency (${built[*]}) rc $? in $((SECONDS - s)) s"
   grep -v Warning "$WORK/latency.log" | tail -8 | cut -c1-400 | tee -a "$log"
+fi
+
+if [ -n "${STATES:-}" ] && [ ${#built[@]} -gt 0 ] && ! late 90 "replay states"; then
+  args=()
+  for n in "${built[@]}"; do args+=("$n=$(pkg "$n")/decision.pt2"); done
+  s=$SECONDS
+  (cd "$WORK/${built[0]}" && PYTHONPATH="${PYTHONPATH:-}:$WORK/${built[0]}" "$PY" "$SRC/benchmarks/replay_states.py" \
+    "artifacts/$VERSION/export/$BUILD" "artifacts/$VERSION/model/inputs.pt" "${args[@]}" \
+    --conditions "$STATES" --repeat "${STATES_REPEAT:-1}" --out "$OUT/states.json") > "$WORK/states.log" 2>&1
+  say "replay states (${built[*]}) rc $? in $((SECONDS - s)) s"
+  tail -2 "$WORK/states.log" | cut -c1-600 | tee -a "$log"
 fi
 
 for n in ${VERIFY:-${built[@]:1}}; do
