@@ -89,8 +89,8 @@ def counted_forward(self, input_ids=None, attention_mask=None, *args, **kwargs):
     of layer); with ``keeps_counts`` set (by :mod:`laya_build.model.head`) they are kept for the
     decision head, which takes them later in the same forward (:func:`forward_counts`).  A
     tabulated rotary that gives halves serves every kind of layer from one gather within the
-    forward (:meth:`laya_build.model.rotary.RotaryTable.one_forward`).  Nothing is kept from one
-    forward to the next."""
+    forward (:meth:`laya_build.model.rotary.RotaryTable.one_forward`).  Nothing of one forward is
+    used by the next: the kept counts are dropped when the next forward starts."""
     self.key_counts = None
     if attention_mask is not None and not isinstance(attention_mask, dict):
         if attention_mask.dim() != 2:
