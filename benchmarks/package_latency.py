@@ -5,8 +5,11 @@
 Each package is loaded through the project's runtime (``laya_build.runtime.load_package``,
 single-threaded) behind a :class:`laya_build.runtime.DecisionRunner` with CUDA-graph buckets at
 the measured shapes (default 1x128x3 and 7x256x4: rows x tokens x slots).  Then, ROUNDS times,
-for each shape and each package in turn: the graph replay and the plain padded call, each timed
-with :func:`laya_build.runtime.timing.time_calls` (TIMING, JSON).  Reports per package and shape
+for each shape and each package in turn: the graph replay (``replay_before_plain``, after the
+package before it), the plain padded call, and the graph replay again (``replay``, right after the
+plain call: on the H200 a graph of this model replays faster there, see
+docs/measurements/runtime-h200.md, "two replay speeds"), each timed with
+:func:`laya_build.runtime.timing.time_calls` (TIMING, JSON).  Reports per package and shape
 the median over rounds of each round's median, every round's figure, and whether the outputs
 of the packages are equal.  Interleaving keeps clock and thermal drift out of the comparison.
 ``--profile N`` then, after all timing, records per package and shape N graph replays under
@@ -110,8 +113,9 @@ def main(argv=None) -> int:
             with torch.inference_mode():
                 outs[name] = [o.float().cpu() for o in runner(*call)]
             cases[name] = {"plain": (runner.plain, padded)}
-            if bucket in runner.graphs:
-                cases[name]["replay"] = (runner.graphs[bucket].replay, ())
+            if bucket in runner.graphs:  # timed before the plain call and right after it
+                replay = (runner.graphs[bucket].replay, ())
+                cases[name] = {"replay_before_plain": replay, **cases[name], "replay": replay}
         first = next(iter(outs.values()))
         rows[shape] = {
             "outputs_equal_to_first": {n: all(torch.equal(a, b) for a, b in zip(first, o)) for n, o in outs.items()},
