@@ -67,20 +67,6 @@ def busy(torch, fn, seconds: float) -> int:
     return calls
 
 
-def paced(torch, replay, count: int) -> list[float]:
-    """``count`` replays one at a time, the GPU synchronised after each (a request served at a
-    time): µs of each replay by CUDA events around it."""
-    out = []
-    for _ in range(count):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        replay()
-        end.record()
-        end.synchronize()
-        out.append(begin.elapsed_time(end) * 1e3)
-    return out
-
-
 def steps(torch, runner, other, graph, shape, heavy, padded) -> dict:
     """What may run before a condition's timing, by name: each a function of the seconds it runs."""
     tiny = torch.zeros(1, device=runner.device)
@@ -170,6 +156,13 @@ def main(argv=None) -> int:
         "runs": [],
     }
     names = list(runners)
+
+    def record(repeat, name, condition, timing, started, us):
+        result["runs"].append(
+            {"repeat": repeat, "package": name, "condition": condition, "timing": timing, "utc": started, "us": us}
+        )
+        print(repeat, name, condition, us, flush=True)
+
     keep = []  # allocations that move a recaptured runner's buffers; held to the end
     with torch.inference_mode():
         for repeat in range(args.repeat):
@@ -188,38 +181,19 @@ def main(argv=None) -> int:
                     for step in before:
                         available[step](args.idle_s if step == "idle" else args.busy_s)
                     torch.cuda.synchronize()
-                    if timing == "paced":
-                        each = paced(torch, replay, args.block * args.blocks)
+                    if timing == "paced":  # blocks of one replay each, their medians in blocks' worth
+                        each = blocks(torch, replay, args.block * args.blocks, 1)
                         us = [
                             round(statistics.median(each[k : k + args.block]), 2)
                             for k in range(0, len(each), args.block)
                         ]
                     else:
                         us = blocks(torch, replay, args.blocks * (6 if timing == "long" else 1), args.block)
-                    result["runs"].append(
-                        {
-                            "repeat": repeat,
-                            "package": name,
-                            "condition": condition,
-                            "timing": timing,
-                            "utc": started,
-                            "us": us,
-                        }
-                    )
-                    print(repeat, name, condition, us, flush=True)
+                    record(repeat, name, condition, timing, started, us)
                 keep.append(torch.empty((repeat + 1) * (i + 3) * 2**20, dtype=torch.uint8, device=device))
                 fresh = runtime.DecisionRunner(runtime.load_package(*paths[name]), dims=exp["dims"], buckets=buckets)
                 us = blocks(torch, graph(fresh, shape), args.blocks, args.block)
-                result["runs"].append(
-                    {
-                        "repeat": repeat,
-                        "package": name,
-                        "condition": "recaptured",
-                        "utc": time.strftime("%H:%M:%S", time.gmtime()),
-                        "us": us,
-                    }
-                )
-                print(repeat, name, "recaptured", us, flush=True)
+                record(repeat, name, "recaptured", "blocks", time.strftime("%H:%M:%S", time.gmtime()), us)
                 del fresh
             Path(args.out).write_text(json.dumps(result, indent=1))
     summary = {}
