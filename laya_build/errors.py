@@ -303,6 +303,18 @@ class VerifyChildCrashError(ChildCrashError, VerificationError):
     """The fresh verification process died by a signal: a failure, never a pass."""
 
 
+class NativeLibraryError(VerificationError):
+    """A package calls the project's native ops (``laya_native``) and the process cannot have
+    the library its record names: none was given to the load, or another build of the library
+    is already loaded (a process holds one kernel per op)."""
+
+    hint = (
+        "open the package through its record (open_build, open_release, or load_package with library= its "
+        "record's native_library); serve packages whose records name different native_library bytes in "
+        "processes of their own"
+    )
+
+
 class PackageIsaError(VerificationError):
     """The package was built for CPU vector instructions this CPU lacks (checked before loading)."""
 

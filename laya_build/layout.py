@@ -40,6 +40,9 @@ TARGET_STAGES = ("latency",)
 # ``decision_single_slot``, whose names end in ``_single_slot``).
 EXPORTED_NAME, EAGER_NAME = "exported{suffix}.pt2", "eager{suffix}.pt"
 LATENCY_TABLE_NAME = "latency.md"
+# The project's native op library (laya_build/native): built into an export's folder, copied
+# beside the package that calls its ops; the compiler's output of that build beside it.
+NATIVE_LIBRARY_NAME, NATIVE_BUILD_LOG_NAME = "liblaya_native.so", "native_build.log"
 RELEASE_DIFF_RECORD_NAME, RELEASE_DIFF_REPORT_NAME = "release_diff.json", "release_diff.md"
 DIFFS_DIR, DIFF_SUFFIX = "diffs", ".diff"
 DEPS_CACHE_NAME = "deps-parse.json"  # parsed imports of the project's sources, by their sha256

@@ -58,9 +58,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import json
 import os
 import platform
+import tempfile
 import threading
 import time
 import weakref
@@ -69,7 +71,7 @@ from pathlib import Path
 
 import torch
 
-from laya_build.errors import PackageIntegrityError, PackageIsaError, RuntimeInputError
+from laya_build.errors import NativeLibraryError, PackageIntegrityError, PackageIsaError, RuntimeInputError
 from laya_build.layout import EFFECTIVE_CONFIG_NAME, MANIFEST_NAME, package_record_path
 from laya_build.runtime.buckets import Bucket, ExportDims, parse_buckets, smallest_holding
 from laya_build.runtime.digest import sha256_file
@@ -99,6 +101,60 @@ def check_sha256(path, expected: str, what: str, *, digest: str | None = None) -
             "refusing to load it (a .pt2 runs native code)"
         )
     return actual
+
+
+# -------------------------------------------------------------------- native op library
+
+NATIVE_NAMESPACE = "laya_native"  # the ops of the project's native library (laya_build/native)
+_LIBRARIES: dict[str, Path] = {}  # sha256 -> the file this process loaded those bytes from
+_LIBRARIES_LOCK = threading.Lock()
+
+
+def load_library(path, sha256: str, *, what: str = "package record") -> Path:
+    """Load the native op library at ``path`` into this process once its bytes are ``sha256``
+    (from ``what``); the path those bytes were first loaded from.
+
+    The file is read once: those bytes are hashed and, when they match, written to a private
+    temporary file that is loaded and removed, so what is loaded is what was checked whatever
+    happens to ``path`` meanwhile.  The same bytes asked for again load nothing.  Another build
+    of the library, once one is loaded, is refused (:class:`NativeLibraryError`): a process holds
+    one kernel per op.  A missing or different file is a :class:`PackageIntegrityError`."""
+    path = Path(path)
+    with _LIBRARIES_LOCK:
+        if sha256 in _LIBRARIES:
+            return _LIBRARIES[sha256]
+        if _LIBRARIES:
+            (other, where), *_ = _LIBRARIES.items()
+            raise NativeLibraryError(
+                f"{path}: the {what} names native op library {sha256[:16]}, and this process has already "
+                f"loaded another build of it ({other[:16]}, from {where}); a process holds one kernel per "
+                f"{NATIVE_NAMESPACE} op"
+            )
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise PackageIntegrityError(
+                f"{path}: the native op library the {what} names is missing (the package calls its "
+                f"{NATIVE_NAMESPACE} ops); refusing to load the package without it"
+            ) from None
+        check_sha256(path, sha256, what, digest=hashlib.sha256(data).hexdigest())
+        with tempfile.TemporaryDirectory(prefix="laya-native-") as private:  # mode 0700: this user's
+            copy = Path(private, path.name)
+            copy.write_bytes(data)
+            torch.ops.load_library(str(copy))
+        _LIBRARIES[sha256] = path
+        return path
+
+
+def _native_ops_missing(exc: BaseException, path: Path) -> NativeLibraryError | None:
+    """The error to raise when a load failed because the package calls native ops whose library
+    is not loaded (None: it failed for another reason)."""
+    if f"{NATIVE_NAMESPACE}::" not in str(exc) or _LIBRARIES:
+        return None
+    return NativeLibraryError(
+        f"{path}: the package calls the project's native ops ({NATIVE_NAMESPACE}) and no native op library "
+        "is loaded in this process; its record's native_library names the one it needs"
+    )
 
 
 # ------------------------------------------------------------------------------- vec ISA
@@ -239,9 +295,12 @@ def load_package(
     single_threaded: bool = True,
     loader: str | None = None,
     digest: str | None = None,
+    library: dict | None = None,
 ) -> LoadedPackage:
     """Check ``path`` against ``sha256`` (from ``what``) and the CPU against the package's
-    recorded ISA, then load it (see the module docstring).
+    recorded ISA, then load it (see the module docstring).  ``library``: the native op library
+    the package calls (``{"path", "sha256"}``, from the same record), checked and loaded first
+    (:func:`load_library`).
 
     ``loader``: ``aoti_load_package`` (torch's API; its ISA question answered from the
     package) or ``direct``: the ``torch._C._aoti.AOTIModelPackageLoader`` that
@@ -256,20 +315,27 @@ def load_package(
     path = Path(path)
     start = time.perf_counter()
     check_sha256(path, sha256, what, digest=digest)
+    if library is not None:
+        load_library(library["path"], library["sha256"], what=what)
     hashed = time.perf_counter()
     metadata = package_metadata(path)
     isa = check_isa(path, metadata)
-    if loader == "direct":
-        isa["mode"] = "not-asked"
-        probed = time.perf_counter()
-        compiled = torch._C._aoti.AOTIModelPackageLoader(str(path), MODEL_NAME, single_threaded, 1, -1)
-        _check_call_spec(compiled, path)
-    else:
-        answer = recorded_vec_isa(isa)
-        isa["mode"] = "probed" if answer is None else "pre-answered"
-        probed = time.perf_counter()
-        with vec_isa_answered(answer):
-            compiled = torch._inductor.aoti_load_package(str(path), run_single_threaded=single_threaded)
+    try:
+        if loader == "direct":
+            isa["mode"] = "not-asked"
+            probed = time.perf_counter()
+            compiled = torch._C._aoti.AOTIModelPackageLoader(str(path), MODEL_NAME, single_threaded, 1, -1)
+            _check_call_spec(compiled, path)
+        else:
+            answer = recorded_vec_isa(isa)
+            isa["mode"] = "probed" if answer is None else "pre-answered"
+            probed = time.perf_counter()
+            with vec_isa_answered(answer):
+                compiled = torch._inductor.aoti_load_package(str(path), run_single_threaded=single_threaded)
+    except RuntimeError as exc:
+        if (missing := _native_ops_missing(exc, path)) is not None:
+            raise missing from exc
+        raise
     loaded = time.perf_counter()
     return LoadedPackage(
         path=path,
@@ -644,6 +710,7 @@ def open_build(
     entry = _program(record, record_path, program)
     preload_modules(preload)
     path = record_path.parent / entry["package"]["path"]
+    library = recorded_library(record, record_path)
     package = load_package(
         path,
         entry["package"]["sha256"],
@@ -651,8 +718,21 @@ def open_build(
         single_threaded=True,
         digest=(prehashed or {}).get(path),
         loader=loader,
+        library=library and {**library, "path": record_path.parent / library["path"]},
     )
     return DecisionRunner(package, dims=record["dims"], buckets=buckets, capture=capture, capture_warmup=capture_warmup)
+
+
+def recorded_library(record: dict, record_path: Path) -> dict | None:
+    """The native op library a package record names (``{"path", "sha256"}``, the path relative
+    to the record's folder; None: the package calls no native ops)."""
+    library = record.get("native_library")
+    if library is None:
+        return None
+    path = library.get("path") if isinstance(library, dict) else None
+    if not (isinstance(path, str) and isinstance(library.get("sha256"), str)) or "/" in path or path in ("", ".", ".."):
+        raise PackageIntegrityError(f"{record_path}: native_library names no file beside the package (path and sha256)")
+    return {"path": path, "sha256": library["sha256"]}
 
 
 def _no_link(vdir: Path, rel: str) -> None:
@@ -740,6 +820,19 @@ def open_release(
     target = record["target"]
     if buckets is None:
         buckets = config.get("runtime", {}).get("buckets", {}).get(target, [])
+    if (library := recorded_library(record, vdir / record_rel)) is not None:
+        library_rel = f"aoti_package/{build}/{library['path']}"
+        if library_rel not in listed:
+            raise PackageIntegrityError(
+                f"{vdir / library_rel}: the package's native op library is not listed in {vdir / MANIFEST}"
+            )
+        if listed[library_rel] != library["sha256"]:
+            raise PackageIntegrityError(
+                f"{vdir / library_rel}: the manifest's sha256 {listed[library_rel]} is not the package "
+                f"record's {library['sha256']}"
+            )
+        _no_link(vdir, library_rel)
+        library = {"path": vdir / library_rel, "sha256": listed[library_rel]}
     preload_modules(config.get("verify", {}).get("preload", {}).get(target, []))
     package = load_package(
         vdir / package_rel,
@@ -748,5 +841,6 @@ def open_release(
         single_threaded=True,
         digest=(prehashed or {}).get(vdir / package_rel),
         loader=loader,
+        library=library,
     )
     return DecisionRunner(package, dims=record["dims"], buckets=buckets, capture=capture, capture_warmup=capture_warmup)

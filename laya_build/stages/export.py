@@ -22,7 +22,7 @@ from laya_build import PROJECT_ROOT
 from laya_build.atomic import atomic_path, torch_save
 from laya_build.environment import unsupported_reason, versions
 from laya_build.errors import ConfigError, InputsMismatchError
-from laya_build.layout import eager_name, exported_name
+from laya_build.layout import NATIVE_LIBRARY_NAME, build_name, eager_name, exported_name
 from laya_build.log import get_logger
 from laya_build.records import file_entry, sha256_file
 from laya_build.runtime.formats import EAGER_FORMAT, batch_args, run_batches
@@ -146,8 +146,44 @@ def export_program(model, inputs: dict, program: Program, cfg: dict, device: str
     }
 
 
+def native_algorithms(cfg: dict, target: str, dtype: str, root) -> tuple[list[dict], dict | None]:
+    """The entries of the algorithms file ``export.native_algorithms.<target>-<dtype>`` names
+    (relative to ``root``, the project root) and how the record describes it; ``([], None)``
+    without one."""
+    from laya_build.model.native_linear import read_algorithms
+
+    name = build_name(target, dtype)
+    rel = (cfg.get("native_algorithms") or {}).get(name)
+    if rel is None:
+        return [], None
+    key = f"export.native_algorithms.{name}"
+    if not cfg["native_linears"].get(target):
+        raise ConfigError(f"{key} names {rel}, and export.native_linears.{target} names no layer to run with it")
+    path = Path(root) / rel
+    entries = read_algorithms(path, key)
+    return entries, {**file_entry(path), "path": rel, "entries": len(entries)}
+
+
+def native_library(out: Path) -> dict:
+    """Build the project's native op library into ``out`` and load it into this process."""
+    from laya_build import native
+    from laya_build.runtime.serving import load_library
+
+    record = native.build(out)
+    load_library(out / record["path"], record["sha256"], what="export")
+    return record
+
+
 def run_export(
-    export_cfg: dict, checkpoint_dir, inputs_path, out_dir, target: str, dtype: str, *, fresh_process: bool = False
+    export_cfg: dict,
+    checkpoint_dir,
+    inputs_path,
+    out_dir,
+    target: str,
+    dtype: str,
+    *,
+    root=".",
+    fresh_process: bool = False,
 ) -> dict:
     """Export (or skip, with the reason) ``target`` x ``dtype``.  A CUDA export that can run
     initialises CUDA, which a process forked from one that imported torch must not do: unless
@@ -177,6 +213,7 @@ def run_export(
             "out_dir": str(out_dir),
             "target": target,
             "dtype": dtype,
+            "root": str(root),
             "fresh_process": True,
         }
         return run(
@@ -193,22 +230,28 @@ def run_export(
         raise InputsMismatchError(f"{inputs_path}: {exc.detail}") from None
     programs = [p for p in PROGRAMS if cfg["single_slot"] or not p.single_slot]
 
-    from laya_build.model import attention, fused_linear, head, linear_bias, rotary
+    from laya_build.model import attention, fused_linear, head, linear_bias, native_linear, rotary
 
     model, _, _ = load_checkpoint(checkpoint_dir)
     model = eval_copy(model, torch_dtype(dtype), target)
     zero_bias = list(cfg["zero_bias"].get(target, []))
     fused_linears = list(cfg["fused_linears"].get(target, []))
+    native_linears = list(cfg["native_linears"].get(target, []))
+    algorithms, algorithms_in = native_algorithms(cfg, target, dtype, root)
+    out.mkdir(parents=True, exist_ok=True)
+    library = native_library(out) if native_linears else None
+    if library is None:  # a library an earlier export left here belongs to no program of this one
+        (out / NATIVE_LIBRARY_NAME).unlink(missing_ok=True)
     try:
         attention.use(model, cfg["attention"][target])
         head_attention = head.use(model, cfg["attention"][target], cfg["last_head_layer"])
         rotary.use(model, cfg["rotary"], halves=cfg["attention"][target] == "fused")
         linear_bias.use(model, zero_bias)
+        native_linear.use(model, native_linears, algorithms)
         fused_linear.use(model, fused_linears)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     meta = {"target": target, "dtype": dtype, "inputs_sha256": sha256_file(inputs_path)}
-    out.mkdir(parents=True, exist_ok=True)
     records = [export_program(model, inputs, p, cfg, target, out, meta) for p in programs]
     dims = cfg["dims"]
     return {
@@ -222,6 +265,9 @@ def run_export(
         "attention": cfg["attention"][target],
         "zero_bias": zero_bias,
         "fused_linears": fused_linears,
+        "native_linears": native_linears,
+        "native_library": library,
+        "native_algorithms": algorithms_in,
         "last_head_layer": cfg["last_head_layer"],
         "head_attention": head_attention,
         "inputs": {"sha256": meta["inputs_sha256"], "bytes": Path(inputs_path).stat().st_size},

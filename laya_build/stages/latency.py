@@ -158,7 +158,16 @@ def run_latency(
             package_path = path.parent / main["package"]["path"]
             actual = check_sha256(package_path, main["package"]["sha256"], "package record", "; refusing to load it")
             parse_buckets(buckets, pkg["dims"], where=f"runtime.buckets.{target}")  # the package's own ranges
-            packages.append({"dtype": pkg["dtype"], "path": str(package_path), "sha256": actual, "dims": pkg["dims"]})
+            library = pkg.get("native_library")
+            packages.append(
+                {
+                    "dtype": pkg["dtype"],
+                    "path": str(package_path),
+                    "sha256": actual,
+                    "dims": pkg["dims"],
+                    "library": library and {"path": str(path.parent / library["path"]), "sha256": library["sha256"]},
+                }
+            )
     timing = cfg["timing"][target]
     out.mkdir(parents=True, exist_ok=True)
     job = {

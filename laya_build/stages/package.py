@@ -24,12 +24,14 @@ config error before any compile; on a supported install a compile failure raises
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
+from laya_build.atomic import atomic_path
 from laya_build.environment import device_snapshot, versions
 from laya_build.errors import ConfigError, StageError
-from laya_build.layout import build_name, child_log_name, package_name, record_name
+from laya_build.layout import NATIVE_LIBRARY_NAME, build_name, child_log_name, package_name, record_name
 from laya_build.records import file_entry
 from laya_build.runner import Child, run
 from laya_build.runner.folders import inductor_cache, vec_isa_root
@@ -103,6 +105,23 @@ def tuning_input(cfg: dict, target: str, dtype: str, root) -> tuple[dict, dict |
     return entries, {**file_entry(path), "path": rel, "entries": len(entries)}
 
 
+def copy_library(library: dict | None, export_dir: Path, out: Path) -> dict | None:
+    """The export's native op library (its record's ``native_library``), checked against that
+    record and copied beside the packages under its own name; None when the export has none
+    (and a library an earlier build left there is removed: no package of this build calls it)."""
+    if library is None:
+        (out / NATIVE_LIBRARY_NAME).unlink(missing_ok=True)
+        return None
+    source = export_dir / library["path"]
+    check_sha256(source, library["sha256"], "export record")
+    with atomic_path(out / NATIVE_LIBRARY_NAME) as tmp:
+        shutil.copyfile(source, tmp)
+    copied = file_entry(out / NATIVE_LIBRARY_NAME, out)
+    if copied["sha256"] != library["sha256"]:
+        raise StageError(f"{out / NATIVE_LIBRARY_NAME}: the copy of {source} has other bytes than the export record's")
+    return copied
+
+
 def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -> dict:
     """Package the programs of ``export_dir`` into ``out_dir``; ``root`` resolves the
     ``package.tuning`` paths (the project root)."""
@@ -124,7 +143,9 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -
         check_sha256(export_dir / p["exported"]["path"], p["exported"]["sha256"], "export record")
     tuning, tuning_in = tuning_input(cfg, target, exp["dtype"], root)
     out.mkdir(parents=True, exist_ok=True)
+    library = copy_library(exp.get("native_library"), export_dir, out)
     job = {
+        "library": library and {"path": str(out / library["path"]), "sha256": library["sha256"]},
         "inductor_configs": cfg["inductor_configs"],
         "tuning": tuning,
         "preload": cfg["preload"].get(target, []),
@@ -207,6 +228,7 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -
         "inputs": exp["inputs"],
         "programs": entries,
         "inductor_configs": cfg["inductor_configs"],
+        "native_library": library,
         "tuning": {
             "file": file_entry(tuning_path, out),
             "entries": len(result["tuning"]),

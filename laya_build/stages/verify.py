@@ -164,12 +164,14 @@ def run_verify(
     parse_buckets(buckets, pkg["dims"], where=f"runtime.buckets.{target}")  # the package's own ranges
     timing = cfg["timing"][target]
     package_dir = package_record_path.parent
+    library = pkg.get("native_library")
     programs = [
         {
             "name": p["name"],
             "batches_key": p["batches_key"],
             "package": str(package_dir / p["package"]["path"]),
             "sha256": p["package"]["sha256"],
+            "library": library and {"path": str(package_dir / library["path"]), "sha256": library["sha256"]},
             "eager": str(eager_path if p["name"] == "decision" else eager_path.with_name(p["eager"]["path"])),
         }
         for p in pkg["programs"]

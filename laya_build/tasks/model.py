@@ -15,6 +15,7 @@ from laya_build import config as config_mod
 from laya_build import release
 from laya_build.errors import ManifestMismatch
 from laya_build.layout import build_name, record_name
+from laya_build.native import SOURCE as NATIVE_SOURCE
 from laya_build.stage import Stage
 from laya_build.stages.common import verify_spec
 from laya_build.tasks.build import doit_task, failure, stage_env, version_stage
@@ -106,7 +107,11 @@ def export_tasks(p):
             "inputs_path": str(v.inputs),
             "target": target,
             "dtype": dtype,
+            "root": str(p.root),
         }
+        export = p.data["export"]
+        native = [NATIVE_SOURCE] if export["native_linears"].get(target) else []
+        algorithms = export["native_algorithms"].get(build_name(target, dtype))
         yield doit_task(
             p,
             _build_stage(
@@ -117,7 +122,7 @@ def export_tasks(p):
                 spec,
                 config_key="export_cfg",
                 doc="torch.export of the decision model",
-                inputs=[v.model_record, v.inputs],
+                inputs=[v.model_record, v.inputs, *native, *([p.root / algorithms] if algorithms else [])],
                 schemas=("model",),
             ),
         )

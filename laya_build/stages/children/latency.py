@@ -65,7 +65,11 @@ def make_variant(name: str, job: dict, model, package: dict | None = None):
         # torch's public loader, as every latency record so far measured it (the runtime's own
         # default, the direct loader, is the same program without the per-call pytree parsing)
         loaded = runtime.load_package(
-            package["path"], package["sha256"], single_threaded=name == "package_graphed", loader="aoti_load_package"
+            package["path"],
+            package["sha256"],
+            single_threaded=name == "package_graphed",
+            loader="aoti_load_package",
+            library=package.get("library"),
         )
         if name == "package":
             return loaded

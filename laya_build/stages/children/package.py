@@ -8,7 +8,8 @@ else it fixes for reproducible bytes is :mod:`laya_build.stages.children.determi
 every program it loads ``exported.pt2``,
 calls ``torch._inductor.aoti_compile_and_package`` and loads the package back (after
 importing the ``preload`` modules, see :func:`laya_build.runtime.serving.preload_modules`), reporting
-compile and load times (parity is the fresh-process verify stage's job).
+compile and load times (parity is the fresh-process verify stage's job).  An export that calls
+the project's native ops (:mod:`laya_build.native`) has its library checked and loaded first.
 """
 
 from __future__ import annotations
@@ -122,6 +123,12 @@ def compile_packages(job: dict) -> dict:
         "int_array_targets_kept": determinism.keep_int_array_targets(),
         "no_timed_padding": determinism.no_timed_padding(job["inductor_configs"] or {}),
     }
+    if (library := job.get("library")) is not None:  # before torch.export.load: the programs call its ops
+        from laya_build.model.native_linear import register_fake
+        from laya_build.runtime.serving import load_library
+
+        load_library(library["path"], library["sha256"], what="export record")
+        register_fake()
     seeded = job.get("tuning") or {}
     package_tuning.seed(cache_dir, seeded)
     programs = [compile_program(p, job) for p in job["programs"]]

@@ -63,6 +63,7 @@ import torch  # noqa: E402
 
 from laya_build.errors import (  # noqa: E402
     InputsMismatchError,
+    NativeLibraryError,
     PackageIntegrityError,
     PackageIsaError,
     VerificationError,
@@ -247,9 +248,9 @@ def simulate_crash() -> None:
 def load(p: dict, loader: str):
     try:
         return runtime.load_package(
-            p["package"], p["sha256"], what="package record", single_threaded=True, loader=loader
+            p["package"], p["sha256"], what="package record", single_threaded=True, loader=loader, library=p["library"]
         )
-    except (PackageIntegrityError, PackageIsaError):
+    except (PackageIntegrityError, PackageIsaError, NativeLibraryError):
         raise
     except Exception as exc:
         raise VerificationError(f"{p['package']}: loading it ({loader}) failed: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,139 @@
+"""Encoder linear layers through the project's own op (``export.native_linears``), with chosen cuBLASLt algorithms.
+
+``laya_native::linear`` (laya_build/native/laya_native.cpp) computes what ``F.linear`` computes:
+on the CPU with ``at::linear`` itself, on CUDA (bf16, fp16) with one ``cublasLtMatmul`` whose
+algorithm the export names for the layer's shape.  cuBLAS, which a package's GEMMs go to,
+picks its kernel by its own heuristic; on the H200 the best of the algorithms cuBLASLt offers
+for each of an encoder layer's four GEMMs was 1.4 µs a layer faster at 128 positions and
+1.5 µs at 1,792, each with cuBLAS's output bit for bit (``benchmarks/cublaslt_probe.py``,
+docs/measurements/runtime-h200.md, "cuBLASLt's algorithms for the encoder's GEMMs").
+
+The algorithms come from a file (``export.native_algorithms.<target>-<dtype>``, format
+:data:`ALGORITHMS_FORMAT`, written by ``benchmarks/cublaslt_probe.py --write-algorithms`` on the
+GPU they are for): per GEMM problem (N, K, dtype, bias) and row count bound ``m_max`` (None: any
+row count), cuBLASLt's opaque ``cublasLtMatmulAlgo_t``, its 8 words in hex.  Each layer's op
+call holds its shape's entries as a constant (:func:`algorithm_argument`), so the package's
+bytes follow from the export and that file; a problem without an entry runs cuBLASLt's
+heuristic's first algorithm.  A package calls the op through torch's dispatcher: its library
+ships beside it (:mod:`laya_build.native`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import types
+from pathlib import Path
+
+import torch
+
+from laya_build.errors import ConfigError
+from laya_build.model.linear_bias import HALF_DTYPES, LINEARS
+
+ALGORITHMS_FORMAT = "laya-build cublaslt algorithms 1"
+WORDS = 8  # a cublasLtMatmulAlgo_t: 8 opaque 64-bit words
+_WORD = re.compile(r"^0x[0-9a-f]{16}$")
+_FAKE = []  # the fake implementation, registered once a process
+
+
+def register_fake() -> None:
+    """The op's output shape under tracing (``torch.export``, Inductor): once a process, after
+    the library that defines the op is loaded."""
+    if _FAKE:
+        return
+
+    @torch.library.register_fake("laya_native::linear")
+    def _(x, weight, bias, algorithm):
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+    _FAKE.append(_)
+
+
+def read_algorithms(path, key: str) -> list[dict]:
+    """The entries of an algorithms file, checked; ``key`` names the setting that named it."""
+    path = Path(path)
+    where = f"{key}: {path}"
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{where} does not exist", hint=_WRITE_HINT) from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{where} is not a JSON file ({exc})", hint=_WRITE_HINT) from None
+    if not isinstance(doc, dict) or doc.get("format") != ALGORITHMS_FORMAT:
+        raise ConfigError(f"{where}: format is not {ALGORITHMS_FORMAT!r}", hint=_WRITE_HINT)
+    entries = doc.get("entries")
+    if not isinstance(entries, list):
+        raise ConfigError(f"{where}: entries must be a list", hint=_WRITE_HINT)
+    for i, entry in enumerate(entries):
+        if problem := _entry_problem(entry):
+            raise ConfigError(f"{where}: entries[{i}] {problem}", hint=_WRITE_HINT)
+    return entries
+
+
+_WRITE_HINT = "write the file with `python benchmarks/cublaslt_probe.py --write-algorithms FILE` on the GPU it is for"
+
+
+def _entry_problem(entry) -> str | None:
+    if not isinstance(entry, dict):
+        return "is not an object"
+    for name in ("n", "k"):
+        if not (isinstance(entry.get(name), int) and not isinstance(entry[name], bool) and entry[name] > 0):
+            return f"needs {name}, a positive integer"
+    if entry.get("dtype") not in ("bfloat16", "float16"):
+        return "needs dtype bfloat16 or float16"
+    if not isinstance(entry.get("bias"), bool):
+        return "needs bias, true or false"
+    m_max = entry.get("m_max")
+    if m_max is not None and not (isinstance(m_max, int) and not isinstance(m_max, bool) and m_max > 0):
+        return "has an m_max that is neither a positive integer nor null"
+    words = entry.get("algorithm")
+    if not (isinstance(words, list) and len(words) == WORDS and all(_WORD.match(str(w)) for w in words)):
+        return f"needs algorithm, {WORDS} words as 0x and 16 lower-case hex digits"
+    return None
+
+
+def _signed(word: str) -> int:
+    value = int(word, 16)
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def algorithm_argument(entries: list[dict], n: int, k: int, dtype: str, bias: bool) -> list[int]:
+    """The op's ``algorithm`` for a layer of weight ``[n, k]``: ``[m_max, 8 words]`` for each
+    entry of that problem, the smallest bound first and the unbounded one (-1) last; the words
+    as signed 64-bit integers (their bits)."""
+    mine = [e for e in entries if (e["n"], e["k"], e["dtype"], e["bias"]) == (n, k, dtype, bias)]
+    mine.sort(key=lambda e: (e["m_max"] is None, e["m_max"] or 0))
+    bounds = [e["m_max"] for e in mine]
+    if len(set(bounds)) != len(bounds):
+        raise ConfigError(f"export.native_algorithms: two entries for N={n} K={k} {dtype} at the same m_max {bounds}")
+    return [v for e in mine for v in (-1 if e["m_max"] is None else e["m_max"], *map(_signed, e["algorithm"]))]
+
+
+def use(model: torch.nn.Module, names: list[str], entries: list[dict]) -> None:
+    """Run every encoder layer's linear layers ``names`` (of :data:`LINEARS`) through
+    ``laya_native::linear`` with the algorithms ``entries`` hold for their shapes.  The op's
+    library must be loaded (:func:`laya_build.runtime.serving.load_library`)."""
+    unknown = [n for n in names if n not in LINEARS]
+    if unknown:
+        raise ValueError(f"export.native_linears {unknown[0]!r} is not one of {', '.join(LINEARS)}")
+    if not names:
+        return
+    dtype = model.encoder.embeddings.tok_embeddings.weight.dtype
+    if model.encoder.embeddings.tok_embeddings.weight.is_cuda and dtype not in HALF_DTYPES:
+        raise ValueError(
+            f"export.native_linears runs bf16 or fp16 GEMMs on CUDA (this export is "
+            f"{str(dtype).removeprefix('torch.')}): leave export.native_linears.cuda empty for it"
+        )
+    register_fake()
+    dtype_name = str(dtype).removeprefix("torch.")
+    for layer in model.encoder.layers:
+        for name in names:
+            linear = layer.get_submodule(name)
+            n, k = linear.weight.shape
+            linear.laya_algorithm = algorithm_argument(entries, n, k, dtype_name, linear.bias is not None)
+            linear.forward = types.MethodType(_forward, linear)
+
+
+def _forward(self, x: torch.Tensor) -> torch.Tensor:
+    # None, not []: AOTInductor's call of a custom op passes an empty int list on as None
+    return torch.ops.laya_native.linear(x, self.weight, self.bias, self.laya_algorithm or None)

@@ -1,0 +1,276 @@
+// The project's native ops (namespace laya_native), built into liblaya_native.so by
+// laya_build/native/build.py and shipped beside the AOTInductor package that calls them.
+//
+// laya_native::linear(x, weight, bias, algorithm) computes x @ weight.T (+ bias), as
+// torch.nn.functional.linear does.
+//
+// * CPU: at::linear itself (the same bits as the layer it replaces).
+// * CUDA (bf16 or fp16 operands, fp32 accumulation): one cublasLtMatmul with the algorithm the
+//   call names.  ``algorithm`` (None: none named) holds groups of 9 integers, [m_max, a0 .. a7]: the first group
+//   whose m_max is negative or at least the call's row count M (x's elements / K) gives the
+//   cublasLtMatmulAlgo_t (its 8 opaque 64-bit words, as cuBLASLt's heuristic returned them
+//   when the algorithm was chosen); no group: the heuristic's first algorithm for the problem.
+//   A named algorithm cuBLASLt does not accept for the problem (cublasLtMatmulAlgoCheck) is an
+//   error that names the problem.  The bias goes into the GEMM's epilogue.
+//
+// cuBLASLt and torch's current CUDA stream are reached through the libraries the process has
+// already loaded (torch loads both), so the library is built with a C++ compiler and torch's
+// headers alone, on machines with or without CUDA.  The declarations below are cublasLt.h's
+// (CUDA 12 and 13), for the calls made here only.
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+// ------------------------------------------------------------------ cuBLASLt, as declared in cublasLt.h
+using Status = int;  // cublasStatus_t; 0 is CUBLAS_STATUS_SUCCESS
+using Handle = void*;  // cublasLtHandle_t
+using Desc = void*;  // cublasLtMatmulDesc_t
+using Layout = void*;  // cublasLtMatrixLayout_t
+using Preference = void*;  // cublasLtMatmulPreference_t
+using Stream = void*;  // cudaStream_t
+
+struct Algo {  // cublasLtMatmulAlgo_t
+  uint64_t data[8];
+};
+struct HeuristicResult {  // cublasLtMatmulHeuristicResult_t
+  Algo algo;
+  size_t workspaceSize;
+  Status state;
+  float wavesCount;
+  int reserved[4];
+};
+
+constexpr int CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14;  // cudaDataType_t
+constexpr int CUBLAS_COMPUTE_32F = 68;  // cublasComputeType_t
+constexpr int CUBLAS_OP_N = 0, CUBLAS_OP_T = 1;
+constexpr int DESC_TRANSA = 3, DESC_TRANSB = 4, DESC_EPILOGUE = 7, DESC_BIAS_POINTER = 8;
+constexpr int EPILOGUE_BIAS = 4;
+constexpr int PREF_MAX_WORKSPACE_BYTES = 1;
+constexpr uint64_t HEURISTIC_WORKSPACE = 32ull << 20;  // what the heuristic may ask for
+constexpr int GROUP = 9;  // [m_max, 8 words of the algorithm]
+
+struct Lt {
+  Status (*create)(Handle*);
+  Status (*desc_create)(Desc*, int, int);
+  Status (*desc_set)(Desc, int, const void*, size_t);
+  Status (*layout_create)(Layout*, int, uint64_t, uint64_t, int64_t);
+  Status (*pref_create)(Preference*);
+  Status (*pref_set)(Preference, int, const void*, size_t);
+  Status (*pref_destroy)(Preference);
+  Status (*heuristic)(Handle, Desc, Layout, Layout, Layout, Layout, Preference, int, HeuristicResult*, int*);
+  Status (*check)(Handle, Desc, Layout, Layout, Layout, Layout, const Algo*, HeuristicResult*);
+  Status (*matmul)(Handle, Desc, const void*, const void*, Layout, const void*, Layout, const void*, const void*,
+                   Layout, void*, Layout, const Algo*, void*, size_t, Stream);
+  size_t (*version)();
+  int32_t (*current_stream)(int32_t, void**);  // torch's aoti_torch_get_current_cuda_stream
+};
+
+void* loaded(const std::vector<const char*>& names) {
+  for (const char* name : names) {
+    if (void* lib = dlopen(name, RTLD_NOW | RTLD_NOLOAD)) return lib;
+  }
+  for (const char* name : names) {
+    if (void* lib = dlopen(name, RTLD_NOW | RTLD_LOCAL)) return lib;
+  }
+  return nullptr;
+}
+
+template <typename F>
+void bind(void* lib, const char* symbol, F& fn) {
+  void* found = lib ? dlsym(lib, symbol) : nullptr;
+  if (found == nullptr) found = dlsym(RTLD_DEFAULT, symbol);
+  TORCH_CHECK(found != nullptr, "laya_native::linear: ", symbol,
+              " is not in this process: the CUDA kernel needs cuBLASLt and a CUDA build of torch");
+  fn = reinterpret_cast<F>(found);
+}
+
+const Lt& lt() {
+  static const Lt table = [] {
+    Lt t{};
+    void* cublaslt = loaded({"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"});
+    TORCH_CHECK(cublaslt != nullptr, "laya_native::linear: no cuBLASLt library (libcublasLt.so.13 or .12) loads");
+    bind(cublaslt, "cublasLtCreate", t.create);
+    bind(cublaslt, "cublasLtMatmulDescCreate", t.desc_create);
+    bind(cublaslt, "cublasLtMatmulDescSetAttribute", t.desc_set);
+    bind(cublaslt, "cublasLtMatrixLayoutCreate", t.layout_create);
+    bind(cublaslt, "cublasLtMatmulPreferenceCreate", t.pref_create);
+    bind(cublaslt, "cublasLtMatmulPreferenceSetAttribute", t.pref_set);
+    bind(cublaslt, "cublasLtMatmulPreferenceDestroy", t.pref_destroy);
+    bind(cublaslt, "cublasLtMatmulAlgoGetHeuristic", t.heuristic);
+    bind(cublaslt, "cublasLtMatmulAlgoCheck", t.check);
+    bind(cublaslt, "cublasLtMatmul", t.matmul);
+    bind(cublaslt, "cublasLtGetVersion", t.version);
+    bind(loaded({"libtorch_cuda.so"}), "aoti_torch_get_current_cuda_stream", t.current_stream);
+    return t;
+  }();
+  return table;
+}
+
+void ok(Status status, const char* call, const std::string& problem) {
+  TORCH_CHECK(status == 0, "laya_native::linear: ", call, " failed with cuBLAS status ", status, " for ", problem);
+}
+
+// One GEMM problem on one device, with the algorithm it runs: made once, reused by every call.
+struct Plan {
+  Handle handle = nullptr;
+  Desc desc = nullptr;
+  Layout a = nullptr, b = nullptr, d = nullptr;
+  Algo algo{};
+  size_t workspace = 0;
+};
+
+using Key = std::tuple<int, int64_t, int64_t, int64_t, int, bool, std::vector<int64_t>>;
+
+std::mutex plans_mutex;
+std::map<Key, Plan>& plans() {
+  static std::map<Key, Plan> made;
+  return made;
+}
+std::map<int, Handle>& handles() {
+  static std::map<int, Handle> made;
+  return made;
+}
+
+std::vector<int64_t> chosen(c10::IntArrayRef algorithm, int64_t m) {
+  TORCH_CHECK(algorithm.size() % GROUP == 0, "laya_native::linear: algorithm holds ", algorithm.size(),
+              " integers, not groups of ", GROUP, " ([m_max, 8 words of a cublasLtMatmulAlgo_t] each)");
+  for (size_t at = 0; at < algorithm.size(); at += GROUP) {
+    if (algorithm[at] < 0 || m <= algorithm[at]) {
+      return std::vector<int64_t>(algorithm.begin() + at + 1, algorithm.begin() + at + GROUP);
+    }
+  }
+  return {};
+}
+
+Plan& plan_for(int device, int64_t m, int64_t n, int64_t k, int type, bool bias, const std::vector<int64_t>& words) {
+  std::lock_guard<std::mutex> guard(plans_mutex);
+  Key key{device, m, n, k, type, bias, words};
+  auto found = plans().find(key);
+  if (found != plans().end()) return found->second;
+  const Lt& t = lt();
+  std::ostringstream about;
+  about << "M=" << m << " N=" << n << " K=" << k << (type == CUDA_R_16BF ? " bfloat16" : " float16")
+        << (bias ? " with bias" : "") << " (cuBLASLt " << t.version() << ")";
+  const std::string problem = about.str();
+  Plan plan;
+  Handle& handle = handles()[device];
+  if (handle == nullptr) ok(t.create(&handle), "cublasLtCreate", problem);
+  plan.handle = handle;
+  ok(t.desc_create(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate", problem);
+  const int32_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+  ok(t.desc_set(plan.desc, DESC_TRANSA, &trans_a, sizeof(trans_a)), "cublasLtMatmulDescSetAttribute", problem);
+  ok(t.desc_set(plan.desc, DESC_TRANSB, &trans_b, sizeof(trans_b)), "cublasLtMatmulDescSetAttribute", problem);
+  if (bias) {
+    const int32_t epilogue = EPILOGUE_BIAS;
+    ok(t.desc_set(plan.desc, DESC_EPILOGUE, &epilogue, sizeof(epilogue)), "cublasLtMatmulDescSetAttribute", problem);
+  }
+  // Column-major: D (N x M) = op(A) (N x K) * B (K x M), A the row-major weight [N, K] read
+  // transposed, B the row-major input [M, K], D the row-major output [M, N].
+  ok(t.layout_create(&plan.a, type, k, n, k), "cublasLtMatrixLayoutCreate", problem);
+  ok(t.layout_create(&plan.b, type, k, m, k), "cublasLtMatrixLayoutCreate", problem);
+  ok(t.layout_create(&plan.d, type, n, m, n), "cublasLtMatrixLayoutCreate", problem);
+  HeuristicResult result{};
+  if (words.empty()) {
+    Preference pref = nullptr;
+    ok(t.pref_create(&pref), "cublasLtMatmulPreferenceCreate", problem);
+    const uint64_t cap = HEURISTIC_WORKSPACE;
+    ok(t.pref_set(pref, PREF_MAX_WORKSPACE_BYTES, &cap, sizeof(cap)), "cublasLtMatmulPreferenceSetAttribute",
+       problem);
+    int returned = 0;
+    Status status = t.heuristic(handle, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, 1, &result, &returned);
+    t.pref_destroy(pref);
+    ok(status, "cublasLtMatmulAlgoGetHeuristic", problem);
+    TORCH_CHECK(returned > 0, "laya_native::linear: cuBLASLt has no algorithm for ", problem);
+    plan.algo = result.algo;
+  } else {
+    for (int i = 0; i < 8; ++i) plan.algo.data[i] = static_cast<uint64_t>(words[i]);
+    Status status = t.check(handle, plan.desc, plan.a, plan.b, plan.d, plan.d, &plan.algo, &result);
+    TORCH_CHECK(status == 0, "laya_native::linear: cuBLASLt does not accept the algorithm the package names for ",
+                problem, " (cublasLtMatmulAlgoCheck status ", status,
+                "); an algorithm is chosen for one cuBLASLt version and GPU: choose again on this one "
+                "(benchmarks/cublaslt_probe.py --write-algorithms) and rebuild the package");
+  }
+  plan.workspace = result.workspaceSize;
+  return plans().emplace(key, plan).first->second;
+}
+
+at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                      at::OptionalIntArrayRef algorithm) {
+  (void)algorithm;  // cuBLASLt's choice; the CPU has one way
+  return at::linear(x, weight, bias);
+}
+
+at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                       at::OptionalIntArrayRef algorithm) {
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "laya_native::linear: x is ", x.scalar_type(),
+              " and weight ", weight.scalar_type(), ": give both one dtype");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
+              "laya_native::linear runs bfloat16 or float16 on CUDA, not ", x.scalar_type());
+  TORCH_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), "laya_native::linear: x ",
+              x.sizes(), " and weight ", weight.sizes(), " do not multiply (weight must be [N, K], x [..., K])");
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0) && bias->scalar_type() == x.scalar_type(),
+                "laya_native::linear: bias ", bias->sizes(), " ", bias->scalar_type(), " is not a [",
+                weight.size(0), "] vector of x's dtype");
+  }
+  c10::DeviceGuard guard(x.device());
+  const int64_t n = weight.size(0), k = weight.size(1);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  at::Tensor out = at::empty(shape, x.options());
+  const int64_t m = k == 0 ? 0 : x.numel() / k;
+  if (m == 0 || n == 0) return out;
+  TORCH_CHECK(k > 0, "laya_native::linear: K is 0");
+  at::Tensor a = weight.contiguous(), b = x.contiguous();
+  at::Tensor c = has_bias ? bias->contiguous() : at::Tensor();
+  const int type = x.scalar_type() == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
+  const int device = x.device().index();
+  Plan& plan = plan_for(device, m, n, k, type, has_bias,
+                        algorithm.has_value() ? chosen(*algorithm, m) : std::vector<int64_t>{});
+  const Lt& t = lt();
+  at::Tensor workspace;
+  if (plan.workspace > 0) {
+    workspace = at::empty({static_cast<int64_t>(plan.workspace)}, x.options().dtype(at::kByte));
+  }
+  void* stream = nullptr;
+  TORCH_CHECK(t.current_stream(device, &stream) == 0, "laya_native::linear: torch gave no current CUDA stream");
+  const float alpha = 1.0f, beta = 0.0f;
+  std::lock_guard<std::mutex> serial(plans_mutex);  // the bias pointer is the plan's until the call is queued
+  if (has_bias) {
+    const void* pointer = c.data_ptr();
+    ok(t.desc_set(plan.desc, DESC_BIAS_POINTER, &pointer, sizeof(pointer)), "cublasLtMatmulDescSetAttribute",
+       "the bias pointer");
+  }
+  ok(t.matmul(plan.handle, plan.desc, &alpha, a.data_ptr(), plan.a, b.data_ptr(), plan.b, &beta, out.data_ptr(),
+              plan.d, out.data_ptr(), plan.d, &plan.algo, workspace.defined() ? workspace.data_ptr() : nullptr,
+              plan.workspace, stream),
+     "cublasLtMatmul", "the call");
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(laya_native, m) {
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias, int[]? algorithm) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(laya_native, CPU, m) { m.impl("linear", &linear_cpu); }
+
+TORCH_LIBRARY_IMPL(laya_native, CUDA, m) { m.impl("linear", &linear_cuda); }
