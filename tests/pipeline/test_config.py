@@ -143,6 +143,16 @@ BAD = {
         "export.fused_linears",
         "'tpu' was unexpected",
     ),
+    "unknown native linear": (
+        lambda d: d.setdefault("export", {}).update(native_linears={"cpu": ["mlp.Wi", "mlp.Wout"]}),
+        "export.native_linears.cpu.1",
+        "is not one of ['attn.Wqkv', 'attn.Wo', 'mlp.Wi', 'mlp.Wo']",
+    ),
+    "native algorithms for a cpu build": (
+        lambda d: d.setdefault("export", {}).update(native_algorithms={"cpu-float32": "tuning/a.json"}),
+        "export.native_algorithms",
+        "cpu-float32",
+    ),
     "unknown last head layer": (
         lambda d: d.setdefault("export", {}).update(last_head_layer="markers"),
         "export.last_head_layer",

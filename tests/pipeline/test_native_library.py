@@ -1,0 +1,280 @@
+"""The project's native op library (``export.native_linears``): built by the export, shipped
+beside the package and in the release, checked and loaded before the package by every process
+that loads it, refused when it is not the recorded bytes.
+
+One small pipeline with two encoder linear layers through ``laya_native::linear`` on the CPU,
+built and released by ``doit release`` as a release engineer runs it; the processes that open
+the package are fresh interpreters, as a serving process is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from laya_build.errors import ConfigError
+from laya_build.layout import NATIVE_LIBRARY_NAME
+from laya_build.model import native_linear
+from laya_build.records import read_record, sha256_file
+from tests.pipeline.project import ROOT, Project, small_pipeline
+
+pytestmark = pytest.mark.build(seconds=240)
+
+LAYERS = ["attn.Wqkv", "mlp.Wi"]
+BUILD = "cpu-float32"
+LIBRARY_REL = f"aoti_package/{BUILD}/{NATIVE_LIBRARY_NAME}"
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("no C++ compiler: the native op library cannot be built here")
+    project = Project(tmp_path_factory.mktemp("native"))
+
+    def edit(cfg):
+        small_pipeline(cfg)
+        cfg["export"]["native_linears"] = {"cpu": LAYERS}
+
+    project.edit_config(edit)
+    project.commit("two encoder linear layers through the native op")
+    run = project.doit("release")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return project
+
+
+def fresh(code: str, *args: str) -> dict:
+    """Run ``code`` in a fresh interpreter (as a serving process starts); its last stdout line, as JSON."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+OPEN = """
+    import json, sys, torch
+    from laya_build.runtime import serving
+    from laya_build.runtime.formats import batch_args
+    from laya_build.model.inputs import load_inputs
+
+    def registered():
+        try:
+            torch.ops.laya_native.linear
+            return True
+        except (AttributeError, RuntimeError):
+            return False
+
+    out = {}
+    try:
+        runner = {open}
+        inputs = load_inputs(sys.argv[2])
+        decision, act = runner(*batch_args(inputs["batches"][0], inputs["arg_names"], "cpu"))
+        out["answer"] = [list(decision.shape), list(act.shape)]
+    except Exception as exc:
+        out["error"] = type(exc).__name__
+        out["message"] = str(exc)
+    out["op_registered"] = registered()
+    print(json.dumps(out))
+"""
+
+
+def _open(how: str, where: Path, inputs: Path) -> dict:
+    return fresh(OPEN.replace("{open}", how), str(where), str(inputs))
+
+
+def test_the_release_lists_the_library_its_package_record_names(released):
+    vdir = released.version_dir()
+    manifest = read_record(vdir / "manifest.json")
+    listed = {f["path"]: f for f in manifest["files"]}
+    package = read_record(vdir / f"aoti_package/{BUILD}/aoti_package.json")
+    export = read_record(vdir / f"export/{BUILD}/export.json")
+    assert package["native_library"]["path"] == NATIVE_LIBRARY_NAME
+    assert listed[LIBRARY_REL]["sha256"] == package["native_library"]["sha256"] == sha256_file(vdir / LIBRARY_REL)
+    assert export["native_library"]["sha256"] == package["native_library"]["sha256"]
+    assert export["native_library"]["source"]["sha256"] == sha256_file(ROOT / "laya_build/native/laya_native.cpp")
+    assert export["native_linears"] == LAYERS
+    text = (vdir / f"export/{BUILD}/exported.pt2").read_bytes()
+    assert b"laya_native.linear" in text, "the exported program calls the native op"
+
+
+def test_a_fresh_process_opens_the_release_with_its_library(released):
+    vdir = released.version_dir()
+    got = _open(f"serving.open_release(sys.argv[1], {BUILD!r}, trusted_keys=[])", vdir, vdir / "model/inputs.pt")
+    assert "error" not in got, got
+    assert got["op_registered"]
+
+
+def test_verify_of_the_release_passes(released):
+    run = released.doit("verify", timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+def test_a_tampered_library_is_refused_before_it_is_loaded(released, tmp_path):
+    copy = tmp_path / "release"
+    shutil.copytree(released.version_dir(), copy)
+    library = copy / LIBRARY_REL
+    data = bytearray(library.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    library.write_bytes(bytes(data))
+    got = _open(f"serving.open_release(sys.argv[1], {BUILD!r}, trusted_keys=[])", copy, copy / "model/inputs.pt")
+    assert got["error"] == "PackageIntegrityError", got
+    assert str(library) in got["message"] and "release manifest" in got["message"]
+    assert not got["op_registered"], "nothing of the library may be loaded"
+    record = copy / f"aoti_package/{BUILD}/aoti_package.json"
+    got = _open("serving.open_build(sys.argv[1])", record, copy / "model/inputs.pt")
+    assert got["error"] == "PackageIntegrityError" and "package record" in got["message"], got
+    assert not got["op_registered"]
+
+
+def test_a_missing_library_is_named(released, tmp_path):
+    build = tmp_path / "build"
+    shutil.copytree(released.version_dir() / f"aoti_package/{BUILD}", build)
+    (build / NATIVE_LIBRARY_NAME).unlink()
+    inputs = released.version_dir() / "model/inputs.pt"
+    got = _open("serving.open_build(sys.argv[1])", build / "aoti_package.json", inputs)
+    assert got["error"] == "PackageIntegrityError", got
+    assert "missing" in got["message"] and NATIVE_LIBRARY_NAME in got["message"]
+
+
+def test_loading_the_package_without_its_library_says_what_it_needs(released):
+    vdir = released.version_dir()
+    record = vdir / f"aoti_package/{BUILD}/aoti_package.json"
+    entry = read_record(record)["programs"][0]["package"]
+    how = f"serving.DecisionRunner(serving.load_package(sys.argv[1], {entry['sha256']!r}), dims={{}})"
+    got = _open(how, record.parent / entry["path"], vdir / "model/inputs.pt")
+    assert got["error"] == "NativeLibraryError", got
+    assert "native_library" in got["message"]
+
+
+def test_another_build_of_the_library_in_the_process_is_refused(released, tmp_path):
+    """A process holds one kernel per op: a package whose library is other bytes than the one
+    already loaded is refused, not served by the other build's kernels."""
+    vdir = released.version_dir()
+    other = tmp_path / NATIVE_LIBRARY_NAME
+    other.write_bytes((vdir / LIBRARY_REL).read_bytes() + b"\0" * 16)  # other bytes, the same ELF
+    how = f"(serving.load_library({str(other)!r}, {sha256_file(other)!r}), serving.open_build(sys.argv[1]))[1]"
+    got = _open(how, vdir / f"aoti_package/{BUILD}/aoti_package.json", vdir / "model/inputs.pt")
+    assert got["error"] == "NativeLibraryError", got
+    assert "another build" in got["message"]
+
+
+def test_the_op_on_the_cpu_is_linear_bit_for_bit(released):
+    library = released.version_dir() / LIBRARY_REL
+    got = fresh(
+        """
+        import json, sys, torch
+        from laya_build.runtime import serving
+        serving.load_library(sys.argv[1], sys.argv[2])
+        torch.manual_seed(0)
+        same = []
+        for dtype in (torch.float32, torch.bfloat16):
+            x, w, b = torch.randn(2, 5, 16, dtype=dtype), torch.randn(24, 16, dtype=dtype), torch.randn(24, dtype=dtype)
+            for bias in (None, b):
+                out = torch.ops.laya_native.linear(x, w, bias, [128, *range(8)])
+                same.append(torch.equal(out, torch.nn.functional.linear(x, w, bias)))
+        print(json.dumps({"same": same}))
+        """,
+        str(library),
+        sha256_file(library),
+    )
+    assert got["same"] == [True] * 4
+
+
+def test_the_library_is_the_same_bytes_built_from_another_checkout(released, tmp_path, monkeypatch):
+    """No path of the checkout or the environment is in the library: another folder, the same bytes."""
+    from laya_build import native
+
+    elsewhere = tmp_path / "checkout" / "laya_build" / "native"
+    elsewhere.mkdir(parents=True)
+    shutil.copy2(native.SOURCE, elsewhere / native.SOURCE.name)
+    monkeypatch.setattr(native, "SOURCE", elsewhere / native.SOURCE.name)
+    record = native.build(tmp_path / "out")
+    assert record["sha256"] == sha256_file(released.version_dir() / LIBRARY_REL)
+    assert (tmp_path / "out" / "native_build.log").is_file()
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_change_to_the_library_source_rebuilds_the_export(released):
+    status = released.status()
+    assert status[f"export:{BUILD}"] == "U", status
+    source = released.path / "laya_build/native/laya_native.cpp"
+    original = source.read_bytes()
+    try:
+        source.write_bytes(original + b"// a comment\n")
+        status = released.status()
+        assert status[f"export:{BUILD}"] == "R", status
+    finally:
+        source.write_bytes(original)
+
+
+# ---------------------------------------------------------------------- the algorithms file
+
+
+def _algorithms(tmp_path, entries, fmt=native_linear.ALGORITHMS_FORMAT) -> Path:
+    path = tmp_path / "algorithms.json"
+    path.write_text(json.dumps({"format": fmt, "entries": entries}))
+    return path
+
+
+WORDS = [f"0x{i:016x}" for i in range(7)] + ["0xffffffffffffffff"]
+
+
+def entry(**over):
+    return {"n": 1024, "k": 2624, "dtype": "bfloat16", "bias": False, "m_max": 128, "algorithm": WORDS, **over}
+
+
+def test_algorithms_become_the_op_argument_smallest_bound_first(tmp_path):
+    entries = native_linear.read_algorithms(
+        _algorithms(tmp_path, [entry(m_max=None), entry(m_max=128), entry(n=3072, k=1024)]), "key"
+    )
+    arg = native_linear.algorithm_argument(entries, 1024, 2624, "bfloat16", False)
+    assert arg == [128, 0, 1, 2, 3, 4, 5, 6, -1, -1, 0, 1, 2, 3, 4, 5, 6, -1]
+    assert native_linear.algorithm_argument(entries, 1024, 2624, "bfloat16", True) == []  # no entry: the heuristic
+    with pytest.raises(ConfigError, match="same m_max"):
+        native_linear.algorithm_argument(entries + [entry()], 1024, 2624, "bfloat16", False)
+
+
+@pytest.mark.parametrize(
+    "entries, fmt, says",
+    [
+        ([entry()], "another format", "format is not"),
+        ([entry(n=0)], None, r"entries\[0\] needs n"),
+        ([entry(), entry(dtype="float32")], None, r"entries\[1\] needs dtype"),
+        ([entry(m_max=0)], None, "m_max"),
+        ([entry(algorithm=WORDS[:7])], None, "8 words"),
+        ([entry(algorithm=[w.upper() for w in WORDS])], None, "8 words"),
+        ([entry(bias="no")], None, "bias"),
+    ],
+)
+def test_a_bad_algorithms_file_names_the_entry(tmp_path, entries, fmt, says):
+    path = _algorithms(tmp_path, entries, fmt or native_linear.ALGORITHMS_FORMAT)
+    with pytest.raises(ConfigError, match=says) as caught:
+        native_linear.read_algorithms(path, "export.native_algorithms.cuda-bfloat16")
+    assert str(path) in str(caught.value) and "cublaslt_probe.py --write-algorithms" in str(caught.value)
+
+
+def test_an_algorithms_file_needs_layers_to_run_with(tmp_path):
+    from laya_build.stages.export import native_algorithms
+
+    path = _algorithms(tmp_path, [entry()])
+    cfg = {"native_linears": {"cuda": []}, "native_algorithms": {"cuda-bfloat16": path.name}}
+    with pytest.raises(ConfigError, match="names no layer"):
+        native_algorithms(cfg, "cuda", "bfloat16", tmp_path)
+    cfg["native_linears"]["cuda"] = ["mlp.Wo"]
+    entries, described = native_algorithms(cfg, "cuda", "bfloat16", tmp_path)
+    assert described["entries"] == len(entries) == 1 and described["sha256"] == sha256_file(path)
+    assert native_algorithms(cfg, "cuda", "float16", tmp_path) == ([], None)
+    with pytest.raises(ConfigError, match="does not exist"):
+        native_algorithms({**cfg, "native_algorithms": {"cuda-bfloat16": "nowhere.json"}}, "cuda", "bfloat16", tmp_path)
