@@ -1,6 +1,7 @@
 """The encoder's GEMMs through every algorithm cuBLASLt offers, against the cuBLAS call the package makes.
 
     python benchmarks/cublaslt_probe.py --out cublaslt.json [--algos 24] [--workspace-mib 32]
+        [--write-algorithms FILE] [--library liblaya_native.so]
 
 The package's GEMMs (``aten.mm`` through AOTInductor) go to cuBLAS, which picks one kernel by its
 own heuristic; cuBLASLt's heuristic returns a ranked list of algorithms for the same problem.  This
@@ -12,14 +13,23 @@ replay's median / 28.  Rows:
 
 - ``cublas``: ``F.linear`` with torch's default library (what the package runs);
 - ``cublaslt-torch``: ``F.linear`` with ``preferred_blas_library("cublaslt")`` (the heuristic's first);
-- ``lt #i``: the heuristic's i-th algorithm, with its configuration attributes, the largest
-  difference from ``cublas``'s output and whether it is ``cublas``'s output bit for bit.
+- ``lt #i``: the heuristic's i-th algorithm, with its configuration attributes, its 8 opaque
+  words (``words``), the largest difference from ``cublas``'s output and whether it is
+  ``cublas``'s output bit for bit.
+
+``--write-algorithms FILE`` writes, for each GEMM, the fastest ``lt`` algorithm at each M as an
+algorithms file (:data:`laya_build.model.native_linear.ALGORITHMS_FORMAT`; M = 128 as
+``m_max`` 128, the largest M as no bound), what ``export.native_algorithms.cuda-bfloat16``
+names.  ``--library`` then times the project's op (``laya_native::linear``, the library an
+export built) with those algorithms beside the rows above: ``native`` rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
+import json
 import sys
 import time
 from pathlib import Path
@@ -195,7 +205,73 @@ def probe_shape(torch, lt: Lt, result: dict, save, name: str, M: int, weights: l
             return y
 
         calls = [lambda i=i, algo=algo: lt.matmul(problem, algo, xs[i], weights[i], ys[i]) for i in range(LAYERS)]
-        record(f"lt #{index}", calls, once, config=lt.config(algo))
+        record(f"lt #{index}", calls, once, config=lt.config(algo), words=words_of(algo))
+
+
+def words_of(result: HeuristicResult) -> list[str]:
+    """The algorithm's 8 opaque words, as an algorithms file holds them."""
+    return [f"0x{int(w):016x}" for w in result.algo]
+
+
+def algorithms_file(result: dict, version: int) -> dict:
+    """The fastest ``lt`` algorithm of each GEMM at each M, as an algorithms file: the smallest M
+    bounds the rows it serves, the largest serves every M above."""
+    from laya_build.model.native_linear import ALGORITHMS_FORMAT
+
+    best = {}
+    for row in result["rows"]:
+        if row["name"].startswith("lt #") and "us" in row and "words" in row:
+            key = (row["N"], row["K"], row["M"])
+            if key not in best or row["us"] < best[key]["us"]:
+                best[key] = row
+    cublas = {(r["N"], r["K"], r["M"]): r.get("us") for r in result["rows"] if r["name"] == "cublas"}
+    entries = []
+    for (n, k, m), row in sorted(best.items()):
+        entries.append(
+            {
+                "n": n,
+                "k": k,
+                "dtype": "bfloat16",
+                "bias": False,
+                "m_max": None if m == max(ROWS) else m,
+                "algorithm": row["words"],
+                "gemm": row["gemm"],
+                "timed_at_m": m,
+                "us": row["us"],
+                "cublas_us": cublas.get((n, k, m)),
+                "config": row.get("config"),
+            }
+        )
+    return {
+        "format": ALGORITHMS_FORMAT,
+        "written_by": "benchmarks/cublaslt_probe.py",
+        "date": result.get("date"),
+        "gpu": result.get("gpu"),
+        "torch": result.get("torch"),
+        "cublaslt_version": version,
+        "entries": entries,
+    }
+
+
+def native_rows(torch, result: dict, save, library: Path, algorithms: dict) -> None:
+    """The project's op with the written algorithms, timed as the rows above (``native``)."""
+    import torch.nn.functional as F
+
+    from laya_build.model.native_linear import algorithm_argument
+    from laya_build.records import sha256_file
+    from laya_build.runtime.serving import load_library
+
+    load_library(library, sha256_file(library), what="--library")
+    entries = algorithms["entries"]
+    for name, (N, K) in GEMMS.items():
+        weights = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K**-0.5 for _ in range(LAYERS)]
+        arg = algorithm_argument(entries, N, K, "bfloat16", False) or None
+        for M in ROWS:
+            xs = [torch.randn(M, K, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
+            op = functools.partial(torch.ops.laya_native.linear, bias=None, algorithm=arg)
+            calls = [functools.partial(op, x, w) for x, w in zip(xs, weights)]
+            row = {"gemm": name, "M": M, "N": N, "K": K, "name": "native"}
+            timed_row(torch, result, save, row, calls, LAYERS, calls[0], F.linear(xs[0], weights[0]), versus="cublas")
 
 
 def main() -> int:
@@ -203,7 +279,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--algos", type=int, default=24)
     parser.add_argument("--workspace-mib", type=int, default=32)
+    parser.add_argument("--write-algorithms", type=Path, help="the algorithms file to write (the fastest of each)")
+    parser.add_argument("--library", type=Path, help="the native op library to time with those algorithms")
     args = parser.parse_args()
+    if args.library and not args.write_algorithms:
+        parser.error("--library times the algorithms --write-algorithms writes: give both")
     start = time.monotonic()
 
     import torch
@@ -217,6 +297,13 @@ def main() -> int:
         weights = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K**-0.5 for _ in range(LAYERS)]
         for M in ROWS:
             probe_shape(torch, lt, result, save, name, M, weights, args.algos)
+    if args.write_algorithms:
+        lt.lib.cublasLtGetVersion.restype = ctypes.c_size_t
+        algorithms = algorithms_file(result, int(lt.lib.cublasLtGetVersion()))
+        args.write_algorithms.write_text(json.dumps(algorithms, indent=1) + "\n")
+        print(f"wrote {args.write_algorithms}: {len(algorithms['entries'])} entries", flush=True)
+        if args.library:
+            native_rows(torch, result, save, args.library, algorithms)
     return finish(result, save, start)
 
 

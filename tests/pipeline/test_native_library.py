@@ -278,3 +278,30 @@ def test_an_algorithms_file_needs_layers_to_run_with(tmp_path):
     assert native_algorithms(cfg, "cuda", "float16", tmp_path) == ([], None)
     with pytest.raises(ConfigError, match="does not exist"):
         native_algorithms({**cfg, "native_algorithms": {"cuda-bfloat16": "nowhere.json"}}, "cuda", "bfloat16", tmp_path)
+
+
+def test_the_probe_writes_the_fastest_algorithm_of_each_gemm_as_a_file_the_export_reads(tmp_path):
+    from benchmarks import cublaslt_probe
+
+    def lt(gemm, n, k, m, us, word):
+        return {"gemm": gemm, "N": n, "K": k, "M": m, "name": f"lt #{word}", "us": us, "words": [f"0x{word:016x}"] * 8}
+
+    rows = [
+        {"gemm": "Wi", "N": 5248, "K": 1024, "M": 128, "name": "cublas", "us": 6.4},
+        lt("Wi", 5248, 1024, 128, 6.5, 1),
+        lt("Wi", 5248, 1024, 128, 6.1, 2),
+        {**lt("Wi", 5248, 1024, 128, 1.0, 3), "us": None, "error": "RuntimeError: ..."},
+        lt("Wi", 5248, 1024, 1792, 34.0, 4),
+        lt("Wi", 5248, 1024, 1792, 33.1, 5),
+    ]
+    rows[3].pop("us")
+    doc = cublaslt_probe.algorithms_file({"rows": rows, "gpu": "NVIDIA H200", "date": "d", "torch": "t"}, 130100)
+    path = tmp_path / "algorithms.json"
+    path.write_text(json.dumps(doc))
+    entries = native_linear.read_algorithms(path, "export.native_algorithms.cuda-bfloat16")
+    assert [(e["m_max"], e["algorithm"][0], e["us"]) for e in entries] == [
+        (128, f"0x{2:016x}", 6.1),
+        (None, f"0x{5:016x}", 33.1),
+    ]
+    assert entries[0]["cublas_us"] == 6.4 and doc["cublaslt_version"] == 130100
+    assert native_linear.algorithm_argument(entries, 5248, 1024, "bfloat16", False) == [128, *[2] * 8, -1, *[5] * 8]

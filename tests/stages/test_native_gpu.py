@@ -1,0 +1,95 @@
+"""``laya_native::linear`` on CUDA: cuBLASLt through the project's library against torch's own GEMM
+and against the same algorithm called from Python (``benchmarks/cublaslt_probe.py``'s ``Lt``),
+in a CUDA graph as the runtime replays it, and a named algorithm cuBLASLt refuses.  Skipped
+without a GPU."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from laya_build.records import sha256_file
+
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="needs a C++ compiler"),
+]
+
+
+@pytest.fixture(scope="module")
+def op(tmp_path_factory):
+    from laya_build import native
+    from laya_build.runtime.serving import load_library
+
+    out = tmp_path_factory.mktemp("native")
+    record = native.build(out)
+    load_library(out / record["path"], sha256_file(out / record["path"]), what="test")
+    torch.ones(8, 8, device="cuda", dtype=torch.bfloat16) @ torch.ones(8, 8, device="cuda", dtype=torch.bfloat16)
+    return torch.ops.laya_native.linear
+
+
+SHAPES = [((128, 1024), 3072), ((7, 256, 2624), 1024), ((3, 1024), 5248)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_the_heuristics_algorithm_computes_linear(op, dtype, with_bias):
+    torch.manual_seed(0)
+    for x_shape, n in SHAPES:
+        k = x_shape[-1]
+        x = torch.randn(*x_shape, device="cuda", dtype=dtype)
+        w = torch.randn(n, k, device="cuda", dtype=dtype) * k**-0.5
+        b = torch.randn(n, device="cuda", dtype=dtype) if with_bias else None
+        got, want = op(x, w, b, None), F.linear(x, w, b)
+        assert got.shape == want.shape and got.dtype == dtype
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+def test_a_named_algorithm_is_the_one_called_from_python_bit_for_bit(op):
+    from benchmarks.cublaslt_probe import Lt, words_of
+
+    lt = Lt(torch, 32 << 20)
+    torch.manual_seed(1)
+    m, n, k = 128, 1024, 2624
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+    problem = lt.problem(m, n, k)
+    algorithms = lt.algorithms(problem, 4)
+    assert algorithms
+    for algo in algorithms:
+        want = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        lt.matmul(problem, algo, x, w, want)
+        words = [int(v, 16) - (1 << 64) if int(v, 16) >= 1 << 63 else int(v, 16) for v in words_of(algo)]
+        got = op(x, w, None, [-1, *words])
+        torch.cuda.synchronize()
+        assert torch.equal(got, want)
+
+
+def test_a_graph_replay_is_the_plain_call(op):
+    torch.manual_seed(2)
+    x = torch.randn(1792, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(5248, 1024, device="cuda", dtype=torch.bfloat16) * 1024**-0.5
+    plain = op(x, w, None, None)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        op(x, w, None, None)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = op(x, w, None, None)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, plain)
+
+
+def test_an_algorithm_cublaslt_refuses_names_the_problem(op):
+    x = torch.randn(128, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"does not accept the algorithm .* M=128 N=1024 K=1024 bfloat16"):
+        op(x, w, None, [-1, *[-1] * 8])
+    with pytest.raises(RuntimeError, match="groups of 9"):
+        op(x, w, None, [128, 1, 2])
