@@ -153,6 +153,11 @@ BAD = {
         "export.native_algorithms",
         "cpu-float32",
     ),
+    "native algorithms outside the project": (
+        lambda d: d.setdefault("export", {}).update(native_algorithms={"cuda-bfloat16": "/tmp/a.json"}),
+        "export.native_algorithms.cuda-bfloat16",
+        "does not match",
+    ),
     "unknown last head layer": (
         lambda d: d.setdefault("export", {}).update(last_head_layer="markers"),
         "export.last_head_layer",
