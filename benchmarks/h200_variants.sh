@@ -25,6 +25,10 @@
 #      none: no verification);
 #   4. the GPU tests named in TESTS (pytest node ids; pytest is not needed: each test function
 #      is called in a fresh interpreter).
+# With ALGORITHMS=FILE (a path in the project, e.g. tuning/h200-cublaslt.json), first of all
+# benchmarks/cublaslt_probe.py writes the fastest cuBLASLt algorithm of each encoder GEMM there
+# (ALGOS candidates each, default 8; its rows to $OUT/cublaslt.json), so that the variant copies
+# hold the file a variant's export.native_algorithms names (docs/concepts/native-ops.md).
 # REUSE=1 keeps the package of a variant an earlier run on this machine built (same NAME) instead
 # of building it again.  TREES='NAME=TARBALL ...' builds NAME from another revision of the project
 # (`git archive --format=tar.gz -o TARBALL REV`) instead of this tree: the step before a change
@@ -66,6 +70,15 @@ merge(doc, json.loads(sys.argv[3]))
 yaml.safe_dump(doc, open(sys.argv[2], "w"), sort_keys=False)
 PYEOF
 }
+
+if [ -n "${ALGORITHMS:-}" ] && ! late 200 "cuBLASLt algorithms"; then
+  s=$SECONDS
+  mkdir -p "$(dirname "$ALGORITHMS")"
+  "$PY" benchmarks/cublaslt_probe.py --out "$OUT/cublaslt.json" --algos "${ALGOS:-8}" \
+    --write-algorithms "$ALGORITHMS" > "$WORK/cublaslt.log" 2>&1
+  say "cuBLASLt algorithms to $ALGORITHMS: rc $? in $((SECONDS - s)) s"
+  cp "$ALGORITHMS" "$OUT/" 2>/dev/null
+fi
 
 pids=()
 for v in $VARIANTS; do

@@ -96,7 +96,9 @@ def main(argv=None) -> int:
             sha = hashlib.file_digest(fh, "sha256").hexdigest()
         torch.backends.cuda.preferred_blas_library(blas.get(name, default_blas))
         try:  # the graphs are captured here, with the GEMM kernels of that library
-            runners[name] = runtime.DecisionRunner(runtime.load_package(path, sha), dims=exp["dims"], buckets=buckets)
+            runners[name] = runtime.DecisionRunner(
+                runtime.load_package(path, sha, library=runtime.library_beside(path)), dims=exp["dims"], buckets=buckets
+            )
         finally:
             torch.backends.cuda.preferred_blas_library(default_blas)
         result["packages"][name] = {"path": path, "sha256": sha, "blas_at_capture": str(blas.get(name, default_blas))}

@@ -137,7 +137,9 @@ def main(argv=None) -> int:
         with open(path, "rb") as fh:
             paths[name] = (path, hashlib.file_digest(fh, "sha256").hexdigest())
         runners[name] = runtime.DecisionRunner(
-            runtime.load_package(path, paths[name][1]), dims=exp["dims"], buckets=buckets
+            runtime.load_package(path, paths[name][1], library=runtime.library_beside(path)),
+            dims=exp["dims"],
+            buckets=buckets,
         )
     device = str(next(iter(runners.values())).device)
     call = tuple(x.to(device) for x in synthetic_call(inputs, *shape))
@@ -191,7 +193,8 @@ def main(argv=None) -> int:
                         us = blocks(torch, replay, args.blocks * (6 if timing == "long" else 1), args.block)
                     record(repeat, name, condition, timing, started, us)
                 keep.append(torch.empty((repeat + 1) * (i + 3) * 2**20, dtype=torch.uint8, device=device))
-                fresh = runtime.DecisionRunner(runtime.load_package(*paths[name]), dims=exp["dims"], buckets=buckets)
+                again = runtime.load_package(*paths[name], library=runtime.library_beside(paths[name][0]))
+                fresh = runtime.DecisionRunner(again, dims=exp["dims"], buckets=buckets)
                 us = blocks(torch, graph(fresh, shape), args.blocks, args.block)
                 record(repeat, name, "recaptured", "blocks", time.strftime("%H:%M:%S", time.gmtime()), us)
                 del fresh

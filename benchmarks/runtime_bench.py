@@ -87,8 +87,9 @@ def first_answer(args) -> int:
     lap("import_loader_s")
     record = json.loads(Path(args.record).read_text())
     entry = next(p for p in record["programs"] if p["name"] == "decision")
+    path = Path(args.record).parent / entry["package"]["path"]
     package = runtime.load_package(
-        Path(args.record).parent / entry["package"]["path"], entry["package"]["sha256"], loader=args.loader
+        path, entry["package"]["sha256"], loader=args.loader, library=runtime.library_beside(path)
     )
     phases.update(package.timings)
     mark = time.perf_counter()
@@ -209,10 +210,12 @@ def bench_runner(args) -> int:
     path, sha = record_path.parent / entry["package"]["path"], entry["package"]["sha256"]
     buckets = [{"rows": r, "tokens": t, "slots": s} for r, t, s in shapes]
     start = time.perf_counter()
-    runner = runtime.DecisionRunner(runtime.load_package(path, sha), dims=record["dims"], buckets=buckets)
+    library = runtime.library_beside(path)
+    package = runtime.load_package(path, sha, library=library)
+    runner = runtime.DecisionRunner(package, dims=record["dims"], buckets=buckets)
     setup_s = time.perf_counter() - start
-    default = runtime.load_package(path, sha, single_threaded=False, loader="aoti_load_package")
-    direct = runtime.load_package(path, sha, loader="direct")
+    default = runtime.load_package(path, sha, single_threaded=False, loader="aoti_load_package", library=library)
+    direct = runtime.load_package(path, sha, loader="direct", library=library)
     inputs = torch.load(args.inputs, weights_only=True)
     device = str(runner.device)
     result = {

@@ -238,8 +238,14 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
   const int64_t m = k == 0 ? 0 : x.numel() / k;
   if (m == 0 || n == 0) return out;
   TORCH_CHECK(k > 0, "laya_native::linear: K is 0");
-  at::Tensor a = weight.contiguous(), b = x.contiguous();
-  at::Tensor c = has_bias ? bias->contiguous() : at::Tensor();
+  // cuBLASLt's kernels for these types read 16-byte aligned operands; a view at another offset
+  // is copied (a new tensor of the caching allocator is aligned to far more).
+  auto aligned = [](const at::Tensor& t) {
+    at::Tensor c = t.contiguous();
+    return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+  };
+  at::Tensor a = aligned(weight), b = aligned(x);
+  at::Tensor c = has_bias ? aligned(*bias) : at::Tensor();
   const int type = x.scalar_type() == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
   const int device = x.device().index();
   Plan& plan = plan_for(device, m, n, k, type, has_bias,

@@ -72,7 +72,7 @@ from pathlib import Path
 import torch
 
 from laya_build.errors import NativeLibraryError, PackageIntegrityError, PackageIsaError, RuntimeInputError
-from laya_build.layout import EFFECTIVE_CONFIG_NAME, MANIFEST_NAME, package_record_path
+from laya_build.layout import EFFECTIVE_CONFIG_NAME, MANIFEST_NAME, package_record_path, record_name
 from laya_build.runtime.buckets import Bucket, ExportDims, parse_buckets, smallest_holding
 from laya_build.runtime.digest import sha256_file
 from laya_build.runtime.preload import preload_all
@@ -141,7 +141,14 @@ def load_library(path, sha256: str, *, what: str = "package record") -> Path:
         with tempfile.TemporaryDirectory(prefix="laya-native-") as private:  # mode 0700: this user's
             copy = Path(private, path.name)
             copy.write_bytes(data)
-            torch.ops.load_library(str(copy))
+            try:
+                torch.ops.load_library(str(copy))
+            except (OSError, RuntimeError) as exc:
+                raise NativeLibraryError(
+                    f"{path}: loading the native op library failed: {exc} (a library that registers "
+                    f"{NATIVE_NAMESPACE} loaded in this process outside laya_build.runtime, or one built for "
+                    "another torch, cannot load)"
+                ) from exc
         _LIBRARIES[sha256] = path
         return path
 
@@ -733,6 +740,17 @@ def recorded_library(record: dict, record_path: Path) -> dict | None:
     if not (isinstance(path, str) and isinstance(library.get("sha256"), str)) or "/" in path or path in ("", ".", ".."):
         raise PackageIntegrityError(f"{record_path}: native_library names no file beside the package (path and sha256)")
     return {"path": path, "sha256": library["sha256"]}
+
+
+def library_beside(package_path) -> dict | None:
+    """The native op library the package record beside ``package_path`` names, for
+    :func:`load_package` (``{"path", "sha256"}``; None: no record there, or a package that calls
+    no native op)."""
+    record_path = Path(package_path).parent / record_name("aoti_package")
+    if not record_path.is_file():
+        return None
+    library = recorded_library(_read_json(record_path, "package record"), record_path)
+    return library and {**library, "path": record_path.parent / library["path"]}
 
 
 def _no_link(vdir: Path, rel: str) -> None:

@@ -6,7 +6,10 @@ rows ``Dim("rows")``, tokens ``16 * Dim("tokens16")`` (the attention alignment g
 ``export.dims``.  Outputs in ``out_dir``: ``exported.pt2`` (``torch.export.save``),
 ``eager.pt`` (that copy's outputs on every saved batch: the parity reference of the
 package) and ``export.json``.  With ``export.single_slot`` the one-slot branch (slots fixed
-at 1) is exported too, as ``exported_single_slot.pt2`` / ``eager_single_slot.pt``.
+at 1) is exported too, as ``exported_single_slot.pt2`` / ``eager_single_slot.pt``.  With
+``export.native_linears.<target>`` naming layers, the project's native op library is compiled
+into ``out_dir`` first (``liblaya_native.so``, :mod:`laya_build.native`) and loaded: the named
+layers call its op, with the cuBLASLt algorithms of ``export.native_algorithms.<target>-<dtype>``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ from laya_build.stages.common import skip
 from laya_build.targets import check_target, torch_dtype
 
 log = get_logger(__name__)
+
+# Compilers this stage runs (the native op library, when export.native_linears names layers):
+# part of its up-to-date check (laya_build.environment).
+TOOLS = ("cxx",)
 
 
 @dataclass(frozen=True)

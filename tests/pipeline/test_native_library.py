@@ -170,6 +170,16 @@ def test_another_build_of_the_library_in_the_process_is_refused(released, tmp_pa
     assert "another build" in got["message"]
 
 
+def test_a_library_loaded_outside_the_runtime_is_named(released, tmp_path):
+    vdir = released.version_dir()
+    other = tmp_path / "elsewhere.so"
+    shutil.copy2(vdir / LIBRARY_REL, other)
+    how = f"(torch.ops.load_library({str(other)!r}), serving.open_build(sys.argv[1]))[1]"
+    got = _open(how, vdir / f"aoti_package/{BUILD}/aoti_package.json", vdir / "model/inputs.pt")
+    assert got["error"] == "NativeLibraryError", got
+    assert "outside laya_build.runtime" in got["message"]
+
+
 def test_the_op_on_the_cpu_is_linear_bit_for_bit(released):
     library = released.version_dir() / LIBRARY_REL
     got = fresh(
@@ -305,3 +315,12 @@ def test_the_probe_writes_the_fastest_algorithm_of_each_gemm_as_a_file_the_expor
     ]
     assert entries[0]["cublas_us"] == 6.4 and doc["cublaslt_version"] == 130100
     assert native_linear.algorithm_argument(entries, 5248, 1024, "bfloat16", False) == [128, *[2] * 8, -1, *[5] * 8]
+
+
+def test_the_library_beside_a_package_is_found_from_its_record(released, tmp_path):
+    from laya_build.runtime import serving
+
+    folder = released.version_dir() / f"aoti_package/{BUILD}"
+    found = serving.library_beside(folder / "decision.pt2")
+    assert found == {"path": folder / NATIVE_LIBRARY_NAME, "sha256": sha256_file(folder / NATIVE_LIBRARY_NAME)}
+    assert serving.library_beside(tmp_path / "decision.pt2") is None  # no record beside it
