@@ -11,11 +11,12 @@ docs/measurements/runtime-h200.md, "cuBLASLt's algorithms for the encoder's GEMM
 The algorithms come from a file (``export.native_algorithms.<target>-<dtype>``, format
 :data:`ALGORITHMS_FORMAT`, written by ``benchmarks/cublaslt_probe.py --write-algorithms`` on the
 GPU they are for): per GEMM problem (N, K, dtype, bias) and row count bound ``m_max`` (None: any
-row count), cuBLASLt's opaque ``cublasLtMatmulAlgo_t``, its 8 words in hex.  Each layer's op
-call holds its shape's entries as a constant (:func:`algorithm_argument`), so the package's
-bytes follow from the export and that file; a problem without an entry runs cuBLASLt's
-heuristic's first algorithm.  A package calls the op through torch's dispatcher: its library
-ships beside it (:mod:`laya_build.native`).
+row count), cuBLASLt's opaque ``cublasLtMatmulAlgo_t``, its 8 words in hex, and the cuBLASLt
+version they were chosen with.  Each layer's op call holds its shape's entries and that version
+as a constant (:func:`algorithm_argument`), so the package's bytes follow from the export and
+that file; a problem without an entry, or a process with another cuBLASLt (whose words may name
+other kernels), runs cuBLASLt's heuristic's first algorithm.  A package calls the op through
+torch's dispatcher: its library ships beside it (:mod:`laya_build.native`).
 """
 
 from __future__ import annotations
@@ -61,13 +62,16 @@ def read_algorithms(path, key: str) -> list[dict]:
         raise ConfigError(f"{where} is not a JSON file ({exc})", hint=_WRITE_HINT) from None
     if not isinstance(doc, dict) or doc.get("format") != ALGORITHMS_FORMAT:
         raise ConfigError(f"{where}: format is not {ALGORITHMS_FORMAT!r}", hint=_WRITE_HINT)
+    version = doc.get("cublaslt_version")
+    if not (isinstance(version, int) and not isinstance(version, bool) and version > 0):
+        raise ConfigError(f"{where}: needs cublaslt_version, the cuBLASLt version it was chosen with", hint=_WRITE_HINT)
     entries = doc.get("entries")
     if not isinstance(entries, list):
         raise ConfigError(f"{where}: entries must be a list", hint=_WRITE_HINT)
     for i, entry in enumerate(entries):
         if problem := _entry_problem(entry):
             raise ConfigError(f"{where}: entries[{i}] {problem}", hint=_WRITE_HINT)
-    return entries
+    return [{**e, "cublaslt_version": version} for e in entries]
 
 
 _WRITE_HINT = "write the file with `python benchmarks/cublaslt_probe.py --write-algorithms FILE` on the GPU it is for"
@@ -98,40 +102,54 @@ def _signed(word: str) -> int:
 
 
 def algorithm_argument(entries: list[dict], n: int, k: int, dtype: str, bias: bool) -> list[int]:
-    """The op's ``algorithm`` for a layer of weight ``[n, k]``: ``[m_max, 8 words]`` for each
-    entry of that problem, the smallest bound first and the unbounded one (-1) last; the words
-    as signed 64-bit integers (their bits)."""
+    """The op's ``algorithm`` for a layer of weight ``[n, k]``: the cuBLASLt version the entries
+    were chosen with, then ``[m_max, 8 words]`` for each entry of that problem, the smallest bound
+    first and the unbounded one (-1) last, the words as signed 64-bit integers (their bits);
+    ``[]`` when no entry is for it (the heuristic's choice)."""
     mine = [e for e in entries if (e["n"], e["k"], e["dtype"], e["bias"]) == (n, k, dtype, bias)]
+    if not mine:
+        return []
     mine.sort(key=lambda e: (e["m_max"] is None, e["m_max"] or 0))
     bounds = [e["m_max"] for e in mine]
     if len(set(bounds)) != len(bounds):
         raise ConfigError(f"export.native_algorithms: two entries for N={n} K={k} {dtype} at the same m_max {bounds}")
-    return [v for e in mine for v in (-1 if e["m_max"] is None else e["m_max"], *map(_signed, e["algorithm"]))]
+    groups = [v for e in mine for v in (-1 if e["m_max"] is None else e["m_max"], *map(_signed, e["algorithm"]))]
+    return [mine[0]["cublaslt_version"], *groups]
 
 
-def use(model: torch.nn.Module, names: list[str], entries: list[dict]) -> None:
-    """Run every encoder layer's linear layers ``names`` (of :data:`LINEARS`) through
-    ``laya_native::linear`` with the algorithms ``entries`` hold for their shapes.  The op's
-    library must be loaded (:func:`laya_build.runtime.serving.load_library`)."""
+def check(model: torch.nn.Module, names: list[str]) -> None:
+    """``names`` are linear layers of :data:`LINEARS` and the model's dtype and device can run them
+    through the op (ValueError otherwise): checked before the library is built."""
     unknown = [n for n in names if n not in LINEARS]
     if unknown:
         raise ValueError(f"export.native_linears {unknown[0]!r} is not one of {', '.join(LINEARS)}")
-    if not names:
-        return
-    dtype = model.encoder.embeddings.tok_embeddings.weight.dtype
-    if model.encoder.embeddings.tok_embeddings.weight.is_cuda and dtype not in HALF_DTYPES:
+    weight = model.encoder.embeddings.tok_embeddings.weight
+    if names and weight.is_cuda and weight.dtype not in HALF_DTYPES:
         raise ValueError(
             f"export.native_linears runs bf16 or fp16 GEMMs on CUDA (this export is "
-            f"{str(dtype).removeprefix('torch.')}): leave export.native_linears.cuda empty for it"
+            f"{str(weight.dtype).removeprefix('torch.')}): leave export.native_linears.cuda empty for it"
         )
+
+
+def use(model: torch.nn.Module, names: list[str], entries: list[dict]) -> int:
+    """Run every encoder layer's linear layers ``names`` (of :data:`LINEARS`) through
+    ``laya_native::linear`` with the algorithms ``entries`` hold for their shapes; how many
+    layers got named algorithms (the others run cuBLASLt's heuristic's choice).  The op's library
+    must be loaded (:func:`laya_build.runtime.serving.load_library`)."""
+    check(model, names)
+    if not names:
+        return 0
     register_fake()
-    dtype_name = str(dtype).removeprefix("torch.")
+    dtype_name = str(model.encoder.embeddings.tok_embeddings.weight.dtype).removeprefix("torch.")
+    named = 0
     for layer in model.encoder.layers:
         for name in names:
             linear = layer.get_submodule(name)
             n, k = linear.weight.shape
             linear.laya_algorithm = algorithm_argument(entries, n, k, dtype_name, linear.bias is not None)
             linear.forward = types.MethodType(_forward, linear)
+            named += bool(linear.laya_algorithm)
+    return named
 
 
 def _forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -6,22 +6,29 @@
 //
 // * CPU: at::linear itself (the same bits as the layer it replaces).
 // * CUDA (bf16 or fp16 operands, fp32 accumulation): one cublasLtMatmul with the algorithm the
-//   call names.  ``algorithm`` (None: none named) holds groups of 9 integers, [m_max, a0 .. a7]: the first group
-//   whose m_max is negative or at least the call's row count M (x's elements / K) gives the
-//   cublasLtMatmulAlgo_t (its 8 opaque 64-bit words, as cuBLASLt's heuristic returned them
-//   when the algorithm was chosen); no group: the heuristic's first algorithm for the problem.
-//   A named algorithm cuBLASLt does not accept for the problem (cublasLtMatmulAlgoCheck) is an
-//   error that names the problem.  The bias goes into the GEMM's epilogue.
+//   call names.  ``algorithm`` (None: none named) is [version, then groups of 9 integers
+//   [m_max, a0 .. a7]]: ``version`` is the cuBLASLt version (cublasLtGetVersion) the algorithms
+//   were chosen with; the first group whose m_max is negative or at least the call's row count M
+//   (x's elements / K) gives the cublasLtMatmulAlgo_t (its 8 opaque 64-bit words, as cuBLASLt's
+//   heuristic returned them).  No group, another cuBLASLt version than ``version`` (whose words
+//   may name another kernel), or a named algorithm that needs more pointer alignment than the
+//   call's operands have: the heuristic's first algorithm for the problem and the operands'
+//   alignment, with a warning once for the latter two.  A named algorithm cuBLASLt does not
+//   accept for the problem (cublasLtMatmulAlgoCheck) is an error that names the problem.  The
+//   bias goes into the GEMM's epilogue.
 //
 // cuBLASLt and torch's current CUDA stream are reached through the libraries the process has
-// already loaded (torch loads both), so the library is built with a C++ compiler and torch's
-// headers alone, on machines with or without CUDA.  The declarations below are cublasLt.h's
-// (CUDA 12 and 13), for the calls made here only.
+// already loaded (torch loads both; cuBLASLt is looked up among libtorch_cuda's own dependencies
+// first), so the library is built with a C++ compiler and torch's headers alone, on machines
+// with or without CUDA.  The declarations below are cublasLt.h's (CUDA 12 and 13), for the calls
+// made here only.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/Exception.h>
 #include <torch/library.h>
 
 #include <dlfcn.h>
@@ -62,8 +69,11 @@ constexpr int CUBLAS_OP_N = 0, CUBLAS_OP_T = 1;
 constexpr int DESC_TRANSA = 3, DESC_TRANSB = 4, DESC_EPILOGUE = 7, DESC_BIAS_POINTER = 8;
 constexpr int EPILOGUE_BIAS = 4;
 constexpr int PREF_MAX_WORKSPACE_BYTES = 1;
+constexpr int PREF_MIN_ALIGNMENT_A = 5;  // .. _B 6, _C 7, _D 8: the operands' alignment in bytes
+constexpr int CAP_MIN_ALIGNMENT_A = 16;  // .. _B 17, _C 18, _D 19: what an algorithm needs
 constexpr uint64_t HEURISTIC_WORKSPACE = 32ull << 20;  // what the heuristic may ask for
 constexpr int GROUP = 9;  // [m_max, 8 words of the algorithm]
+constexpr uint32_t MAX_ALIGNMENT = 256;
 
 struct Lt {
   Status (*create)(Handle*);
@@ -75,6 +85,7 @@ struct Lt {
   Status (*pref_destroy)(Preference);
   Status (*heuristic)(Handle, Desc, Layout, Layout, Layout, Layout, Preference, int, HeuristicResult*, int*);
   Status (*check)(Handle, Desc, Layout, Layout, Layout, Layout, const Algo*, HeuristicResult*);
+  Status (*cap)(const Algo*, int, void*, size_t, size_t*);
   Status (*matmul)(Handle, Desc, const void*, const void*, Layout, const void*, Layout, const void*, const void*,
                    Layout, void*, Layout, const Algo*, void*, size_t, Stream);
   size_t (*version)();
@@ -103,7 +114,11 @@ void bind(void* lib, const char* symbol, F& fn) {
 const Lt& lt() {
   static const Lt table = [] {
     Lt t{};
-    void* cublaslt = loaded({"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"});
+    void* torch_cuda = loaded({"libtorch_cuda.so"});
+    // the cuBLASLt torch itself links (a handle's dlsym searches its dependencies), else by name
+    void* cublaslt = torch_cuda != nullptr && dlsym(torch_cuda, "cublasLtCreate") != nullptr
+                         ? torch_cuda
+                         : loaded({"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"});
     TORCH_CHECK(cublaslt != nullptr, "laya_native::linear: no cuBLASLt library (libcublasLt.so.13 or .12) loads");
     bind(cublaslt, "cublasLtCreate", t.create);
     bind(cublaslt, "cublasLtMatmulDescCreate", t.desc_create);
@@ -114,9 +129,10 @@ const Lt& lt() {
     bind(cublaslt, "cublasLtMatmulPreferenceDestroy", t.pref_destroy);
     bind(cublaslt, "cublasLtMatmulAlgoGetHeuristic", t.heuristic);
     bind(cublaslt, "cublasLtMatmulAlgoCheck", t.check);
+    bind(cublaslt, "cublasLtMatmulAlgoCapGetAttribute", t.cap);
     bind(cublaslt, "cublasLtMatmul", t.matmul);
     bind(cublaslt, "cublasLtGetVersion", t.version);
-    bind(loaded({"libtorch_cuda.so"}), "aoti_torch_get_current_cuda_stream", t.current_stream);
+    bind(torch_cuda, "aoti_torch_get_current_cuda_stream", t.current_stream);
     return t;
   }();
   return table;
@@ -135,7 +151,16 @@ struct Plan {
   size_t workspace = 0;
 };
 
-using Key = std::tuple<int, int64_t, int64_t, int64_t, int, bool, std::vector<int64_t>>;
+// The alignments (bytes, at most 256) of the weight, the input, the output and the bias.
+using Alignments = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t>;
+using Key = std::tuple<int, int64_t, int64_t, int64_t, int, bool, Alignments, std::vector<int64_t>>;
+
+uint32_t alignment(const void* pointer) {
+  const auto address = reinterpret_cast<uintptr_t>(pointer);
+  if (address == 0) return MAX_ALIGNMENT;
+  const auto lowest = address & (~address + 1);
+  return lowest >= MAX_ALIGNMENT ? MAX_ALIGNMENT : static_cast<uint32_t>(lowest);
+}
 
 std::mutex plans_mutex;
 std::map<Key, Plan>& plans() {
@@ -147,26 +172,40 @@ std::map<int, Handle>& handles() {
   return made;
 }
 
-std::vector<int64_t> chosen(c10::IntArrayRef algorithm, int64_t m) {
-  TORCH_CHECK(algorithm.size() % GROUP == 0, "laya_native::linear: algorithm holds ", algorithm.size(),
-              " integers, not groups of ", GROUP, " ([m_max, 8 words of a cublasLtMatmulAlgo_t] each)");
-  for (size_t at = 0; at < algorithm.size(); at += GROUP) {
+void check_format(at::OptionalIntArrayRef algorithm) {
+  if (!algorithm.has_value()) return;
+  TORCH_CHECK(algorithm->size() % GROUP == 1, "laya_native::linear: algorithm holds ", algorithm->size(),
+              " integers, not a cuBLASLt version and groups of ", GROUP,
+              " ([m_max, 8 words of a cublasLtMatmulAlgo_t] each)");
+}
+
+// The words of the group for M rows; empty: the heuristic's choice.
+std::vector<int64_t> chosen(c10::IntArrayRef algorithm, int64_t m, size_t version) {
+  for (size_t at = 1; at < algorithm.size(); at += GROUP) {
     if (algorithm[at] < 0 || m <= algorithm[at]) {
+      if (static_cast<size_t>(algorithm[0]) != version) {
+        TORCH_WARN_ONCE("laya_native::linear: the package's algorithms were chosen with cuBLASLt ", algorithm[0],
+                        " and this process has cuBLASLt ", version,
+                        ", whose words may name other kernels: running cuBLASLt's heuristic's choices instead; "
+                        "choose the algorithms again with this cuBLASLt and rebuild the package to run chosen ones");
+        return {};
+      }
       return std::vector<int64_t>(algorithm.begin() + at + 1, algorithm.begin() + at + GROUP);
     }
   }
   return {};
 }
 
-Plan& plan_for(int device, int64_t m, int64_t n, int64_t k, int type, bool bias, const std::vector<int64_t>& words) {
+Plan& plan_for(int device, int64_t m, int64_t n, int64_t k, int type, const void* bias, const Alignments& aligned,
+               const std::vector<int64_t>& words) {
   std::lock_guard<std::mutex> guard(plans_mutex);
-  Key key{device, m, n, k, type, bias, words};
+  Key key{device, m, n, k, type, bias != nullptr, aligned, words};
   auto found = plans().find(key);
   if (found != plans().end()) return found->second;
   const Lt& t = lt();
   std::ostringstream about;
   about << "M=" << m << " N=" << n << " K=" << k << (type == CUDA_R_16BF ? " bfloat16" : " float16")
-        << (bias ? " with bias" : "") << " (cuBLASLt " << t.version() << ")";
+        << (bias != nullptr ? " with bias" : "") << " (cuBLASLt " << t.version() << ")";
   const std::string problem = about.str();
   Plan plan;
   Handle& handle = handles()[device];
@@ -176,35 +215,54 @@ Plan& plan_for(int device, int64_t m, int64_t n, int64_t k, int type, bool bias,
   const int32_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
   ok(t.desc_set(plan.desc, DESC_TRANSA, &trans_a, sizeof(trans_a)), "cublasLtMatmulDescSetAttribute", problem);
   ok(t.desc_set(plan.desc, DESC_TRANSB, &trans_b, sizeof(trans_b)), "cublasLtMatmulDescSetAttribute", problem);
-  if (bias) {
+  if (bias != nullptr) {  // the pointer too: the heuristic and the check read its alignment from it
     const int32_t epilogue = EPILOGUE_BIAS;
     ok(t.desc_set(plan.desc, DESC_EPILOGUE, &epilogue, sizeof(epilogue)), "cublasLtMatmulDescSetAttribute", problem);
+    ok(t.desc_set(plan.desc, DESC_BIAS_POINTER, &bias, sizeof(bias)), "cublasLtMatmulDescSetAttribute", problem);
   }
   // Column-major: D (N x M) = op(A) (N x K) * B (K x M), A the row-major weight [N, K] read
   // transposed, B the row-major input [M, K], D the row-major output [M, N].
   ok(t.layout_create(&plan.a, type, k, n, k), "cublasLtMatrixLayoutCreate", problem);
   ok(t.layout_create(&plan.b, type, k, m, k), "cublasLtMatrixLayoutCreate", problem);
   ok(t.layout_create(&plan.d, type, n, m, n), "cublasLtMatrixLayoutCreate", problem);
+  // the operands' alignment: A the weight, B the input, C and D the output
+  const uint32_t have[4] = {std::get<0>(aligned), std::get<1>(aligned), std::get<2>(aligned), std::get<2>(aligned)};
   HeuristicResult result{};
-  if (words.empty()) {
-    Preference pref = nullptr;
-    ok(t.pref_create(&pref), "cublasLtMatmulPreferenceCreate", problem);
-    const uint64_t cap = HEURISTIC_WORKSPACE;
-    ok(t.pref_set(pref, PREF_MAX_WORKSPACE_BYTES, &cap, sizeof(cap)), "cublasLtMatmulPreferenceSetAttribute",
-       problem);
-    int returned = 0;
-    Status status = t.heuristic(handle, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, 1, &result, &returned);
-    t.pref_destroy(pref);
-    ok(status, "cublasLtMatmulAlgoGetHeuristic", problem);
-    TORCH_CHECK(returned > 0, "laya_native::linear: cuBLASLt has no algorithm for ", problem);
-    plan.algo = result.algo;
-  } else {
+  bool named = !words.empty();
+  if (named) {
     for (int i = 0; i < 8; ++i) plan.algo.data[i] = static_cast<uint64_t>(words[i]);
     Status status = t.check(handle, plan.desc, plan.a, plan.b, plan.d, plan.d, &plan.algo, &result);
     TORCH_CHECK(status == 0, "laya_native::linear: cuBLASLt does not accept the algorithm the package names for ",
                 problem, " (cublasLtMatmulAlgoCheck status ", status,
                 "); an algorithm is chosen for one cuBLASLt version and GPU: choose again on this one "
                 "(benchmarks/cublaslt_probe.py --write-algorithms) and rebuild the package");
+    for (int i = 0; i < 4 && named; ++i) {
+      uint32_t need = 0;
+      size_t written = 0;
+      if (t.cap(&plan.algo, CAP_MIN_ALIGNMENT_A + i, &need, sizeof(need), &written) == 0 && need > have[i]) {
+        TORCH_WARN_ONCE("laya_native::linear: the algorithm named for ", problem, " needs ", need,
+                        "-byte aligned operands and operand ", "ABCD"[i], " is ", have[i],
+                        "-byte aligned: running cuBLASLt's heuristic's choice for that alignment instead");
+        named = false;
+      }
+    }
+  }
+  if (!named) {
+    Preference pref = nullptr;
+    ok(t.pref_create(&pref), "cublasLtMatmulPreferenceCreate", problem);
+    const uint64_t cap = HEURISTIC_WORKSPACE;
+    Status status = t.pref_set(pref, PREF_MAX_WORKSPACE_BYTES, &cap, sizeof(cap));
+    for (int i = 0; i < 4 && status == 0; ++i) {
+      status = t.pref_set(pref, PREF_MIN_ALIGNMENT_A + i, &have[i], sizeof(have[i]));
+    }
+    int returned = 0;
+    if (status == 0) {
+      status = t.heuristic(handle, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, 1, &result, &returned);
+    }
+    t.pref_destroy(pref);
+    ok(status, "cublasLtMatmulAlgoGetHeuristic", problem);
+    TORCH_CHECK(returned > 0, "laya_native::linear: cuBLASLt has no algorithm for ", problem);
+    plan.algo = result.algo;
   }
   plan.workspace = result.workspaceSize;
   return plans().emplace(key, plan).first->second;
@@ -212,7 +270,7 @@ Plan& plan_for(int device, int64_t m, int64_t n, int64_t k, int type, bool bias,
 
 at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                       at::OptionalIntArrayRef algorithm) {
-  (void)algorithm;  // cuBLASLt's choice; the CPU has one way
+  check_format(algorithm);  // cuBLASLt's choice: the CPU has one way, the argument's form is checked alike
   return at::linear(x, weight, bias);
 }
 
@@ -225,32 +283,42 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
   TORCH_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), "laya_native::linear: x ",
               x.sizes(), " and weight ", weight.sizes(), " do not multiply (weight must be [N, K], x [..., K])");
   const bool has_bias = bias.has_value() && bias->defined();
+  TORCH_CHECK(weight.device() == x.device() && (!has_bias || bias->device() == x.device()),
+              "laya_native::linear: x is on ", x.device(), ", weight on ", weight.device(),
+              has_bias ? " and bias on " + bias->device().str() : std::string(), ": give them one device");
   if (has_bias) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0) && bias->scalar_type() == x.scalar_type(),
                 "laya_native::linear: bias ", bias->sizes(), " ", bias->scalar_type(), " is not a [",
                 weight.size(0), "] vector of x's dtype");
   }
+  check_format(algorithm);
   c10::DeviceGuard guard(x.device());
   const int64_t n = weight.size(0), k = weight.size(1);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n;
+  if (k == 0) {  // an empty sum: zeros, plus the bias (as at::linear)
+    at::Tensor out = at::zeros(shape, x.options());
+    return has_bias ? out.add_(*bias) : out;
+  }
   at::Tensor out = at::empty(shape, x.options());
-  const int64_t m = k == 0 ? 0 : x.numel() / k;
+  const int64_t m = x.numel() / k;
   if (m == 0 || n == 0) return out;
-  TORCH_CHECK(k > 0, "laya_native::linear: K is 0");
-  // cuBLASLt's kernels for these types read 16-byte aligned operands; a view at another offset
-  // is copied (a new tensor of the caching allocator is aligned to far more).
-  auto aligned = [](const at::Tensor& t) {
+  // cuBLASLt's kernels for these types read operands aligned to at least 16 bytes; a view at
+  // another offset is copied (a new tensor of the caching allocator is aligned to far more).
+  auto at_least_16 = [](const at::Tensor& t) {
     at::Tensor c = t.contiguous();
-    return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+    return alignment(c.data_ptr()) >= 16 ? c : c.clone();
   };
-  at::Tensor a = aligned(weight), b = aligned(x);
-  at::Tensor c = has_bias ? aligned(*bias) : at::Tensor();
+  at::Tensor a = at_least_16(weight), b = at_least_16(x);
+  at::Tensor c = has_bias ? at_least_16(*bias) : at::Tensor();
+  const void* bias_pointer = has_bias ? c.data_ptr() : nullptr;
+  const Alignments aligned{alignment(a.data_ptr()), alignment(b.data_ptr()), alignment(out.data_ptr()),
+                           alignment(bias_pointer)};
   const int type = x.scalar_type() == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
   const int device = x.device().index();
-  Plan& plan = plan_for(device, m, n, k, type, has_bias,
-                        algorithm.has_value() ? chosen(*algorithm, m) : std::vector<int64_t>{});
   const Lt& t = lt();
+  Plan& plan = plan_for(device, m, n, k, type, bias_pointer, aligned,
+                        algorithm.has_value() ? chosen(*algorithm, m, t.version()) : std::vector<int64_t>{});
   at::Tensor workspace;
   if (plan.workspace > 0) {
     workspace = at::empty({static_cast<int64_t>(plan.workspace)}, x.options().dtype(at::kByte));

@@ -114,11 +114,13 @@ def load_library(path, sha256: str, *, what: str = "package record") -> Path:
     """Load the native op library at ``path`` into this process once its bytes are ``sha256``
     (from ``what``); the path those bytes were first loaded from.
 
-    The file is read once: those bytes are hashed and, when they match, written to a private
-    temporary file that is loaded and removed, so what is loaded is what was checked whatever
-    happens to ``path`` meanwhile.  The same bytes asked for again load nothing.  Another build
-    of the library, once one is loaded, is refused (:class:`NativeLibraryError`): a process holds
-    one kernel per op.  A missing or different file is a :class:`PackageIntegrityError`."""
+    The file is read once: those bytes are hashed and, when they match, loaded from an anonymous
+    in-memory file (``memfd_create``; where there is none, a private temporary file), so what is
+    loaded is what was checked whatever happens to ``path`` meanwhile.  The same bytes asked for
+    again load nothing.  Another build of the library, once one is loaded, or one loaded into the
+    process outside this function (its static registration would end the process), is refused
+    (:class:`NativeLibraryError`): a process holds one kernel per op.  A missing or different file
+    is a :class:`PackageIntegrityError`."""
     path = Path(path)
     with _LIBRARIES_LOCK:
         if sha256 in _LIBRARIES:
@@ -138,19 +140,45 @@ def load_library(path, sha256: str, *, what: str = "package record") -> Path:
                 f"{NATIVE_NAMESPACE} ops); refusing to load the package without it"
             ) from None
         check_sha256(path, sha256, what, digest=hashlib.sha256(data).hexdigest())
-        with tempfile.TemporaryDirectory(prefix="laya-native-") as private:  # mode 0700: this user's
-            copy = Path(private, path.name)
-            copy.write_bytes(data)
-            try:
-                torch.ops.load_library(str(copy))
-            except (OSError, RuntimeError) as exc:
-                raise NativeLibraryError(
-                    f"{path}: loading the native op library failed: {exc} (a library that registers "
-                    f"{NATIVE_NAMESPACE} loaded in this process outside laya_build.runtime, or one built for "
-                    "another torch, cannot load)"
-                ) from exc
+        if _native_ops_registered():
+            raise NativeLibraryError(
+                f"{path}: this process already has {NATIVE_NAMESPACE} ops, from a library loaded outside "
+                "laya_build.runtime; a second registration of them would end the process"
+            )
+        try:
+            with _loadable_copy(data, path.name) as copy:
+                torch.ops.load_library(copy)
+        except (OSError, RuntimeError) as exc:
+            raise NativeLibraryError(
+                f"{path}: loading the native op library failed: {exc} (a library built for another torch "
+                "cannot load: build the package with the torch that serves it)"
+            ) from exc
         _LIBRARIES[sha256] = path
         return path
+
+
+def _native_ops_registered() -> bool:
+    """Whether this process has ops of :data:`NATIVE_NAMESPACE` (from any library)."""
+    prefix = f"{NATIVE_NAMESPACE}::"
+    return any(op.startswith(prefix) for op in torch._C._dispatch_get_all_op_names())
+
+
+@contextlib.contextmanager
+def _loadable_copy(data: bytes, name: str):
+    """A path that holds ``data`` for as long as the block runs, readable by this process alone."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create(name, 0)
+        try:
+            with open(fd, "wb", closefd=False) as fh:
+                fh.write(data)
+            yield f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
+    with tempfile.TemporaryDirectory(prefix="laya-native-") as private:  # mode 0700: this user's
+        copy = Path(private, name)
+        copy.write_bytes(data)
+        yield str(copy)
 
 
 def _native_ops_missing(exc: BaseException, path: Path) -> NativeLibraryError | None:

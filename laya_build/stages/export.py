@@ -25,7 +25,7 @@ from laya_build import PROJECT_ROOT
 from laya_build.atomic import atomic_path, torch_save
 from laya_build.environment import unsupported_reason, versions
 from laya_build.errors import ConfigError, InputsMismatchError
-from laya_build.layout import NATIVE_LIBRARY_NAME, build_name, eager_name, exported_name
+from laya_build.layout import NATIVE_BUILD_LOG_NAME, NATIVE_LIBRARY_NAME, build_name, eager_name, exported_name
 from laya_build.log import get_logger
 from laya_build.records import file_entry, sha256_file
 from laya_build.runtime.formats import EAGER_FORMAT, batch_args, run_batches
@@ -245,19 +245,26 @@ def run_export(
     fused_linears = list(cfg["fused_linears"].get(target, []))
     native_linears = list(cfg["native_linears"].get(target, []))
     algorithms, algorithms_in = native_algorithms(cfg, target, dtype, root)
+    try:
+        native_linear.check(model, native_linears)  # before the library's compile
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     out.mkdir(parents=True, exist_ok=True)
     library = native_library(out) if native_linears else None
     if library is None:  # a library an earlier export left here belongs to no program of this one
-        (out / NATIVE_LIBRARY_NAME).unlink(missing_ok=True)
+        for name in (NATIVE_LIBRARY_NAME, NATIVE_BUILD_LOG_NAME):
+            (out / name).unlink(missing_ok=True)
     try:
         attention.use(model, cfg["attention"][target])
         head_attention = head.use(model, cfg["attention"][target], cfg["last_head_layer"])
         rotary.use(model, cfg["rotary"], halves=cfg["attention"][target] == "fused")
         linear_bias.use(model, zero_bias)
-        native_linear.use(model, native_linears, algorithms)
+        named = native_linear.use(model, native_linears, algorithms)
         fused_linear.use(model, fused_linears)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if algorithms_in is not None:
+        algorithms_in["layers"] = named
     meta = {"target": target, "dtype": dtype, "inputs_sha256": sha256_file(inputs_path)}
     records = [export_program(model, inputs, p, cfg, target, out, meta) for p in programs]
     dims = cfg["dims"]

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from laya_build.atomic import atomic_path
 from laya_build.environment import device_snapshot, versions
-from laya_build.errors import ConfigError, StageError
+from laya_build.errors import ConfigError, PackageIntegrityError, StageError
 from laya_build.layout import NATIVE_LIBRARY_NAME, build_name, child_log_name, package_name, record_name
 from laya_build.records import file_entry
 from laya_build.runner import Child, run
@@ -117,8 +117,9 @@ def copy_library(library: dict | None, export_dir: Path, out: Path) -> dict | No
     with atomic_path(out / NATIVE_LIBRARY_NAME) as tmp:
         shutil.copyfile(source, tmp)
     copied = file_entry(out / NATIVE_LIBRARY_NAME, out)
-    if copied["sha256"] != library["sha256"]:
-        raise StageError(f"{out / NATIVE_LIBRARY_NAME}: the copy of {source} has other bytes than the export record's")
+    if copied["sha256"] != library["sha256"]:  # the source changed while it was copied
+        (out / NATIVE_LIBRARY_NAME).unlink()
+        raise PackageIntegrityError(f"{source}: changed while it was copied; its copy was not kept")
     return copied
 
 

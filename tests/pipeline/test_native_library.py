@@ -192,14 +192,22 @@ def test_the_op_on_the_cpu_is_linear_bit_for_bit(released):
         for dtype in (torch.float32, torch.bfloat16):
             x, w, b = torch.randn(2, 5, 16, dtype=dtype), torch.randn(24, 16, dtype=dtype), torch.randn(24, dtype=dtype)
             for bias in (None, b):
-                out = torch.ops.laya_native.linear(x, w, bias, [128, *range(8)])
+                out = torch.ops.laya_native.linear(x, w, bias, [130100, 128, *range(8)])
                 same.append(torch.equal(out, torch.nn.functional.linear(x, w, bias)))
-        print(json.dumps({"same": same}))
+        try:  # the argument's form is checked on the CPU as on CUDA
+            torch.ops.laya_native.linear(x, w, None, [128, *range(8)])
+            refused = None
+        except RuntimeError as exc:
+            refused = str(exc).splitlines()[0]
+        empty = torch.ops.laya_native.linear(torch.ones(2, 0), torch.ones(3, 0), torch.ones(3), None)
+        print(json.dumps({"same": same, "refused": refused, "empty": empty.tolist()}))
         """,
         str(library),
         sha256_file(library),
     )
     assert got["same"] == [True] * 4
+    assert "not a cuBLASLt version and groups of 9" in got["refused"]
+    assert got["empty"] == [[1.0] * 3] * 2  # K = 0: the bias alone, as F.linear
 
 
 def test_the_library_is_the_same_bytes_built_from_another_checkout(released, tmp_path, monkeypatch):
@@ -232,9 +240,9 @@ def test_a_change_to_the_library_source_rebuilds_the_export(released):
 # ---------------------------------------------------------------------- the algorithms file
 
 
-def _algorithms(tmp_path, entries, fmt=native_linear.ALGORITHMS_FORMAT) -> Path:
+def _algorithms(tmp_path, entries, fmt=native_linear.ALGORITHMS_FORMAT, version=130100) -> Path:
     path = tmp_path / "algorithms.json"
-    path.write_text(json.dumps({"format": fmt, "entries": entries}))
+    path.write_text(json.dumps({"format": fmt, "cublaslt_version": version, "entries": entries}))
     return path
 
 
@@ -250,7 +258,7 @@ def test_algorithms_become_the_op_argument_smallest_bound_first(tmp_path):
         _algorithms(tmp_path, [entry(m_max=None), entry(m_max=128), entry(n=3072, k=1024)]), "key"
     )
     arg = native_linear.algorithm_argument(entries, 1024, 2624, "bfloat16", False)
-    assert arg == [128, 0, 1, 2, 3, 4, 5, 6, -1, -1, 0, 1, 2, 3, 4, 5, 6, -1]
+    assert arg == [130100, 128, 0, 1, 2, 3, 4, 5, 6, -1, -1, 0, 1, 2, 3, 4, 5, 6, -1]
     assert native_linear.algorithm_argument(entries, 1024, 2624, "bfloat16", True) == []  # no entry: the heuristic
     with pytest.raises(ConfigError, match="same m_max"):
         native_linear.algorithm_argument(entries + [entry()], 1024, 2624, "bfloat16", False)
@@ -266,10 +274,11 @@ def test_algorithms_become_the_op_argument_smallest_bound_first(tmp_path):
         ([entry(algorithm=WORDS[:7])], None, "8 words"),
         ([entry(algorithm=[w.upper() for w in WORDS])], None, "8 words"),
         ([entry(bias="no")], None, "bias"),
+        ([entry()], None, "version"),
     ],
 )
 def test_a_bad_algorithms_file_names_the_entry(tmp_path, entries, fmt, says):
-    path = _algorithms(tmp_path, entries, fmt or native_linear.ALGORITHMS_FORMAT)
+    path = _algorithms(tmp_path, entries, fmt or native_linear.ALGORITHMS_FORMAT, version=0 if says == "version" else 1)
     with pytest.raises(ConfigError, match=says) as caught:
         native_linear.read_algorithms(path, "export.native_algorithms.cuda-bfloat16")
     assert str(path) in str(caught.value) and "cublaslt_probe.py --write-algorithms" in str(caught.value)
@@ -314,7 +323,13 @@ def test_the_probe_writes_the_fastest_algorithm_of_each_gemm_as_a_file_the_expor
         (None, f"0x{5:016x}", 33.1),
     ]
     assert entries[0]["cublas_us"] == 6.4 and doc["cublaslt_version"] == 130100
-    assert native_linear.algorithm_argument(entries, 5248, 1024, "bfloat16", False) == [128, *[2] * 8, -1, *[5] * 8]
+    assert native_linear.algorithm_argument(entries, 5248, 1024, "bfloat16", False) == [
+        130100,
+        128,
+        *[2] * 8,
+        -1,
+        *[5] * 8,
+    ]
 
 
 def test_the_library_beside_a_package_is_found_from_its_record(released, tmp_path):

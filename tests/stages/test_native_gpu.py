@@ -52,6 +52,7 @@ def test_a_named_algorithm_is_the_one_called_from_python_bit_for_bit(op):
     from benchmarks.cublaslt_probe import Lt, words_of
 
     lt = Lt(torch, 32 << 20)
+    version = cublaslt_version(lt)
     torch.manual_seed(1)
     m, n, k = 128, 1024, 2624
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -63,7 +64,7 @@ def test_a_named_algorithm_is_the_one_called_from_python_bit_for_bit(op):
         want = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         lt.matmul(problem, algo, x, w, want)
         words = [int(v, 16) - (1 << 64) if int(v, 16) >= 1 << 63 else int(v, 16) for v in words_of(algo)]
-        got = op(x, w, None, [-1, *words])
+        got = op(x, w, None, [version, -1, *words])
         torch.cuda.synchronize()
         assert torch.equal(got, want)
 
@@ -86,10 +87,40 @@ def test_a_graph_replay_is_the_plain_call(op):
     assert torch.equal(out, plain)
 
 
+def cublaslt_version(lt) -> int:
+    import ctypes
+
+    lt.lib.cublasLtGetVersion.restype = ctypes.c_size_t
+    return int(lt.lib.cublasLtGetVersion())
+
+
 def test_an_algorithm_cublaslt_refuses_names_the_problem(op):
+    from benchmarks.cublaslt_probe import Lt
+
+    version = cublaslt_version(Lt(torch, 1 << 20))
     x = torch.randn(128, 1024, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match=r"does not accept the algorithm .* M=128 N=1024 K=1024 bfloat16"):
-        op(x, w, None, [-1, *[-1] * 8])
+        op(x, w, None, [version, -1, *[-1] * 8])
     with pytest.raises(RuntimeError, match="groups of 9"):
-        op(x, w, None, [128, 1, 2])
+        op(x, w, None, [version, 128, 1, 2])
+
+
+def test_algorithms_of_another_cublaslt_run_the_heuristics_choice(op):
+    """Words chosen with another cuBLASLt version may name other kernels there: not used."""
+    x = torch.randn(128, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    with pytest.warns(UserWarning, match="chosen with cuBLASLt 1 "):
+        got = op(x, w, None, [1, -1, *[-1] * 8])
+    torch.testing.assert_close(got, F.linear(x, w), atol=2e-2, rtol=2e-2)
+
+
+def test_operands_at_any_16_byte_offset(op):
+    """Weights inside AOTInductor's constant blob are 64-byte aligned, views may be 16: the op
+    tells cuBLASLt the alignment the operands have."""
+    base = torch.randn(2 * 1024 * 1024 + 64, device="cuda", dtype=torch.bfloat16)
+    xs = torch.randn(128 * 1024 + 64, device="cuda", dtype=torch.bfloat16)
+    for offset in (8, 32, 64):  # elements of 2 bytes: 16-, 64- and 128-byte offsets
+        w = base[offset : offset + 1024 * 1024].view(1024, 1024)
+        x = xs[offset : offset + 128 * 1024].view(128, 1024)
+        torch.testing.assert_close(op(x, w, None, None), F.linear(x, w), atol=2e-2, rtol=2e-2)
