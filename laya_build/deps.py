@@ -376,3 +376,10 @@ def code_deps(root: Path, stage: Stage) -> tuple[list[str], frozenset[str]]:
         files, third_party = files | runner_files, third_party | runner_imports
     schema_files = schema_closure(root / SCHEMA_DIR.name, stage.schemas)
     return sorted(str(f) for f in files | schema_files), third_party
+
+
+def stage_tools(stage, root: Path = PROJECT_ROOT) -> tuple[str, ...]:
+    """The compilers a stage task runs, part of its up-to-date check and cache key: its module's
+    ``TOOLS`` and those its configuration adds (``stage.tools``: the export's C++ compiler when
+    it builds the native op library)."""
+    return tuple(dict.fromkeys((*module_constant(stage.module, "TOOLS", (), root=root), *stage.tools)))

@@ -46,6 +46,7 @@ class Stage:
     always: bool = False  # never up to date (verify)
     task_dep: tuple[str, ...] = ()
     verbose: bool = False  # show its progress lines as they come
+    tools: tuple[str, ...] = ()  # compilers this task runs beyond its module's ``TOOLS`` (its configuration's)
 
     def __post_init__(self):
         if self.process not in PROCESSES:

@@ -256,10 +256,10 @@ def _serve(request: dict, root: Path) -> dict:
         for path in folder.rglob("*"):
             if path.is_file() and path.relative_to(root).as_posix() not in request["inputs"]:
                 path.unlink()
-    from laya_build.deps import code_deps, module_constant
+    from laya_build.deps import code_deps, stage_tools
 
     code, third_party = code_deps(root, stage)
-    tools = tuple(module_constant(stage.module, "TOOLS", (), root=root))
+    tools = stage_tools(stage, root)
     mine = keys.key_parts(
         root,
         stage,

@@ -34,10 +34,6 @@ from laya_build.targets import check_target, torch_dtype
 
 log = get_logger(__name__)
 
-# Compilers this stage runs (the native op library, when export.native_linears names layers):
-# part of its up-to-date check (laya_build.environment).
-TOOLS = ("cxx",)
-
 
 @dataclass(frozen=True)
 class Program:

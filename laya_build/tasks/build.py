@@ -55,7 +55,7 @@ def stage_action(stage: Stage):
 def doit_task(p, stage: Stage) -> dict:
     """The doit task dict of ``stage`` in the pipeline ``p``."""
     code, third_party = code_deps(p.root, stage)
-    tools = tuple(deps.module_constant(stage.module, "TOOLS", (), root=p.root))
+    tools = deps.stage_tools(stage, p.root)
     uptodate = (
         [False]
         if stage.always

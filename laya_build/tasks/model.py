@@ -66,11 +66,13 @@ def _build_stage(
     always: bool = False,
     config: dict | None = None,
     process: str = "fork",
+    tools: tuple[str, ...] = (),
 ) -> Stage:
     """One model-stage sub-task for a (target, dtype) build, or for a whole target (``dtype``
     None: a stage of :data:`laya_build.layout.TARGET_STAGES`): its record is ``<stage>.json``
     in ``artifacts/<version>/<stage>/<target>-<dtype>/`` (``<stage>/<target>/``); long, so its
-    progress lines are shown.  ``config``: further keys of its up-to-date check."""
+    progress lines are shown.  ``config``: further keys of its up-to-date check; ``tools``:
+    compilers it runs beyond its module's ``TOOLS``."""
     out = p.layout.build_dir(stage, target, dtype)
     module = {"aoti_package": "package"}.get(stage, stage)
     return version_stage(
@@ -93,6 +95,7 @@ def _build_stage(
         },
         always=always,
         verbose=True,
+        tools=tools,
         process=process,
     )
 
@@ -123,6 +126,7 @@ def export_tasks(p):
                 config_key="export_cfg",
                 doc="torch.export of the decision model",
                 inputs=[v.model_record, v.inputs, *native, *([p.root / algorithms] if algorithms else [])],
+                tools=("cxx",) if native else (),  # the native op library's compiler
                 schemas=("model",),
             ),
         )

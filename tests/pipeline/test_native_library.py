@@ -237,6 +237,17 @@ def test_a_change_to_the_library_source_rebuilds_the_export(released):
         source.write_bytes(original)
 
 
+def test_another_compiler_reruns_an_export_that_builds_the_library(released, tmp_path):
+    """The export names the C++ compiler among its tools only when it builds the library (an
+    export without native layers does not re-run for a compiler: tests/small_build)."""
+    fake = tmp_path / "bin" / "g++"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'g++ (Fake) 99.1.0'\n")
+    fake.chmod(0o755)
+    status = released.status(env={"PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"})
+    assert status[f"export:{BUILD}"] == "R", status
+
+
 # ---------------------------------------------------------------------- the algorithms file
 
 
