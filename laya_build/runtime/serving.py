@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -147,7 +148,9 @@ def load_library(path, sha256: str, *, what: str = "package record") -> Path:
             )
         try:
             with _loadable_copy(data, path.name) as copy:
-                torch.ops.load_library(copy)
+                # what torch.ops.load_library does, without resolving the path (a memfd's resolves
+                # to no file): the library's static initialisers register its ops with torch
+                ctypes.CDLL(copy, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
         except (OSError, RuntimeError) as exc:
             raise NativeLibraryError(
                 f"{path}: loading the native op library failed: {exc} (a library built for another torch "
