@@ -264,7 +264,7 @@ def native_rows(torch, result: dict, save, library: Path, algorithms: dict) -> N
     from laya_build.runtime.serving import load_library
 
     load_library(library, sha256_file(library), what="--library")
-    entries = algorithms["entries"]
+    entries = [{**e, "cublaslt_version": algorithms["cublaslt_version"]} for e in algorithms["entries"]]
     for name, (N, K) in GEMMS.items():
         weights = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K**-0.5 for _ in range(LAYERS)]
         arg = algorithm_argument(entries, N, K, "bfloat16", False) or None

@@ -69,7 +69,20 @@ def compile_command(out: Path) -> list[str]:
         str(out),
         *(f"-L{d}" for d in cpp_extension.library_paths()),
         *LIBRARIES,
+        *loaded_cxx_runtime(),
     ]
+
+
+def loaded_cxx_runtime() -> list[str]:
+    """The C++ runtime this process (torch) has loaded, to link against by name: a compiler whose
+    own runtime is only a static archive would otherwise put a private copy of it into the
+    library, whose streams and locale torch's never set up (seen: a GCC whose libstdc++ is
+    static, and a crash in the op's first message)."""
+    for line in Path("/proc/self/maps").read_text().splitlines() if Path("/proc/self/maps").is_file() else ():
+        path = line.split()[-1]
+        if "/libstdc++.so" in path and Path(path).is_file():
+            return [path]
+    return []
 
 
 def compile_library(command: list[str], log: str) -> None:
