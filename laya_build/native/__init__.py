@@ -6,8 +6,8 @@ process before the package (``Could not find schema for laya_native::linear`` ot
 library is one C++ file, :data:`SOURCE`, compiled against the installed torch's headers by the
 C++ compiler of the ``cxx`` role (:func:`laya_build.environment.tool_path`) with fixed flags and
 without debug information: the same source, compiler and torch give the same bytes, wherever
-the checkout and the environment live (``-ffile-prefix-map``; no run path: ``c10`` and
-``torch_cpu`` are found among the libraries the loading process has already loaded).
+the checkout and the environment live (``-ffile-prefix-map``; no run path: ``c10``, ``torch_cpu``
+and the C++ runtime are found among the libraries the loading process has already loaded).
 
 Who reads what:
 
