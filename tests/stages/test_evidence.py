@@ -802,3 +802,70 @@ def test_h200_back_to_back_the_act_head_fused_packages_were_the_faster_at_1x128(
         assert events["1x128x3"][fused] + 5 < events["1x128x3"][other]
         assert events["7x256x4"][fused] > events["7x256x4"][other] + 25
         assert {n: round(us / 1000, 3) for n, us in events["1x128x3"].items()} == quoted[run]
+
+
+NATIVE = "2026-12-05-h200-native"
+
+
+def test_h200_the_committed_algorithms_are_the_fastest_the_probe_timed():
+    """tuning/h200-cublaslt.json is what the probe's writer makes of the rows it timed on the H200,
+    and every chosen algorithm gave cuBLAS's output bit for bit."""
+    from benchmarks.cublaslt_probe import algorithms_file
+
+    probe = load(f"{NATIVE}/cublaslt.json")
+    committed = json.loads((ROOT / h200_config()["export"]["native_algorithms"]["cuda-bfloat16"]).read_text())
+    assert committed["cublaslt_version"] == 130100
+    assert algorithms_file(probe, 130100)["entries"] == committed["entries"]
+    assert len(committed["entries"]) == 8 and all(e["equal_to_cublas"] for e in committed["entries"])
+
+
+def test_h200_the_native_op_and_the_stored_residual_were_faster_in_every_round_and_verified():
+    """Run 2: every nat2 round faster than every base round, every rrn round faster than every
+    nat2 round, at both shapes; the medians and the back-to-back figures the section quotes; the
+    native op's answers base's bit for bit; run 1 in the same order."""
+    shapes = load(f"{NATIVE}/latency-2.json")["shapes"]
+    for shape in ("1x128x3", "7x256x4"):
+        rounds = shapes[shape]["ms"]
+        assert max(rounds["nat2"]["replay"]) < min(rounds["base"]["replay"])
+        assert max(rounds["rrn"]["replay"]) < min(rounds["nat2"]["replay"])
+        assert shapes[shape]["max_abs_vs_first"]["nat2"] == 0.0
+    medians = {(s, n): round(v["median_ms"][n]["replay"], 3) for s, v in shapes.items() for n in v["median_ms"]}
+    assert medians == {
+        ("1x128x3", "base"): 1.003,
+        ("1x128x3", "nat2"): 0.994,
+        ("1x128x3", "rrn"): 0.986,
+        ("7x256x4", "base"): 3.391,
+        ("7x256x4", "nat2"): 3.335,
+        ("7x256x4", "rrn"): 3.269,
+    }
+    events = {
+        (s, n): round(x["events_us_per_replay"] / 1000, 3) for s, v in shapes.items() for n, x in v["launch"].items()
+    }
+    assert events == {
+        ("1x128x3", "base"): 1.098,
+        ("1x128x3", "nat2"): 1.083,
+        ("1x128x3", "rrn"): 1.074,
+        ("7x256x4", "base"): 3.433,
+        ("7x256x4", "nat2"): 3.302,
+        ("7x256x4", "rrn"): 3.262,
+    }
+    first = load(f"{NATIVE}/latency-1.json")["shapes"]
+    assert {s: round(v["median_ms"]["nat"]["replay"], 3) for s, v in first.items()} == {
+        "1x128x3": 0.996,
+        "7x256x4": 3.33,
+    }
+    assert all(max(v["ms"]["nat"]["replay"]) < min(v["ms"]["base"]["replay"]) for v in first.values())
+    verified_as_quoted(f"{NATIVE}/nat-verify-1.json", {"decision": (0.030, 0.0071), "act": (0.043, 0.0089)})
+    verified_as_quoted(f"{NATIVE}/rrn-verify-2.json", {"decision": (0.032, 0.0065), "act": (0.047, 0.0102)})
+
+
+def test_h200_the_native_packages_rebuilt_to_their_bytes_with_nothing_timed():
+    logs = {n: digests((EVIDENCE / NATIVE / f"variants-{n}.log").read_text()) for n in (1, 2, 3)}
+    assert (
+        logs[1]["nat"] == logs[2]["nat2"] == {load(f"{NATIVE}/nat-verify-1.json")["programs"][0]["package"]["sha256"]}
+    )
+    assert (
+        logs[2]["rrn"] == logs[3]["rrn2"] == {load(f"{NATIVE}/rrn-verify-2.json")["programs"][0]["package"]["sha256"]}
+    )
+    for name in ("nat-tuning-1", "rrn-tuning-2", "rrn2-tuning-3"):
+        assert (EVIDENCE / NATIVE / f"{name}.json").read_bytes() == committed_tuning()
