@@ -857,31 +857,26 @@ def open_release(
     record_rel = package_record_path(build)
     record = _read_json(checked(record_rel), "package record")
     entry = _program(record, vdir / record_rel, program)
+
+    def as_recorded(rel: str, sha256: str) -> Path:
+        """``rel``: a regular file of the release, listed with the sha256 its record names."""
+        _no_link(vdir, rel)
+        if rel not in listed or not (vdir / rel).is_file():
+            raise PackageIntegrityError(f"{vdir / rel}: missing from the release or its manifest")
+        if listed[rel] != sha256:
+            raise PackageIntegrityError(
+                f"{vdir / rel}: the manifest's sha256 {listed[rel]} is not the package record's {sha256}"
+            )
+        return vdir / rel
+
     package_rel = f"aoti_package/{build}/{entry['package']['path']}"
-    _no_link(vdir, package_rel)
-    if package_rel not in listed or not (vdir / package_rel).is_file():
-        raise PackageIntegrityError(f"{vdir / package_rel}: missing from the release or its manifest")
-    if listed[package_rel] != entry["package"]["sha256"]:
-        raise PackageIntegrityError(
-            f"{vdir / package_rel}: the manifest's sha256 {listed[package_rel]} is "
-            f"not the package record's {entry['package']['sha256']}"
-        )
+    as_recorded(package_rel, entry["package"]["sha256"])
     target = record["target"]
     if buckets is None:
         buckets = config.get("runtime", {}).get("buckets", {}).get(target, [])
     if (library := recorded_library(record, vdir / record_rel)) is not None:
-        library_rel = f"aoti_package/{build}/{library['path']}"
-        if library_rel not in listed:
-            raise PackageIntegrityError(
-                f"{vdir / library_rel}: the package's native op library is not listed in {vdir / MANIFEST}"
-            )
-        if listed[library_rel] != library["sha256"]:
-            raise PackageIntegrityError(
-                f"{vdir / library_rel}: the manifest's sha256 {listed[library_rel]} is not the package "
-                f"record's {library['sha256']}"
-            )
-        _no_link(vdir, library_rel)
-        library = {"path": vdir / library_rel, "sha256": listed[library_rel]}
+        rel = f"aoti_package/{build}/{library['path']}"
+        library = {"path": as_recorded(rel, library["sha256"]), "sha256": listed[rel]}
     preload_modules(config.get("verify", {}).get("preload", {}).get(target, []))
     package = load_package(
         vdir / package_rel,
