@@ -1,7 +1,7 @@
 """The encoder's GEMMs through every algorithm cuBLASLt offers, against the cuBLAS call the package makes.
 
     python benchmarks/cublaslt_probe.py --out cublaslt.json [--algos 24] [--workspace-mib 32]
-        [--write-algorithms FILE] [--library liblaya_native.so]
+        [--search ROUNDS [--keep 4] [--search-s 40]] [--write-algorithms FILE] [--library liblaya_native.so]
 
 The package's GEMMs (``aten.mm`` through AOTInductor) go to cuBLAS, which picks one kernel by its
 own heuristic; cuBLASLt's heuristic returns a ranked list of algorithms for the same problem.  This
@@ -15,9 +15,16 @@ replay's median / 28.  Rows:
 - ``cublaslt-torch``: ``F.linear`` with ``preferred_blas_library("cublaslt")`` (the heuristic's first);
 - ``lt #i``: the heuristic's i-th algorithm, with its configuration attributes, its 8 opaque
   words (``words``), the largest difference from ``cublas``'s output and whether it is
-  ``cublas``'s output bit for bit.
+  ``cublas``'s output bit for bit;
+- ``lt search #i`` (with ``--search``): the fastest algorithms found beyond the heuristic's list.
+  The heuristic offers 8 algorithms a problem on the H200, all of one algorithm id in different
+  configurations; the search changes one configuration attribute at a time (tile, stages, custom
+  option, cluster shape, inner shape, swizzle, split-K with each reduction scheme the algorithm
+  supports), keeps what ``cublasLtMatmulAlgoCheck`` accepts for the problem, times each briefly,
+  and starts the next round from the ``--keep`` fastest.  Its outputs are checked as the rows
+  above (split-K sums in another order: not cuBLAS's bits).
 
-``--write-algorithms FILE`` writes, for each GEMM, the fastest ``lt`` algorithm at each M as an
+``--write-algorithms FILE`` writes, for each GEMM, the fastest ``lt`` or ``lt search`` algorithm at each M as an
 algorithms file (:data:`laya_build.model.native_linear.ALGORITHMS_FORMAT`; M = 128 as
 ``m_max`` 128, the largest M as no bound), what ``export.native_algorithms.cuda-bfloat16``
 names.  ``--library`` then times the project's op (``laya_native::linear``, the library an
@@ -49,6 +56,12 @@ CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 DESC_TRANSA, DESC_TRANSB = 3, 4
 PREF_MAX_WORKSPACE_BYTES = 1
 ALGO_CONFIG = {"id": 0, "tile": 1, "splitk": 2, "reduction": 3, "swizzle": 4, "custom": 5, "stages": 6}
+ALGO_CONFIG_U16 = {"inner": 7, "cluster": 8}  # uint16_t attributes
+CAP_SPLITK, CAP_REDUCTION_MASK, CAP_SWIZZLE, CAP_TILE_IDS, CAP_CUSTOM_MAX, CAP_STAGES_IDS = 0, 1, 2, 6, 7, 13
+SPLITS = (2, 3, 4, 6, 8)
+# cublasLtClusterShape_t: AUTO = 0, then 1x1x1 = 2 ...; a value cuBLASLt refuses is skipped
+CLUSTER_SHAPE_IDS = range(0, 40)
+INNER_SHAPE_IDS = range(0, 8)
 
 
 class HeuristicResult(ctypes.Structure):
@@ -138,13 +151,90 @@ class Lt:
 
     def config(self, result: HeuristicResult) -> dict:
         out = {"workspace": int(result.workspaceSize), "waves": round(float(result.wavesCount), 3)}
-        for name, attr in ALGO_CONFIG.items():
-            value, written = ctypes.c_uint32(0), ctypes.c_size_t(0)
-            status = self.lib.cublasLtMatmulAlgoConfigGetAttribute(
-                ctypes.byref(result.algo), attr, ctypes.byref(value), _size(value), ctypes.byref(written)
+        for attrs, kind in ((ALGO_CONFIG, ctypes.c_uint32), (ALGO_CONFIG_U16, ctypes.c_uint16)):
+            for name, attr in attrs.items():
+                value, written = kind(0), ctypes.c_size_t(0)
+                status = self.lib.cublasLtMatmulAlgoConfigGetAttribute(
+                    ctypes.byref(result.algo), attr, ctypes.byref(value), _size(value), ctypes.byref(written)
+                )
+                if status == 0:
+                    out[name] = int(value.value)
+        return out
+
+    def caps(self, algo) -> dict:
+        """What an algorithm may be configured with: its tiles, stages, custom options, split-K and swizzle."""
+
+        def ints(attr):
+            written = ctypes.c_size_t(0)
+            if self.lib.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), attr, None, 0, ctypes.byref(written)):
+                return []
+            values = (ctypes.c_uint32 * max(1, written.value // 4))()
+            self.lib.cublasLtMatmulAlgoCapGetAttribute(
+                ctypes.byref(algo), attr, values, ctypes.sizeof(values), ctypes.byref(written)
             )
-            if status == 0:
-                out[name] = int(value.value)
+            return [int(v) for v in values[: written.value // 4]]
+
+        def one(attr):
+            value, written = ctypes.c_int32(0), ctypes.c_size_t(0)
+            status = self.lib.cublasLtMatmulAlgoCapGetAttribute(
+                ctypes.byref(algo), attr, ctypes.byref(value), _size(value), ctypes.byref(written)
+            )
+            return int(value.value) if status == 0 else 0
+
+        return {
+            "tiles": ints(CAP_TILE_IDS),
+            "stages": ints(CAP_STAGES_IDS),
+            "custom_max": one(CAP_CUSTOM_MAX),
+            "splitk": one(CAP_SPLITK),
+            "reduction_mask": one(CAP_REDUCTION_MASK),
+            "swizzle": one(CAP_SWIZZLE),
+        }
+
+    def configured(self, algo, settings) -> HeuristicResult | None:
+        """A copy of ``algo`` with ``settings`` ((attribute, value, ctype), ...), or None where refused."""
+        out = HeuristicResult()
+        ctypes.memmove(ctypes.byref(out.algo), ctypes.byref(algo), ctypes.sizeof(algo))
+        for attr, value, kind in settings:
+            v = kind(value)
+            if self.lib.cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(out.algo), attr, ctypes.byref(v), _size(v)):
+                return None
+        return out
+
+    def check(self, problem, result: HeuristicResult) -> HeuristicResult | None:
+        """``result`` with the workspace and waves cuBLASLt gives its algorithm for ``problem``; None where
+        the algorithm cannot run it or needs more workspace than this probe has."""
+        desc, (a, b, c) = problem
+        checked = HeuristicResult()
+        if self.lib.cublasLtMatmulAlgoCheck(
+            self.handle, desc, a, b, c, c, ctypes.byref(result.algo), ctypes.byref(checked)
+        ):
+            return None
+        if checked.workspaceSize > self.workspace.numel():
+            return None
+        result.workspaceSize, result.wavesCount, result.state = checked.workspaceSize, checked.wavesCount, 0
+        return result
+
+    def variations(self, problem, seed: HeuristicResult) -> list[HeuristicResult]:
+        """Every algorithm one configuration attribute away from ``seed`` that cuBLASLt accepts for ``problem``."""
+        caps = self.caps(seed.algo)
+        u32, u16 = ctypes.c_uint32, ctypes.c_uint16
+        settings = [[(ALGO_CONFIG["tile"], t, u32)] for t in caps["tiles"]]
+        settings += [[(ALGO_CONFIG["stages"], t, u32)] for t in caps["stages"]]
+        settings += [[(ALGO_CONFIG["custom"], c, u32)] for c in range(caps["custom_max"] + 1)]
+        settings += [[(ALGO_CONFIG_U16["cluster"], c, u16)] for c in CLUSTER_SHAPE_IDS]
+        settings += [[(ALGO_CONFIG_U16["inner"], c, u16)] for c in INNER_SHAPE_IDS]
+        if caps["swizzle"]:
+            settings += [[(ALGO_CONFIG["swizzle"], c, u32)] for c in range(4)]
+        if caps["splitk"]:
+            schemes = [bit for bit in (1, 2, 4) if caps["reduction_mask"] & bit] or [0]
+            settings += [
+                [(ALGO_CONFIG["splitk"], k, u32), (ALGO_CONFIG["reduction"], r, u32)] for k in SPLITS for r in schemes
+            ]
+        out = []
+        for setting in settings:
+            algo = self.configured(seed.algo, setting)
+            if algo is not None and self.check(problem, algo) is not None:
+                out.append(algo)
         return out
 
     def matmul(self, problem, result: HeuristicResult, x, w, y) -> None:
@@ -208,6 +298,73 @@ def probe_shape(torch, lt: Lt, result: dict, save, name: str, M: int, weights: l
         record(f"lt #{index}", calls, once, config=lt.config(algo), words=words_of(algo))
 
 
+def search_shape(
+    torch,
+    lt: Lt,
+    result: dict,
+    save,
+    name: str,
+    M: int,
+    weights: list,
+    count: int,
+    rounds: int,
+    keep: int,
+    budget_s: float,
+) -> None:
+    """Beyond the heuristic's list: ``rounds`` of variations (each configuration attribute of an
+    algorithm changed one at a time, as far as cuBLASLt accepts the change for the problem), each
+    round from the ``keep`` fastest so far; the candidates timed briefly (no new one after
+    ``budget_s``), the ``keep`` fastest of all then timed as the rows above (``lt search #i``)."""
+    import torch.nn.functional as F
+
+    from benchmarks.gemm_probe import graphed_ms
+
+    N, K = weights[0].shape
+    xs = [torch.randn(M, K, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
+    ys = [torch.empty(M, N, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
+    reference = F.linear(xs[0], weights[0])
+    problem = lt.problem(M, N, K)
+
+    def calls(algo):
+        return [lambda i=i: lt.matmul(problem, algo, xs[i], weights[i], ys[i]) for i in range(LAYERS)]
+
+    timed: dict[tuple, tuple[float, HeuristicResult]] = {}
+    deadline = time.monotonic() + budget_s
+
+    def brief(algo):
+        key = tuple(int(w) for w in algo.algo)
+        if key not in timed and time.monotonic() < deadline:
+            try:
+                timed[key] = (graphed_ms(torch, calls(algo), min_run_time=0.03) / LAYERS * 1e3, algo)
+            except Exception:  # noqa: BLE001 - an algorithm that fails to run is no candidate
+                timed[key] = (float("inf"), algo)
+
+    for algo in lt.algorithms(problem, count):
+        brief(algo)
+    tried = set()
+    for _ in range(rounds):
+        seeds = [a for _, a in sorted(timed.values(), key=lambda t: t[0])[:keep]]
+        for seed in seeds:
+            key = tuple(int(w) for w in seed.algo)
+            if key in tried:
+                continue
+            tried.add(key)
+            for algo in lt.variations(problem, seed):
+                brief(algo)
+    best = sorted(timed.values(), key=lambda t: t[0])[:keep]
+    print(json.dumps({"gemm": name, "M": M, "candidates": len(timed), "brief_us": [round(t, 2) for t, _ in best]}))
+    for index, (_, algo) in enumerate(best):
+
+        def once(algo=algo):
+            y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+            lt.matmul(problem, algo, xs[0], weights[0], y)
+            return y
+
+        row = {"gemm": name, "M": M, "N": N, "K": K, "name": f"lt search #{index}", "candidates": len(timed)}
+        row.update(config=lt.config(algo), words=words_of(algo))
+        timed_row(torch, result, save, row, calls(algo), LAYERS, once, reference, versus="cublas")
+
+
 def words_of(result: HeuristicResult) -> list[str]:
     """The algorithm's 8 opaque words, as an algorithms file holds them."""
     return [f"0x{int(w):016x}" for w in result.algo]
@@ -220,7 +377,7 @@ def algorithms_file(result: dict, version: int) -> dict:
 
     best = {}
     for row in result["rows"]:  # an algorithm whose timing or output check failed is never chosen
-        if row["name"].startswith("lt #") and "us" in row and "words" in row and "error" not in row:
+        if row["name"].startswith(("lt #", "lt search #")) and "us" in row and "words" in row and "error" not in row:
             key = (row["N"], row["K"], row["M"])
             if key not in best or row["us"] < best[key]["us"]:
                 best[key] = row
@@ -283,6 +440,13 @@ def main() -> int:
     parser.add_argument("--workspace-mib", type=int, default=32)
     parser.add_argument("--write-algorithms", type=Path, help="the algorithms file to write (the fastest of each)")
     parser.add_argument("--library", type=Path, help="the native op library to time with those algorithms")
+    parser.add_argument(
+        "--search", type=int, default=0, metavar="ROUNDS", help="rounds of variations beyond the heuristic's list"
+    )
+    parser.add_argument("--keep", type=int, default=4, help="the fastest candidates each search round starts from")
+    parser.add_argument(
+        "--search-s", type=float, default=40.0, help="seconds of brief timings a problem's search may take"
+    )
     args = parser.parse_args()
     if args.library and not args.write_algorithms:
         parser.error("--library times the algorithms --write-algorithms writes: give both")
@@ -293,12 +457,18 @@ def main() -> int:
     torch.manual_seed(0)
     torch.ones(8, 8, device="cuda", dtype=torch.bfloat16) @ torch.ones(8, 8, device="cuda", dtype=torch.bfloat16)
     lt = Lt(torch, args.workspace_mib << 20)
-    result = probe_result(torch, "benchmarks/cublaslt_probe.py", algos=args.algos, workspace_mib=args.workspace_mib)
+    result = probe_result(
+        torch, "benchmarks/cublaslt_probe.py", algos=args.algos, workspace_mib=args.workspace_mib, search=args.search
+    )
     save = saver(result, args.out)
     for name, (N, K) in GEMMS.items():
         weights = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K**-0.5 for _ in range(LAYERS)]
         for M in ROWS:
             probe_shape(torch, lt, result, save, name, M, weights, args.algos)
+            if args.search:
+                search_shape(
+                    torch, lt, result, save, name, M, weights, args.algos, args.search, args.keep, args.search_s
+                )
     if args.write_algorithms:
         lt.lib.cublasLtGetVersion.restype = ctypes.c_size_t
         algorithms = algorithms_file(result, int(lt.lib.cublasLtGetVersion()))

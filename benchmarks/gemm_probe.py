@@ -149,7 +149,7 @@ def timed_row(torch, result: dict, save, row: dict, calls, per: int, output=None
     save()
 
 
-def graphed_ms(torch, calls) -> float:
+def graphed_ms(torch, calls, min_run_time: float = 0.4) -> float:
     """Median ms of one replay of a CUDA graph holding ``calls`` (each a no-argument callable)."""
     from torch.utils import benchmark
 
@@ -168,7 +168,7 @@ def graphed_ms(torch, calls) -> float:
     graph.replay()
     torch.cuda.synchronize()
     m = benchmark.Timer(stmt="g.replay(); torch.cuda.synchronize()", globals={"g": graph, "torch": torch})
-    return m.blocked_autorange(min_run_time=0.4).median * 1e3
+    return m.blocked_autorange(min_run_time=min_run_time).median * 1e3
 
 
 def triton_section(torch, F, data, record, result, save, over) -> None:
