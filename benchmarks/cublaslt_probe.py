@@ -262,8 +262,11 @@ class Lt:
         )
 
 
-def probe_shape(torch, lt: Lt, result: dict, save, name: str, M: int, weights: list, count: int) -> None:
-    """The rows of one GEMM at one M: cuBLAS, torch's cuBLASLt call, then each of cuBLASLt's algorithms."""
+def probe_shape(
+    torch, lt: Lt, result: dict, save, name: str, M: int, weights: list, count: int, search: tuple | None = None
+) -> None:
+    """The rows of one GEMM at one M: cuBLAS, torch's cuBLASLt call, then each of cuBLASLt's
+    algorithms; with ``search`` (rounds, keep, budget_s), then the fastest :func:`search_algorithms` finds."""
     import torch.nn.functional as F
 
     N, K = weights[0].shape
@@ -287,82 +290,64 @@ def probe_shape(torch, lt: Lt, result: dict, save, name: str, M: int, weights: l
     finally:
         torch.backends.cuda.preferred_blas_library(default_blas)
     problem = lt.problem(M, N, K)
-    for index, algo in enumerate(lt.algorithms(problem, count)):
-
-        def once(algo=algo):
-            y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-            lt.matmul(problem, algo, xs[0], weights[0], y)
-            return y
-
-        calls = [lambda i=i, algo=algo: lt.matmul(problem, algo, xs[i], weights[i], ys[i]) for i in range(LAYERS)]
-        record(f"lt #{index}", calls, once, config=lt.config(algo), words=words_of(algo))
-
-
-def search_shape(
-    torch,
-    lt: Lt,
-    result: dict,
-    save,
-    name: str,
-    M: int,
-    weights: list,
-    count: int,
-    rounds: int,
-    keep: int,
-    budget_s: float,
-) -> None:
-    """Beyond the heuristic's list: ``rounds`` of variations (each configuration attribute of an
-    algorithm changed one at a time, as far as cuBLASLt accepts the change for the problem), each
-    round from the ``keep`` fastest so far; the candidates timed briefly (no new one after
-    ``budget_s``), the ``keep`` fastest of all then timed as the rows above (``lt search #i``)."""
-    import torch.nn.functional as F
-
-    from benchmarks.gemm_probe import graphed_ms
-
-    N, K = weights[0].shape
-    xs = [torch.randn(M, K, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
-    ys = [torch.empty(M, N, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
-    reference = F.linear(xs[0], weights[0])
-    problem = lt.problem(M, N, K)
 
     def calls(algo):
         return [lambda i=i: lt.matmul(problem, algo, xs[i], weights[i], ys[i]) for i in range(LAYERS)]
+
+    def once(algo):
+        y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        lt.matmul(problem, algo, xs[0], weights[0], y)
+        return y
+
+    def lt_row(label, algo, **extra):
+        record(label, calls(algo), functools.partial(once, algo), config=lt.config(algo), words=words_of(algo), **extra)
+
+    heuristic = lt.algorithms(problem, count)
+    for index, algo in enumerate(heuristic):
+        lt_row(f"lt #{index}", algo)
+    if search:
+        best, candidates = search_algorithms(torch, lt, problem, heuristic, calls, *search)
+        print(json.dumps({"gemm": name, "M": M, "candidates": candidates}), flush=True)
+        for index, algo in enumerate(best):
+            lt_row(f"lt search #{index}", algo, candidates=candidates)
+
+
+def _key(result: HeuristicResult) -> tuple:
+    return tuple(int(w) for w in result.algo)
+
+
+def search_algorithms(
+    torch, lt: Lt, problem, seeds: list, calls, rounds: int, keep: int, budget_s: float
+) -> tuple[list[HeuristicResult], int]:
+    """Beyond the heuristic's list (``seeds``): ``rounds`` of variations (each configuration attribute
+    of an algorithm changed one at a time, as far as cuBLASLt accepts the change for the problem),
+    each round from the ``keep`` fastest so far, every candidate timed briefly on ``calls(algo)``
+    (no new one after ``budget_s``).  The ``keep`` fastest, and how many candidates were timed."""
+    from benchmarks.gemm_probe import graphed_ms
 
     timed: dict[tuple, tuple[float, HeuristicResult]] = {}
     deadline = time.monotonic() + budget_s
 
     def brief(algo):
-        key = tuple(int(w) for w in algo.algo)
-        if key not in timed and time.monotonic() < deadline:
+        if _key(algo) not in timed and time.monotonic() < deadline:
             try:
-                timed[key] = (graphed_ms(torch, calls(algo), min_run_time=0.03) / LAYERS * 1e3, algo)
+                timed[_key(algo)] = (graphed_ms(torch, calls(algo), min_run_time=0.03), algo)
             except Exception:  # noqa: BLE001 - an algorithm that fails to run is no candidate
-                timed[key] = (float("inf"), algo)
+                timed[_key(algo)] = (float("inf"), algo)
 
-    for algo in lt.algorithms(problem, count):
+    def fastest():
+        return [algo for _, algo in sorted(timed.values(), key=lambda t: t[0])[:keep]]
+
+    for algo in seeds:
         brief(algo)
     tried = set()
     for _ in range(rounds):
-        seeds = [a for _, a in sorted(timed.values(), key=lambda t: t[0])[:keep]]
-        for seed in seeds:
-            key = tuple(int(w) for w in seed.algo)
-            if key in tried:
-                continue
-            tried.add(key)
-            for algo in lt.variations(problem, seed):
-                brief(algo)
-    best = sorted(timed.values(), key=lambda t: t[0])[:keep]
-    print(json.dumps({"gemm": name, "M": M, "candidates": len(timed), "brief_us": [round(t, 2) for t, _ in best]}))
-    for index, (_, algo) in enumerate(best):
-
-        def once(algo=algo):
-            y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-            lt.matmul(problem, algo, xs[0], weights[0], y)
-            return y
-
-        row = {"gemm": name, "M": M, "N": N, "K": K, "name": f"lt search #{index}", "candidates": len(timed)}
-        row.update(config=lt.config(algo), words=words_of(algo))
-        timed_row(torch, result, save, row, calls(algo), LAYERS, once, reference, versus="cublas")
+        for seed in fastest():
+            if _key(seed) not in tried:
+                tried.add(_key(seed))
+                for algo in lt.variations(problem, seed):
+                    brief(algo)
+    return fastest(), len(timed)
 
 
 def words_of(result: HeuristicResult) -> list[str]:
@@ -464,11 +449,8 @@ def main() -> int:
     for name, (N, K) in GEMMS.items():
         weights = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K**-0.5 for _ in range(LAYERS)]
         for M in ROWS:
-            probe_shape(torch, lt, result, save, name, M, weights, args.algos)
-            if args.search:
-                search_shape(
-                    torch, lt, result, save, name, M, weights, args.algos, args.search, args.keep, args.search_s
-                )
+            search = (args.search, args.keep, args.search_s) if args.search else None
+            probe_shape(torch, lt, result, save, name, M, weights, args.algos, search)
     if args.write_algorithms:
         lt.lib.cublasLtGetVersion.restype = ctypes.c_size_t
         algorithms = algorithms_file(result, int(lt.lib.cublasLtGetVersion()))
