@@ -21,8 +21,9 @@ replay's median / 28.  Rows:
   configurations; the search changes one configuration attribute at a time (tile, stages, custom
   option, cluster shape, inner shape, swizzle, split-K with each reduction scheme the algorithm
   supports), keeps what ``cublasLtMatmulAlgoCheck`` accepts for the problem, times each briefly,
-  and starts the next round from the ``--keep`` fastest.  Its outputs are checked as the rows
-  above (split-K sums in another order: not cuBLAS's bits).
+  and starts the next round from the ``--keep`` fastest.  From the second round on, the other
+  algorithm ids cuBLASLt has for bf16 GEMMs compete too, each at every tile it offers.  Outputs
+  are checked as the rows above (split-K sums in another order: not cuBLAS's bits).
 
 ``--write-algorithms FILE`` writes, for each GEMM, the fastest ``lt`` or ``lt search`` algorithm at each M as an
 algorithms file (:data:`laya_build.model.native_linear.ALGORITHMS_FORMAT`; M = 128 as
@@ -237,6 +238,31 @@ class Lt:
                 out.append(algo)
         return out
 
+    def other_ids(self, problem, known: set[int], limit: int = 128) -> list[HeuristicResult]:
+        """Algorithms of the ids cuBLASLt has for bf16 GEMMs other than ``known`` (the heuristic's): each
+        at every tile it offers, with the first of its stage configurations that ``problem`` accepts."""
+        types = (CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_16BF)
+        ids, returned = (ctypes.c_int * limit)(), ctypes.c_int(0)
+        if self.lib.cublasLtMatmulAlgoGetIds(self.handle, *types, limit, ids, ctypes.byref(returned)):
+            return []
+        u32, out = ctypes.c_uint32, []
+        for algo_id in ids[: returned.value]:
+            base = HeuristicResult()
+            if algo_id in known or self.lib.cublasLtMatmulAlgoInit(
+                self.handle, *types, algo_id, ctypes.byref(base.algo)
+            ):
+                continue
+            caps = self.caps(base.algo)
+            for tile in caps["tiles"] or [0]:
+                for stage in caps["stages"] or [0]:
+                    algo = self.configured(
+                        base.algo, [(ALGO_CONFIG["tile"], tile, u32), (ALGO_CONFIG["stages"], stage, u32)]
+                    )
+                    if algo is not None and self.check(problem, algo) is not None:
+                        out.append(algo)
+                        break
+        return out
+
     def matmul(self, problem, result: HeuristicResult, x, w, y) -> None:
         desc, (a, b, c) = problem
         self._ok(
@@ -341,7 +367,10 @@ def search_algorithms(
     for algo in seeds:
         brief(algo)
     tried = set()
-    for _ in range(rounds):
+    for round_ in range(rounds):
+        if round_ == 1:  # after the heuristic's neighbours: the other algorithm ids, once
+            for algo in lt.other_ids(problem, {lt.config(s).get("id") for s in seeds}):
+                brief(algo)
         for seed in fastest():
             if _key(seed) not in tried:
                 tried.add(_key(seed))
@@ -446,15 +475,17 @@ def main() -> int:
         torch, "benchmarks/cublaslt_probe.py", algos=args.algos, workspace_mib=args.workspace_mib, search=args.search
     )
     save = saver(result, args.out)
+    lt.lib.cublasLtGetVersion.restype = ctypes.c_size_t
+    algorithms = None
     for name, (N, K) in GEMMS.items():
         weights = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K**-0.5 for _ in range(LAYERS)]
         for M in ROWS:
             search = (args.search, args.keep, args.search_s) if args.search else None
             probe_shape(torch, lt, result, save, name, M, weights, args.algos, search)
-    if args.write_algorithms:
-        lt.lib.cublasLtGetVersion.restype = ctypes.c_size_t
-        algorithms = algorithms_file(result, int(lt.lib.cublasLtGetVersion()))
-        args.write_algorithms.write_text(json.dumps(algorithms, indent=1) + "\n")
+            if args.write_algorithms:  # after every shape: a probe stopped part way leaves the shapes it timed
+                algorithms = algorithms_file(result, int(lt.lib.cublasLtGetVersion()))
+                args.write_algorithms.write_text(json.dumps(algorithms, indent=1) + "\n")
+    if algorithms is not None:
         print(f"wrote {args.write_algorithms}: {len(algorithms['entries'])} entries", flush=True)
         if args.library:
             native_rows(torch, result, save, args.library, algorithms)

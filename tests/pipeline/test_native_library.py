@@ -345,6 +345,48 @@ def test_the_probe_writes_the_fastest_algorithm_of_each_gemm_as_a_file_the_expor
     ]
 
 
+def test_the_probe_search_starts_from_the_fastest_and_tries_other_algorithm_ids_once(monkeypatch):
+    """The search loop over a stand-in cuBLASLt: an algorithm is its 8 words, its time the first
+    word; each variation is one step away; the other ids come in after the first round."""
+    from benchmarks import cublaslt_probe, gemm_probe
+
+    def algo(value):
+        out = cublaslt_probe.HeuristicResult()
+        out.algo[0] = value
+        return out
+
+    class StandIn:
+        varied, others = [], 0
+
+        def variations(self, problem, seed):
+            self.varied.append(seed.algo[0])
+            return [algo(seed.algo[0] - 1), algo(seed.algo[0] + 7)]
+
+        def other_ids(self, problem, known):
+            assert known == {66}
+            self.others += 1
+            return [algo(3), algo(90)]
+
+        def config(self, result):
+            return {"id": 66}
+
+    timed = []
+
+    def graphed_ms(torch, calls, min_run_time):
+        timed.append(calls)
+        return float(calls)
+
+    monkeypatch.setattr(gemm_probe, "graphed_ms", graphed_ms)
+    lt = StandIn()
+    best, count = cublaslt_probe.search_algorithms(None, lt, None, [algo(20), algo(12)], lambda a: a.algo[0], 3, 2, 60)
+    assert [a.algo[0] for a in best] == [1, 2]  # 3 from another id in round 2, then its neighbours
+    assert lt.others == 1 and len(timed) == len(set(timed)) == count  # each candidate timed once
+    assert lt.varied == [12, 20, 3, 11, 2]  # each round from the two fastest, each varied once
+    timed.clear()
+    cublaslt_probe.search_algorithms(None, StandIn(), None, [algo(20), algo(12)], lambda a: a.algo[0], 3, 2, 0)
+    assert timed == []  # no budget: nothing timed
+
+
 def test_the_library_beside_a_package_is_found_from_its_record(released, tmp_path):
     from laya_build.runtime import serving
 
