@@ -1,7 +1,8 @@
 """The encoder's GEMMs through every algorithm cuBLASLt offers, against the cuBLAS call the package makes.
 
     python benchmarks/cublaslt_probe.py --out cublaslt.json [--algos 24] [--workspace-mib 32]
-        [--search ROUNDS [--keep 4] [--search-s 40]] [--write-algorithms FILE] [--library liblaya_native.so]
+        [--search ROUNDS [--keep 4] [--search-s 40]] [--rounds 3] [--write-algorithms FILE]
+        [--library liblaya_native.so]
 
 The package's GEMMs (``aten.mm`` through AOTInductor) go to cuBLAS, which picks one kernel by its
 own heuristic; cuBLASLt's heuristic returns a ranked list of algorithms for the same problem.  This
@@ -23,7 +24,13 @@ replay's median / 28.  Rows:
   supports), keeps what ``cublasLtMatmulAlgoCheck`` accepts for the problem, times each briefly,
   and starts the next round from the ``--keep`` fastest.  From the second round on, the other
   algorithm ids cuBLASLt has for bf16 GEMMs compete too, each at every tile it offers.  Outputs
-  are checked as the rows above (split-K sums in another order: not cuBLAS's bits).
+  are checked as the rows above (split-K sums in another order: not cuBLAS's bits).  Only
+  algorithms beyond the heuristic's list become these rows.
+
+One timing of an algorithm can differ from the next by several per cent
+(docs/measurements/runtime-h200.md, "cuBLASLt's algorithms beyond the heuristic's list").
+``--rounds R`` times each ``cublas``, ``lt #`` and ``lt search #`` row of a shape R times more,
+round-robin over the rows, and makes its ``us`` the median of all (``us_timings``).
 
 ``--write-algorithms FILE`` writes, for each GEMM, the fastest ``lt`` or ``lt search`` algorithm at each M as an
 algorithms file (:data:`laya_build.model.native_linear.ALGORITHMS_FORMAT`; M = 128 as
@@ -38,6 +45,7 @@ import argparse
 import ctypes
 import functools
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -289,25 +297,41 @@ class Lt:
 
 
 def probe_shape(
-    torch, lt: Lt, result: dict, save, name: str, M: int, weights: list, count: int, search: tuple | None = None
+    torch,
+    lt: Lt,
+    result: dict,
+    save,
+    name: str,
+    M: int,
+    weights: list,
+    count: int,
+    search: tuple | None = None,
+    rounds: int = 0,
 ) -> None:
     """The rows of one GEMM at one M: cuBLAS, torch's cuBLASLt call, then each of cuBLASLt's
-    algorithms; with ``search`` (rounds, keep, budget_s), then the fastest :func:`search_algorithms` finds."""
+    algorithms; with ``search`` (rounds, keep, budget_s), then the fastest :func:`search_algorithms`
+    finds beyond the heuristic's list; with ``rounds``, every row but torch's cuBLASLt call timed
+    that many times more (:func:`timing_rounds`)."""
     import torch.nn.functional as F
+
+    from benchmarks.gemm_probe import graphed_ms
 
     N, K = weights[0].shape
     xs = [torch.randn(M, K, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
     ys = [torch.empty(M, N, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
     reference = F.linear(xs[0], weights[0])
+    again = []  # (row, calls) to time in the rounds: calls that run the same kernels whenever called
 
     def record(label, calls, out0=None, **extra):
         row = {"gemm": name, "M": M, "N": N, "K": K, "name": label, **extra}
         timed_row(torch, result, save, row, calls, LAYERS, out0, reference, versus="cublas")
+        return row
 
     def mm(i):
         torch.mm(xs[i], weights[i].t(), out=ys[i])
 
-    record("cublas", [lambda i=i: mm(i) for i in range(LAYERS)])
+    cublas_calls = [lambda i=i: mm(i) for i in range(LAYERS)]
+    again.append((record("cublas", cublas_calls), cublas_calls))
     default_blas = torch.backends.cuda.preferred_blas_library()
     torch.backends.cuda.preferred_blas_library("cublaslt")
     try:
@@ -326,7 +350,10 @@ def probe_shape(
         return y
 
     def lt_row(label, algo, **extra):
-        record(label, calls(algo), functools.partial(once, algo), config=lt.config(algo), words=words_of(algo), **extra)
+        row = record(
+            label, calls(algo), functools.partial(once, algo), config=lt.config(algo), words=words_of(algo), **extra
+        )
+        again.append((row, calls(algo)))
 
     heuristic = lt.algorithms(problem, count)
     for index, algo in enumerate(heuristic):
@@ -334,8 +361,31 @@ def probe_shape(
     if search:
         best, candidates = search_algorithms(torch, lt, problem, heuristic, calls, *search)
         print(json.dumps({"gemm": name, "M": M, "candidates": candidates}), flush=True)
-        for index, algo in enumerate(best):
+        listed = {_key(algo) for algo in heuristic}  # already rows of their own
+        for index, algo in enumerate(a for a in best if _key(a) not in listed):
             lt_row(f"lt search #{index}", algo, candidates=candidates)
+    if rounds:
+        timing_rounds(again, rounds, lambda replayed: graphed_ms(torch, replayed) / LAYERS * 1e3)
+        save()
+
+
+def timing_rounds(rows_calls: list, rounds: int, timer) -> None:
+    """``rounds`` more timings (``timer(calls)``, µs a call) of each timed ``(row, calls)``, round-robin:
+    each round times every row once, so a change of the GPU's clocks falls on all rows alike.  A row's
+    ``us`` becomes the median of all its timings, which ``us_timings`` lists; a row whose timing fails
+    keeps what it had and records the ``error``."""
+    timed = [(row, calls) for row, calls in rows_calls if "us" in row]
+    for row, _ in timed:
+        row["us_timings"] = [row["us"]]
+    for _ in range(rounds):
+        for row, calls in timed:
+            if "error" not in row:
+                try:
+                    row["us_timings"].append(round(timer(calls), 2))
+                except Exception as exc:  # noqa: BLE001 - a probe records what failed and goes on
+                    row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    for row, _ in timed:
+        row["us"] = round(statistics.median(row["us_timings"]), 2)
 
 
 def _key(result: HeuristicResult) -> tuple:
@@ -461,6 +511,12 @@ def main() -> int:
     parser.add_argument(
         "--search-s", type=float, default=40.0, help="seconds of brief timings a problem's search may take"
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="more timings of each algorithm, round-robin over a shape's rows; its time is the median of all",
+    )
     args = parser.parse_args()
     if args.library and not args.write_algorithms:
         parser.error("--library times the algorithms --write-algorithms writes: give both")
@@ -472,7 +528,12 @@ def main() -> int:
     torch.ones(8, 8, device="cuda", dtype=torch.bfloat16) @ torch.ones(8, 8, device="cuda", dtype=torch.bfloat16)
     lt = Lt(torch, args.workspace_mib << 20)
     result = probe_result(
-        torch, "benchmarks/cublaslt_probe.py", algos=args.algos, workspace_mib=args.workspace_mib, search=args.search
+        torch,
+        "benchmarks/cublaslt_probe.py",
+        algos=args.algos,
+        workspace_mib=args.workspace_mib,
+        search=args.search,
+        rounds=args.rounds,
     )
     save = saver(result, args.out)
     lt.lib.cublasLtGetVersion.restype = ctypes.c_size_t
@@ -481,7 +542,7 @@ def main() -> int:
         weights = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K**-0.5 for _ in range(LAYERS)]
         for M in ROWS:
             search = (args.search, args.keep, args.search_s) if args.search else None
-            probe_shape(torch, lt, result, save, name, M, weights, args.algos, search)
+            probe_shape(torch, lt, result, save, name, M, weights, args.algos, search, args.rounds)
             if args.write_algorithms:  # after every shape: a probe stopped part way leaves the shapes it timed
                 algorithms = algorithms_file(result, int(lt.lib.cublasLtGetVersion()))
                 args.write_algorithms.write_text(json.dumps(algorithms, indent=1) + "\n")

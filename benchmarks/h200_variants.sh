@@ -28,7 +28,8 @@
 # With ALGORITHMS=FILE (a path in the project, e.g. tuning/h200-cublaslt.json), first of all
 # benchmarks/cublaslt_probe.py writes the fastest cuBLASLt algorithm of each encoder GEMM there
 # (ALGOS candidates each, default 8; with SEARCH=ROUNDS, its search beyond them, SEARCH_S seconds
-# a GEMM, default 25; its rows to $OUT/cublaslt.json), so that the variant copies
+# a GEMM, default 25; with ALGO_ROUNDS=R, each algorithm timed R more times, round-robin; its rows
+# to $OUT/cublaslt.json), so that the variant copies
 # hold the file a variant's export.native_algorithms names (docs/concepts/native-ops.md).
 # REUSE=1 keeps the package of a variant an earlier run on this machine built (same NAME) instead
 # of building it again.  TREES='NAME=TARBALL ...' builds NAME from another revision of the project
@@ -77,6 +78,7 @@ if [ -n "${ALGORITHMS:-}" ] && ! late 200 "cuBLASLt algorithms"; then
   mkdir -p "$(dirname "$ALGORITHMS")"
   search=()
   [ -n "${SEARCH:-}" ] && search=(--search "$SEARCH" --search-s "${SEARCH_S:-25}")
+  [ -n "${ALGO_ROUNDS:-}" ] && search+=(--rounds "$ALGO_ROUNDS")
   "$PY" benchmarks/cublaslt_probe.py --out "$OUT/cublaslt.json" --algos "${ALGOS:-8}" "${search[@]}" \
     --write-algorithms "$ALGORITHMS" > "$WORK/cublaslt.log" 2>&1
   say "cuBLASLt algorithms to $ALGORITHMS: rc $? in $((SECONDS - s)) s"

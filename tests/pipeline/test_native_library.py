@@ -387,6 +387,26 @@ def test_the_probe_search_starts_from_the_fastest_and_tries_other_algorithm_ids_
     assert timed == []  # no budget: nothing timed
 
 
+def test_the_probe_rounds_time_every_row_in_turn_and_keep_the_median():
+    from benchmarks import cublaslt_probe
+
+    order, times = [], {"a": [9.0, 5.0, 6.0], "b": [4.0, 7.0, 8.0]}
+
+    def timer(calls):
+        order.append(calls)
+        if calls == "c":
+            raise RuntimeError("illegal address")
+        return times[calls].pop(0)
+
+    rows = [{"us": 5.5}, {"us": 4.5}, {"us": 1.0}, {"error": "failed before"}]
+    cublaslt_probe.timing_rounds(list(zip(rows, ["a", "b", "c", "d"])), 3, timer)
+    assert order == ["a", "b", "c", "a", "b", "a", "b"]  # round-robin; a failed row is not timed again
+    assert rows[0] == {"us": 5.75, "us_timings": [5.5, 9.0, 5.0, 6.0]}
+    assert rows[1] == {"us": 5.75, "us_timings": [4.5, 4.0, 7.0, 8.0]}
+    assert rows[2]["us"] == 1.0 and rows[2]["error"].startswith("RuntimeError: illegal address")
+    assert rows[3] == {"error": "failed before"}  # never timed: no rounds
+
+
 def test_the_library_beside_a_package_is_found_from_its_record(released, tmp_path):
     from laya_build.runtime import serving
 
