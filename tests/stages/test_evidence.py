@@ -869,3 +869,42 @@ def test_h200_the_native_packages_rebuilt_to_their_bytes_with_nothing_timed():
     )
     for name in ("nat-tuning-1", "rrn-tuning-2", "rrn2-tuning-3"):
         assert (EVIDENCE / NATIVE / f"{name}.json").read_bytes() == committed_tuning()
+
+
+SEARCH = "2026-12-05-h100-cublaslt-search"
+
+
+def test_h100_the_search_beyond_the_heuristic_found_nothing_beyond_the_timing_spread():
+    """The section's table (heuristic's best, search's best, candidates timed), the 20 of 32 kept
+    algorithms that are the heuristic's own, the largest spread of one algorithm timed twice, and the
+    algorithms file the probe wrote from those rows."""
+    from benchmarks.cublaslt_probe import algorithms_file
+
+    probe = load(f"{SEARCH}/cublaslt-search.json")
+    assert probe["gpu"] == "NVIDIA H100 80GB HBM3" and probe["search"] == 2 and not probe["errors"]
+    table, own, spread = {}, 0, {128: 0.0, 1792: 0.0}
+    for gemm, M in {(r["gemm"], r["M"]) for r in probe["rows"]}:
+        rows = [r for r in probe["rows"] if (r["gemm"], r["M"]) == (gemm, M)]
+        heuristic = {tuple(r["words"]): r["us"] for r in rows if r["name"].startswith("lt #")}
+        found = [r for r in rows if r["name"].startswith("lt search #")]
+        assert len(found) == 4 and all(r["config"]["id"] == 66 and r["equal_to_cublas"] for r in found)
+        for r in found:
+            if tuple(r["words"]) in heuristic:
+                own += 1
+                spread[M] = max(spread[M], abs(r["us"] - heuristic[tuple(r["words"])]))
+        table[gemm, M] = (min(heuristic.values()), min(r["us"] for r in found), found[0]["candidates"])
+    assert table == {
+        ("Wqkv", 128): (6.02, 5.95, 88),
+        ("Wqkv", 1792): (20.08, 20.28, 98),
+        ("attn_out", 128): (4.88, 4.84, 84),
+        ("attn_out", 1792): (9.55, 9.41, 105),
+        ("Wi", 128): (7.51, 7.60, 88),
+        ("Wi", 1792): (33.94, 33.10, 84),
+        ("mlp_out", 128): (7.03, 7.53, 88),
+        ("mlp_out", 1792): (18.15, 18.27, 119),
+    }
+    assert own == 20 and {M: round(s, 2) for M, s in spread.items()} == {128: 0.61, 1792: 1.06}
+    at_1792 = [t for (_, M), t in table.items() if M == 1792]  # µs a layer: the best of both lists, the heuristic's
+    assert round(sum(min(h, s) for h, s, _ in at_1792), 2) == 80.74 and round(sum(h for h, _, _ in at_1792), 2) == 81.72
+    written = load(f"{SEARCH}/cublaslt-searched.json")
+    assert algorithms_file(probe, 130100)["entries"] == written["entries"]
