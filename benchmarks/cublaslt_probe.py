@@ -52,7 +52,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemm_probe import finish, probe_result, saver, timed_row  # noqa: E402  (shared by the GPU probes)
+from benchmarks.gemm_probe import failed, finish, probe_result, saver, timed_row  # noqa: E402  (shared by the GPU probes)
 
 LAYERS = 28
 GEMMS = {"Wqkv": (3072, 1024), "attn_out": (1024, 1024), "Wi": (5248, 1024), "mlp_out": (1024, 2624)}
@@ -350,10 +350,11 @@ def probe_shape(
         return y
 
     def lt_row(label, algo, **extra):
+        replayed = calls(algo)
         row = record(
-            label, calls(algo), functools.partial(once, algo), config=lt.config(algo), words=words_of(algo), **extra
+            label, replayed, functools.partial(once, algo), config=lt.config(algo), words=words_of(algo), **extra
         )
-        again.append((row, calls(algo)))
+        again.append((row, replayed))
 
     heuristic = lt.algorithms(problem, count)
     for index, algo in enumerate(heuristic):
@@ -383,7 +384,7 @@ def timing_rounds(rows_calls: list, rounds: int, timer) -> None:
                 try:
                     row["us_timings"].append(round(timer(calls), 2))
                 except Exception as exc:  # noqa: BLE001 - a probe records what failed and goes on
-                    row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                    row["error"] = failed(exc)
     for row, _ in timed:
         row["us"] = round(statistics.median(row["us_timings"]), 2)
 
@@ -538,10 +539,10 @@ def main() -> int:
     save = saver(result, args.out)
     lt.lib.cublasLtGetVersion.restype = ctypes.c_size_t
     algorithms = None
+    search = (args.search, args.keep, args.search_s) if args.search else None
     for name, (N, K) in GEMMS.items():
         weights = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K**-0.5 for _ in range(LAYERS)]
         for M in ROWS:
-            search = (args.search, args.keep, args.search_s) if args.search else None
             probe_shape(torch, lt, result, save, name, M, weights, args.algos, search, args.rounds)
             if args.write_algorithms:  # after every shape: a probe stopped part way leaves the shapes it timed
                 algorithms = algorithms_file(result, int(lt.lib.cublasLtGetVersion()))

@@ -131,6 +131,11 @@ def finish(result: dict, save, start: float) -> int:
     return 0
 
 
+def failed(exc: Exception) -> str:
+    """How a probe records an exception: its type and the start of its message."""
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
 def timed_row(torch, result: dict, save, row: dict, calls, per: int, output=None, reference=None, versus="first"):
     """Time ``calls`` in one graph into ``row["us"]`` (µs a call: the replay over ``per``), with
     ``output()``'s largest difference from ``reference`` and whether it is that bit for bit
@@ -143,7 +148,7 @@ def timed_row(torch, result: dict, save, row: dict, calls, per: int, output=None
             row[f"max_abs_vs_{versus}"] = float((out.float() - reference.float()).abs().max())
             row[f"equal_to_{versus}"] = bool(torch.equal(out, reference))
     except Exception as exc:  # noqa: BLE001 - a probe records what failed and goes on
-        row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        row["error"] = failed(exc)
     result["rows"].append(row)
     print(json.dumps(row), flush=True)
     save()
@@ -188,7 +193,7 @@ def triton_section(torch, F, data, record, result, save, over) -> None:
             calls = [lambda i=i: fn(i) for i in range(LAYERS)]
             record(name, shape, rows, graphed_ms(torch, calls) / LAYERS, round(err, 4))
         except Exception as exc:  # noqa: BLE001
-            result["errors"].append(f"{name} {shape} {rows}: {type(exc).__name__}: {str(exc)[:300]}")
+            result["errors"].append(f"{name} {shape} {rows}: {failed(exc)}")
             save()
 
     for shape, tiles in TRITON.items():
@@ -313,7 +318,7 @@ def main() -> int:
                 calls = [lambda w=w, o=o, x=x: torch.mm(x, w.t(), out=o) for w, o in zip(weights, outs)]
                 record("cublaslt", shape, rows, graphed_ms(torch, calls) / LAYERS)
         except Exception as exc:  # noqa: BLE001
-            result["errors"].append(f"cublaslt: {type(exc).__name__}: {str(exc)[:300]}")
+            result["errors"].append(f"cublaslt: {failed(exc)}")
             save()
         finally:
             torch.backends.cuda.preferred_blas_library("cublas")
@@ -348,7 +353,7 @@ def main() -> int:
                             ]
                             record(name, shape, rows, graphed_ms(torch, calls) / LAYERS, round(err, 4))
                     except Exception as exc:  # noqa: BLE001
-                        result["errors"].append(f"{name} {shape}: {type(exc).__name__}: {str(exc)[:300]}")
+                        result["errors"].append(f"{name} {shape}: {failed(exc)}")
                         save()
 
     if "inductor" not in skip:
@@ -376,7 +381,7 @@ def main() -> int:
                     result["rows"][-1]["compile_s"] = round(compile_s, 1)
                     save()
                 except Exception as exc:  # noqa: BLE001
-                    result["errors"].append(f"inductor:{label} {shape}: {type(exc).__name__}: {str(exc)[:300]}")
+                    result["errors"].append(f"inductor:{label} {shape}: {failed(exc)}")
                     save()
     return finish(result, save, start)
 

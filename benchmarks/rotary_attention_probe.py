@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemm_probe import finish, graphed_ms, probe_result, saver  # noqa: E402  (shared by the GPU probes)
+from benchmarks.gemm_probe import failed, finish, graphed_ms, probe_result, saver  # noqa: E402  (shared by the GPU probes)
 
 HEADS, HEAD_DIM, LAYERS, HALF_WINDOW = 16, 64, 28, 64
 SHAPES = {"1x128": (1, 128), "7x256": (7, 256)}
@@ -79,7 +79,7 @@ def timings(torch, ra, result, save, configs, shape, B, S, window) -> None:
             if config:
                 row["config"] = config
         except Exception as exc:  # noqa: BLE001 - a probe records what failed and goes on
-            row = {"shape": shape, "window": window, "name": name, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            row = {"shape": shape, "window": window, "name": name, "error": failed(exc)}
         result["rows"].append(row)
         print(json.dumps(row), flush=True)
         save()
@@ -147,7 +147,7 @@ def main() -> int:
                     "padding_rows_zero": bool((out[3] == 0).all()),
                 }
             except Exception as exc:  # noqa: BLE001 - a probe records what failed and goes on
-                row = {"parity": "failed", "config": config, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                row = {"parity": "failed", "config": config, "error": failed(exc)}
             result["rows"].append(row)
             print(json.dumps(row), flush=True)
             save()
