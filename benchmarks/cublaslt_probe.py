@@ -106,7 +106,7 @@ class Lt:
         self.handle = ctypes.c_void_p()
         self._ok(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
         self.workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device="cuda")
-        self.alpha, self.beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        self.alpha, self.beta, self.one = ctypes.c_float(1.0), ctypes.c_float(0.0), ctypes.c_float(1.0)
 
     @staticmethod
     def _ok(status: int, what: str) -> None:
@@ -271,7 +271,9 @@ class Lt:
                         break
         return out
 
-    def matmul(self, problem, result: HeuristicResult, x, w, y) -> None:
+    def matmul(self, problem, result: HeuristicResult, x, w, y, residual=None) -> None:
+        """``y = x @ w^T``; with ``residual`` (``y``'s shape), ``y = x @ w^T + residual``: cuBLASLt's C
+        matrix with beta 1, added in the epilogue before the one rounding."""
         desc, (a, b, c) = problem
         self._ok(
             self.lib.cublasLtMatmul(
@@ -282,8 +284,8 @@ class Lt:
                 a,
                 ctypes.c_void_p(x.data_ptr()),
                 b,
-                ctypes.byref(self.beta),
-                ctypes.c_void_p(y.data_ptr()),
+                ctypes.byref(self.beta if residual is None else self.one),
+                ctypes.c_void_p((y if residual is None else residual).data_ptr()),
                 c,
                 ctypes.c_void_p(y.data_ptr()),
                 c,

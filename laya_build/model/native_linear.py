@@ -44,7 +44,7 @@ def register_fake() -> None:
         return
 
     @torch.library.register_fake("laya_native::linear")
-    def _(x, weight, bias, algorithm):
+    def _(x, weight, bias, algorithm, residual=None):
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
     _FAKE.append(_)
@@ -155,3 +155,48 @@ def use(model: torch.nn.Module, names: list[str], entries: list[dict]) -> int:
 def _forward(self, x: torch.Tensor) -> torch.Tensor:
     # None, not []: AOTInductor's call of a custom op passes an empty int list on as None
     return torch.ops.laya_native.linear(x, self.weight, self.bias, self.laya_algorithm or None)
+
+
+def take_residuals(ep) -> int:
+    """Move each add of a tensor to a native linear's output into the op, as its ``residual``,
+    in the exported program ``ep`` (its graph changed in place); how many adds moved.
+
+    An add moves when it is the output's only reader, adds without a scale (``alpha`` 1) and the
+    other tensor has the output's shape, dtype and device: the add of the residual stream that
+    ends an encoder layer's attention and MLP branches (``hidden_states + Wo(...)``).  On CUDA
+    the op then adds it in the GEMM's epilogue, and the layer norm after it reads the new stream
+    instead of summing it again from two tensors (``export.native_residual``)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    op = torch.ops.laya_native.linear.default
+    graph = ep.graph_module.graph
+    moved = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not op or len(node.users) != 1:
+            continue
+        if len(node.args) > 4 or node.kwargs.get("residual") is not None:
+            continue
+        (add,) = node.users
+        if add.target is not torch.ops.aten.add.Tensor or len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1:
+            continue
+        other = add.args[1] if add.args[0] is node else add.args[0]
+        if not isinstance(other, torch.fx.Node) or other is node:
+            continue
+        mine, theirs = node.meta.get("val"), other.meta.get("val")
+        if not isinstance(theirs, torch.Tensor) or (theirs.dtype, theirs.device) != (mine.dtype, mine.device):
+            continue
+        if theirs.dim() != mine.dim() or not all(
+            statically_known_true(a == b) for a, b in zip(theirs.shape, mine.shape)
+        ):
+            continue
+        with graph.inserting_before(add):  # the add's operands are all defined by here
+            taken = graph.call_function(op, node.args, {**node.kwargs, "residual": other})
+        taken.meta = {**node.meta, "val": add.meta["val"]}
+        add.replace_all_uses_with(taken)
+        graph.erase_node(add)
+        graph.erase_node(node)
+        moved += 1
+    if moved:
+        graph.lint()
+        ep.graph_module.recompile()
+    return moved

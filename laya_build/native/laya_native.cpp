@@ -1,10 +1,12 @@
 // The project's native ops (namespace laya_native), built into liblaya_native.so by
 // laya_build/native/build.py and shipped beside the AOTInductor package that calls them.
 //
-// laya_native::linear(x, weight, bias, algorithm) computes x @ weight.T (+ bias), as
-// torch.nn.functional.linear does.
+// laya_native::linear(x, weight, bias, algorithm, residual) computes x @ weight.T (+ bias), as
+// torch.nn.functional.linear does, plus ``residual`` (a tensor of the output's shape and dtype)
+// when one is given: the residual stream a branch's last GEMM is added to.
 //
-// * CPU: at::linear itself (the same bits as the layer it replaces).
+// * CPU: at::linear itself (the same bits as the layer it replaces), then the residual added as
+//   torch adds two tensors (the bits of the layer and the add it replaces).
 // * CUDA (bf16 or fp16 operands, fp32 accumulation): one cublasLtMatmul with the algorithm the
 //   call names.  ``algorithm`` (None: none named) is [version, then groups of 9 integers
 //   [m_max, a0 .. a7]]: ``version`` is the cuBLASLt version (cublasLtGetVersion) the algorithms
@@ -15,7 +17,9 @@
 //   call's operands have: the heuristic's first algorithm for the problem and the operands'
 //   alignment, with a warning once for the latter two.  A named algorithm cuBLASLt does not
 //   accept for the problem (cublasLtMatmulAlgoCheck) is an error that names the problem.  The
-//   bias goes into the GEMM's epilogue.
+//   bias goes into the GEMM's epilogue; the residual is its C matrix (beta 1), added to the fp32
+//   product in the epilogue before the output's one rounding, so the output is not the bits of
+//   a GEMM and an add, which round twice.
 //
 // cuBLASLt and torch's current CUDA stream are reached through the libraries the process has
 // already loaded (torch loads both; cuBLASLt is looked up among libtorch_cuda's own dependencies
@@ -151,9 +155,10 @@ struct Plan {
   size_t workspace = 0;
 };
 
-// The alignments (bytes, at most 256) of the weight, the input, the output and the bias.
-using Alignments = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t>;
-using Key = std::tuple<int, int64_t, int64_t, int64_t, int, bool, Alignments, std::vector<int64_t>>;
+// The alignments (bytes, at most 256) of the weight, the input, the output, the bias and the
+// residual (a missing bias or residual: MAX_ALIGNMENT).
+using Alignments = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t, uint32_t>;
+using Key = std::tuple<int, int64_t, int64_t, int64_t, int, bool, bool, Alignments, std::vector<int64_t>>;
 
 uint32_t alignment(const void* pointer) {
   const auto address = reinterpret_cast<uintptr_t>(pointer);
@@ -196,16 +201,17 @@ std::vector<int64_t> chosen(c10::IntArrayRef algorithm, int64_t m, size_t versio
   return {};
 }
 
-Plan& plan_for(int device, int64_t m, int64_t n, int64_t k, int type, const void* bias, const Alignments& aligned,
-               const std::vector<int64_t>& words) {
+Plan& plan_for(int device, int64_t m, int64_t n, int64_t k, int type, const void* bias, bool residual,
+               const Alignments& aligned, const std::vector<int64_t>& words) {
   std::lock_guard<std::mutex> guard(plans_mutex);
-  Key key{device, m, n, k, type, bias != nullptr, aligned, words};
+  Key key{device, m, n, k, type, bias != nullptr, residual, aligned, words};
   auto found = plans().find(key);
   if (found != plans().end()) return found->second;
   const Lt& t = lt();
   std::ostringstream about;
   about << "M=" << m << " N=" << n << " K=" << k << (type == CUDA_R_16BF ? " bfloat16" : " float16")
-        << (bias != nullptr ? " with bias" : "") << " (cuBLASLt " << t.version() << ")";
+        << (bias != nullptr ? " with bias" : "") << (residual ? " plus a residual" : "") << " (cuBLASLt "
+        << t.version() << ")";
   const std::string problem = about.str();
   Plan plan;
   Handle& handle = handles()[device];
@@ -225,8 +231,10 @@ Plan& plan_for(int device, int64_t m, int64_t n, int64_t k, int type, const void
   ok(t.layout_create(&plan.a, type, k, n, k), "cublasLtMatrixLayoutCreate", problem);
   ok(t.layout_create(&plan.b, type, k, m, k), "cublasLtMatrixLayoutCreate", problem);
   ok(t.layout_create(&plan.d, type, n, m, n), "cublasLtMatrixLayoutCreate", problem);
-  // the operands' alignment: A the weight, B the input, C and D the output
-  const uint32_t have[4] = {std::get<0>(aligned), std::get<1>(aligned), std::get<2>(aligned), std::get<2>(aligned)};
+  // the operands' alignment: A the weight, B the input, C the residual (the output without one:
+  // C is not read with beta 0, and the call passes the output's pointer), D the output
+  const uint32_t have[4] = {std::get<0>(aligned), std::get<1>(aligned),
+                            residual ? std::get<4>(aligned) : std::get<2>(aligned), std::get<2>(aligned)};
   HeuristicResult result{};
   bool named = !words.empty();
   if (named) {
@@ -268,14 +276,30 @@ Plan& plan_for(int device, int64_t m, int64_t n, int64_t k, int type, const void
   return plans().emplace(key, plan).first->second;
 }
 
+// The residual, when given, checked against the output it is added to: its shape and dtype.
+bool check_residual(const std::optional<at::Tensor>& residual, const at::Tensor& x, const at::Tensor& weight) {
+  if (!residual.has_value() || !residual->defined()) return false;
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  if (!shape.empty()) shape.back() = weight.dim() == 2 ? weight.size(0) : -1;
+  TORCH_CHECK(residual->sizes().vec() == shape && residual->scalar_type() == x.scalar_type(),
+              "laya_native::linear: residual ", residual->sizes(), " ", residual->scalar_type(),
+              " is not the output's shape ", c10::IntArrayRef(shape), " and dtype ", x.scalar_type(),
+              ": the residual is added to the output as it is, without broadcasting");
+  TORCH_CHECK(residual->device() == x.device(), "laya_native::linear: x is on ", x.device(), " and residual on ",
+              residual->device(), ": give them one device");
+  return true;
+}
+
 at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                      at::OptionalIntArrayRef algorithm) {
+                      at::OptionalIntArrayRef algorithm, const std::optional<at::Tensor>& residual) {
   check_format(algorithm);  // cuBLASLt's choice: the CPU has one way, the argument's form is checked alike
-  return at::linear(x, weight, bias);
+  const bool has_residual = check_residual(residual, x, weight);
+  at::Tensor out = at::linear(x, weight, bias);
+  return has_residual ? out.add_(*residual) : out;
 }
 
 at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                       at::OptionalIntArrayRef algorithm) {
+                       at::OptionalIntArrayRef algorithm, const std::optional<at::Tensor>& residual) {
   TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "laya_native::linear: x is ", x.scalar_type(),
               " and weight ", weight.scalar_type(), ": give both one dtype");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
@@ -292,13 +316,15 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
                 weight.size(0), "] vector of x's dtype");
   }
   check_format(algorithm);
+  const bool has_residual = check_residual(residual, x, weight);
   c10::DeviceGuard guard(x.device());
   const int64_t n = weight.size(0), k = weight.size(1);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n;
-  if (k == 0) {  // an empty sum: zeros, plus the bias (as at::linear)
+  if (k == 0) {  // an empty sum: zeros, plus the bias (as at::linear), plus the residual
     at::Tensor out = at::zeros(shape, x.options());
-    return has_bias ? out.add_(*bias) : out;
+    if (has_bias) out.add_(*bias);
+    return has_residual ? out.add_(*residual) : out;
   }
   at::Tensor out = at::empty(shape, x.options());
   const int64_t m = x.numel() / k;
@@ -311,13 +337,15 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
   };
   at::Tensor a = at_least_16(weight), b = at_least_16(x);
   at::Tensor c = has_bias ? at_least_16(*bias) : at::Tensor();
+  at::Tensor r = has_residual ? at_least_16(*residual) : at::Tensor();
   const void* bias_pointer = has_bias ? c.data_ptr() : nullptr;
+  const void* residual_pointer = has_residual ? r.data_ptr() : nullptr;
   const Alignments aligned{alignment(a.data_ptr()), alignment(b.data_ptr()), alignment(out.data_ptr()),
-                           alignment(bias_pointer)};
+                           alignment(bias_pointer), alignment(residual_pointer)};
   const int type = x.scalar_type() == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
   const int device = x.device().index();
   const Lt& t = lt();
-  Plan& plan = plan_for(device, m, n, k, type, bias_pointer, aligned,
+  Plan& plan = plan_for(device, m, n, k, type, bias_pointer, has_residual, aligned,
                         algorithm.has_value() ? chosen(*algorithm, m, t.version()) : std::vector<int64_t>{});
   at::Tensor workspace;
   if (plan.workspace > 0) {
@@ -325,15 +353,17 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
   }
   void* stream = nullptr;
   TORCH_CHECK(t.current_stream(device, &stream) == 0, "laya_native::linear: torch gave no current CUDA stream");
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f, beta = has_residual ? 1.0f : 0.0f;
   std::lock_guard<std::mutex> serial(plans_mutex);  // the bias pointer is the plan's until the call is queued
   if (has_bias) {
     const void* pointer = c.data_ptr();
     ok(t.desc_set(plan.desc, DESC_BIAS_POINTER, &pointer, sizeof(pointer)), "cublasLtMatmulDescSetAttribute",
        "the bias pointer");
   }
-  ok(t.matmul(plan.handle, plan.desc, &alpha, a.data_ptr(), plan.a, b.data_ptr(), plan.b, &beta, out.data_ptr(),
-              plan.d, out.data_ptr(), plan.d, &plan.algo, workspace.defined() ? workspace.data_ptr() : nullptr,
+  // C (N x M, as D): the residual, or the output itself, not read with beta 0
+  const void* c_pointer = has_residual ? residual_pointer : out.data_ptr();
+  ok(t.matmul(plan.handle, plan.desc, &alpha, a.data_ptr(), plan.a, b.data_ptr(), plan.b, &beta, c_pointer, plan.d,
+              out.data_ptr(), plan.d, &plan.algo, workspace.defined() ? workspace.data_ptr() : nullptr,
               plan.workspace, stream),
      "cublasLtMatmul", "the call");
   return out;
@@ -342,7 +372,7 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
 }  // namespace
 
 TORCH_LIBRARY(laya_native, m) {
-  m.def("linear(Tensor x, Tensor weight, Tensor? bias, int[]? algorithm) -> Tensor");
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias, int[]? algorithm, Tensor? residual=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(laya_native, CPU, m) { m.impl("linear", &linear_cpu); }

@@ -9,7 +9,9 @@ package) and ``export.json``.  With ``export.single_slot`` the one-slot branch (
 at 1) is exported too, as ``exported_single_slot.pt2`` / ``eager_single_slot.pt``.  With
 ``export.native_linears.<target>`` naming layers, the project's native op library is compiled
 into ``out_dir`` first (``liblaya_native.so``, :mod:`laya_build.native`) and loaded: the named
-layers call its op, with the cuBLASLt algorithms of ``export.native_algorithms.<target>-<dtype>``.
+layers call its op, with the cuBLASLt algorithms of ``export.native_algorithms.<target>-<dtype>``;
+with ``export.native_residual.<target>`` the residual adds after those calls move into them, in
+the exported program (:func:`laya_build.model.native_linear.take_residuals`).
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ def export_program(model, inputs: dict, program: Program, cfg: dict, device: str
         ep = torch.export.export(model, example, dynamic_shapes=dynamic_shapes(cfg["dims"], program.single_slot))
     export_s = time.perf_counter() - start
     log.info(f"[laya] torch.export of {program.name} ({device}, {meta['dtype']}): {export_s:.1f} s")
+    residual = moved_residuals(ep, cfg, device)
     portable_stack_traces(ep)
     with atomic_path(out / program.exported) as tmp, open(tmp, "wb") as fh:
         torch.export.save(ep, fh)  # a file object: the temp name does not end in .pt2
@@ -144,9 +147,28 @@ def export_program(model, inputs: dict, program: Program, cfg: dict, device: str
         "exported": file_entry(out / program.exported, out),
         "eager": file_entry(out / program.eager, out),
         "range_constraints": range_constraints(ep),
+        **residual,
         "export_s": round(export_s, 4),
         "eager_s": round(eager_s, 4),
     }
+
+
+def moved_residuals(ep, cfg: dict, target: str) -> dict:
+    """With ``export.native_residual.<target>``, the residual adds moved into the native op's
+    calls of ``ep`` as the program record's ``residual_adds``; a program that has none to move
+    is refused (the setting would change nothing)."""
+    if not cfg["native_residual"].get(target):
+        return {}
+    from laya_build.model.native_linear import take_residuals
+
+    moved = take_residuals(ep)
+    if moved == 0:
+        raise ConfigError(
+            f"export.native_residual.{target} is true and no residual add follows a call of the native op",
+            hint=f"name the layers that end a branch (attn.Wo, mlp.Wo) in export.native_linears.{target}, "
+            f"or set export.native_residual.{target} to false",
+        )
+    return {"residual_adds": moved}
 
 
 def native_algorithms(cfg: dict, target: str, dtype: str, root) -> tuple[list[dict], dict | None]:
@@ -276,6 +298,7 @@ def run_export(
         "zero_bias": zero_bias,
         "fused_linears": fused_linears,
         "native_linears": native_linears,
+        "native_residual": bool(cfg["native_residual"].get(target)),
         "native_library": library,
         "native_algorithms": algorithms_in,
         "last_head_layer": cfg["last_head_layer"],

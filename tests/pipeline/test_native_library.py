@@ -27,7 +27,8 @@ from tests.pipeline.project import ROOT, Project, small_pipeline
 
 pytestmark = pytest.mark.build(seconds=240)
 
-LAYERS = ["attn.Wqkv", "mlp.Wi"]
+LAYERS = ["attn.Wqkv", "mlp.Wi", "mlp.Wo"]
+ENCODER_LAYERS = 2  # the generated model's (laya_build/model/defaults.yaml)
 BUILD = "cpu-float32"
 LIBRARY_REL = f"aoti_package/{BUILD}/{NATIVE_LIBRARY_NAME}"
 
@@ -41,9 +42,10 @@ def released(tmp_path_factory):
     def edit(cfg):
         small_pipeline(cfg)
         cfg["export"]["native_linears"] = {"cpu": LAYERS}
+        cfg["export"]["native_residual"] = {"cpu": True}
 
     project.edit_config(edit)
-    project.commit("two encoder linear layers through the native op")
+    project.commit("three encoder linear layers through the native op, the MLP's residual add in its last")
     run = project.doit("release")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return project
@@ -107,6 +109,51 @@ def test_the_release_lists_the_library_its_package_record_names(released):
     assert export["native_linears"] == LAYERS
     text = (vdir / f"export/{BUILD}/exported.pt2").read_bytes()
     assert b"laya_native.linear" in text, "the exported program calls the native op"
+    assert export["native_residual"] is True
+    assert [p["residual_adds"] for p in export["programs"]] == [ENCODER_LAYERS]  # each layer's mlp.Wo
+
+
+def test_the_exported_program_adds_each_mlp_residual_inside_the_op(released):
+    """In the released export, each encoder layer's last native call takes the residual stream:
+    no add reads the output of a native call without one any more, and the program's outputs are the saved eager
+    outputs within verify's fp32 thresholds (on the CPU the op adds as torch does)."""
+    vdir = released.version_dir()
+    library = vdir / LIBRARY_REL
+    got = fresh(
+        """
+        import json, sys, torch
+        from laya_build.runtime import serving
+        from laya_build.runtime.formats import batch_args
+        from laya_build.model.inputs import load_inputs
+        serving.load_library(sys.argv[1], sys.argv[2])
+        ep = torch.export.load(sys.argv[3])
+        op = torch.ops.laya_native.linear.default
+        calls = [n for n in ep.graph.nodes if n.target is op]
+        plain = [n for n in calls if n.kwargs.get("residual") is None]
+        added = [n for n in ep.graph.nodes if n.target is torch.ops.aten.add.Tensor and any(a in plain for a in n.args)]
+        eager = torch.load(sys.argv[4], weights_only=False)["outputs"]
+        inputs = load_inputs(sys.argv[5])
+        same = []
+        with torch.inference_mode():
+            for batch, want in zip(inputs["batches"], eager):
+                out = ep.module()(*batch_args(batch, inputs["arg_names"], "cpu"))
+                same.append(max(float((a - want[k]).abs().max()) for a, k in zip(out, ("decision", "act"))))
+        print(json.dumps({
+            "calls": len(calls),
+            "with_residual": sum(n.kwargs.get("residual") is not None for n in calls),
+            "adds_of_calls": len(added),
+            "same": same,
+        }))
+        """,
+        str(library),
+        sha256_file(library),
+        str(vdir / f"export/{BUILD}/exported.pt2"),
+        str(vdir / f"export/{BUILD}/eager.pt"),
+        str(vdir / "model/inputs.pt"),
+    )
+    assert got["calls"] == len(LAYERS) * ENCODER_LAYERS
+    assert got["with_residual"] == ENCODER_LAYERS and got["adds_of_calls"] == 0
+    assert got["same"] and max(got["same"]) <= 1e-5, got
 
 
 def test_a_fresh_process_opens_the_release_with_its_library(released):
@@ -200,13 +247,22 @@ def test_the_op_on_the_cpu_is_linear_bit_for_bit(released):
         except RuntimeError as exc:
             refused = str(exc).splitlines()[0]
         empty = torch.ops.laya_native.linear(torch.ones(2, 0), torch.ones(3, 0), torch.ones(3), None)
-        print(json.dumps({"same": same, "refused": refused, "empty": empty.tolist()}))
+        r = torch.randn(2, 5, 24, dtype=x.dtype)
+        added = torch.ops.laya_native.linear(x, w, b, None, residual=r)
+        same.append(torch.equal(added, torch.nn.functional.linear(x, w, b) + r))
+        try:  # a residual is added as it is: no broadcasting
+            torch.ops.laya_native.linear(x, w, b, None, residual=r[:, :1])
+            broadcast = None
+        except RuntimeError as exc:
+            broadcast = str(exc).splitlines()[0]
+        print(json.dumps({"same": same, "refused": refused, "empty": empty.tolist(), "broadcast": broadcast}))
         """,
         str(library),
         sha256_file(library),
     )
-    assert got["same"] == [True] * 4
+    assert got["same"] == [True] * 5
     assert "not a cuBLASLt version and groups of 9" in got["refused"]
+    assert "residual [2, 1, 24] BFloat16 is not the output's shape [2, 5, 24]" in got["broadcast"]
     assert got["empty"] == [[1.0] * 3] * 2  # K = 0: the bias alone, as F.linear
 
 
@@ -414,3 +470,64 @@ def test_the_library_beside_a_package_is_found_from_its_record(released, tmp_pat
     found = serving.library_beside(folder / "decision.pt2")
     assert found == {"path": folder / NATIVE_LIBRARY_NAME, "sha256": sha256_file(folder / NATIVE_LIBRARY_NAME)}
     assert serving.library_beside(tmp_path / "decision.pt2") is None  # no record beside it
+
+
+def test_a_residual_add_moves_into_the_op_only_when_it_is_the_outputs_one_plain_add(released):
+    """take_residuals' rule on small programs: the add moves when it is the call's only reader,
+    unscaled, of a tensor of the output's shape and dtype; a program with nothing to move under
+    export.native_residual is refused with what to do."""
+    library = released.version_dir() / LIBRARY_REL
+    got = fresh(
+        """
+        import json, sys, torch
+        from torch.export import Dim
+        from laya_build.runtime import serving
+        from laya_build.model import native_linear
+        from laya_build.stages.export import moved_residuals
+        from laya_build.errors import ConfigError
+        serving.load_library(sys.argv[1], sys.argv[2])
+        native_linear.register_fake()
+        linear = torch.ops.laya_native.linear
+
+        class Program(torch.nn.Module):
+            def __init__(self, body):
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.randn(8, 8))
+                self.body = body
+
+            def forward(self, x):
+                return self.body(self, x)
+
+        bodies = {
+            "moved": lambda m, x: (x + linear(x, m.w, None, None)).relu(),
+            "moved, other first and second": lambda m, x: linear(x + linear(x, m.w, None, None), m.w, None, None) + x,
+            "two readers": lambda m, x: (lambda y: (x + y, y * 2))(linear(x, m.w, None, None)),
+            "broadcast": lambda m, x: linear(x, m.w, None, None) + x[:, :1],
+            "scaled": lambda m, x: torch.add(x, linear(x, m.w, None, None), alpha=2),
+            "other dtype": lambda m, x: linear(x, m.w, None, None) + x.double(),
+            "no native call": lambda m, x: x @ m.w.T + x,
+        }
+        x = torch.randn(2, 32, 8)
+        out = {}
+        for name, body in bodies.items():
+            ep = torch.export.export(Program(body), (x,), dynamic_shapes=({1: 16 * Dim("t", min=2, max=8)},))
+            want = ep.module()(x)
+            try:
+                record = moved_residuals(ep, {"native_residual": {"cpu": True}}, "cpu")
+            except ConfigError as exc:
+                record = {"error": str(exc)}
+            got = ep.module()(x)
+            leaves = torch.utils._pytree.tree_leaves
+            same = all(torch.equal(a, b) for a, b in zip(leaves(got), leaves(want)))
+            out[name] = {**record, "same": same}
+        print(json.dumps(out))
+        """,
+        str(library),
+        sha256_file(library),
+    )
+    assert got["moved"] == {"residual_adds": 1, "same": True}
+    assert got["moved, other first and second"] == {"residual_adds": 2, "same": True}
+    refused = "export.native_residual.cpu is true and no residual add follows a call of the native op"
+    for name in ("two readers", "broadcast", "scaled", "other dtype", "no native call"):
+        assert got[name]["same"] and got[name]["error"].startswith(refused), (name, got[name])
+        assert "name the layers that end a branch (attn.Wo, mlp.Wo) in export.native_linears.cpu" in got[name]["error"]

@@ -126,3 +126,41 @@ def test_operands_at_any_16_byte_offset(op):
         w = base[offset : offset + 1024 * 1024].view(1024, 1024)
         x = xs[offset : offset + 128 * 1024].view(128, 1024)
         torch.testing.assert_close(op(x, w, None, None), F.linear(x, w), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_a_residual_is_added_in_the_epilogue_before_the_one_rounding(op, with_bias):
+    """``residual``: cuBLASLt's C matrix, added to the fp32 product: the output is the fp32 sum
+    rounded once (within a bf16 step: the product's own sum order is cuBLAS's), the residual is
+    not written, and a graph replay is the plain call.  A residual at a 16-byte offset and one
+    with another shape are handled as the operands are."""
+    torch.manual_seed(3)
+    for m, n, k in ((128, 1024, 2624), (1792, 1024, 1024)):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+        b = torch.randn(n, device="cuda", dtype=torch.bfloat16) if with_bias else None
+        r = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) * 4
+        kept = r.clone()
+        got = op(x, w, b, None, residual=r)
+        exact = x.float() @ w.float().T + r.float() + (b.float() if b is not None else 0)
+        torch.testing.assert_close(got.float(), exact, atol=0.05, rtol=2**-7)
+        assert torch.equal(r, kept)
+        twice = (F.linear(x, w, b) + r).float()
+        assert (got.float() - exact).abs().mean() <= (twice - exact).abs().mean()  # one rounding, not two
+        spare = torch.empty(m * n + 8, device="cuda", dtype=torch.bfloat16)
+        shifted = spare[8:].view(m, n)
+        shifted.copy_(r)
+        torch.testing.assert_close(op(x, w, b, None, residual=shifted), got, atol=0.05, rtol=2**-7)
+    with pytest.raises(RuntimeError, match=r"residual \[128, 1\] BFloat16 is not the output's shape \[128, 1024\]"):
+        op(x[:128], w, b, None, residual=r[:128, :1])
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        op(x, w, b, None, residual=r)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = op(x, w, b, None, residual=r)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, got)
