@@ -10,7 +10,9 @@
 # merged key by key, anything else replaced; {"package": {"tuning": {}}} builds without a tuning
 # file, so Inductor tunes afresh and the build writes its own tuning.json).  Steps, each skipped
 # once DEADLINE_S (default 560) is near:
-#   1. `doit config=pipeline.variant.yaml aoti_package:cuda-bfloat16` in every copy, at once;
+#   1. `doit config=pipeline.variant.yaml aoti_package:cuda-bfloat16` in every copy, at once,
+#      each stopped (its process group ended) once DEADLINE_S less BUILD_RESERVE_S (default 60) is
+#      reached, so the steps after it and the log still come back;
 #      each package's sha256, tuning.json and tuned kernels' sources (NAME-kernel-sources.tgz) to
 #      $OUT (and, for a build refused because its tuning file lacked kernels, those kernels'
 #      sources as NAME-untuned-kernels.tgz);
@@ -93,7 +95,9 @@ for v in $VARIANTS; do
     continue
   fi
   variant "$name" "${v#*=}"
-  doit_in "$name" pipeline.variant.yaml "aoti_package:$BUILD" & pids+=($!)
+  limit=$(until_deadline "${BUILD_RESERVE_S:-60}")
+  [ "$limit" -gt 0 ] || { say "deadline: build of $name skipped"; continue; }
+  LIMIT_S=$limit doit_in "$name" pipeline.variant.yaml "aoti_package:$BUILD" & pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done
 built=()
@@ -139,7 +143,7 @@ fi
 for n in ${VERIFY:-${built[@]:1}}; do
   [ "$n" = none ] && continue
   late 35 "verify of $n" && continue
-  doit_in "$n" pipeline.variant.yaml "verify:$BUILD"
+  LIMIT_S=$(until_deadline 10) doit_in "$n" pipeline.variant.yaml "verify:$BUILD"
   cp "$WORK/$n/artifacts/$VERSION/verify/$BUILD/verify.json" "$OUT/$n-verify.json" 2>/dev/null
 done
 

@@ -1,0 +1,85 @@
+"""The helpers the GPU benchmark scripts share (benchmarks/copies.sh): a build in a copy of the
+project stopped at its time limit with every process it started, so a script bound by a deadline
+hands back its log instead of being killed with it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.pipeline.project import ROOT
+
+# A stand-in for `python -m doit ...`: a build that starts a worker and never ends.
+STAND_IN = """#!/bin/bash
+sleep 300 &
+echo $! > "$WORK/worker.pid"
+echo $$ > "$WORK/build.pid"
+wait
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return stat[0] != "Z"  # a zombie has ended
+
+
+def run_helpers(tmp_path: Path, script: str, **env) -> tuple[subprocess.CompletedProcess, float]:
+    work = tmp_path / "work"
+    (work / "copy").mkdir(parents=True)
+    python = tmp_path / "python"
+    python.write_text(STAND_IN)
+    python.chmod(0o755)
+    start = time.monotonic()
+    run = subprocess.run(
+        ["bash", "-c", f"set -u; . benchmarks/copies.sh; {script}"],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "SRC": str(ROOT),
+            "WORK": str(work),
+            "log": str(tmp_path / "run.log"),
+            "PY": str(python),
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return run, time.monotonic() - start
+
+
+def test_a_build_past_its_limit_is_stopped_with_every_process_it_started(tmp_path):
+    run, took = run_helpers(tmp_path, 'LIMIT_S=2 doit_in copy pipeline.yaml aoti_package:cpu-float32; echo "rc $?"')
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1] == "rc 124"
+    assert took < 60, took
+    log = (tmp_path / "run.log").read_text()
+    assert "copy: doit aoti_package:cpu-float32 stopped at its limit of 2 s" in log
+    assert "copy: doit aoti_package:cpu-float32 rc 124 in" in log
+    work = tmp_path / "work"
+    for name in ("build.pid", "worker.pid"):
+        pid = int((work / name).read_text())
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(pid), f"{name} {pid} still runs"
+
+
+def test_without_a_limit_a_build_runs_to_its_end(tmp_path):
+    run, _ = run_helpers(tmp_path, 'PY=true; doit_in copy pipeline.yaml verify:cpu-float32; echo "rc $?"')
+    assert run.stdout.splitlines()[-1] == "rc 0"
+    assert "stopped at its limit" not in (tmp_path / "run.log").read_text()
+
+
+@pytest.mark.parametrize(("deadline", "reserve", "left"), [(100, 10, 90), (100, 100, 0), (5, 60, 0)])
+def test_the_time_left_before_the_deadline_is_never_negative(tmp_path, deadline, reserve, left):
+    run, _ = run_helpers(tmp_path, f"until_deadline {reserve}", DEADLINE_S=str(deadline))
+    assert run.stdout.strip() == str(left)
