@@ -183,7 +183,9 @@ def take_residuals(ep) -> int:
         if not isinstance(other, torch.fx.Node) or other is node:
             continue
         mine, theirs = node.meta.get("val"), other.meta.get("val")
-        if not isinstance(theirs, torch.Tensor) or (theirs.dtype, theirs.device) != (mine.dtype, mine.device):
+        if not (isinstance(mine, torch.Tensor) and isinstance(theirs, torch.Tensor)):
+            continue
+        if (theirs.dtype, theirs.device) != (mine.dtype, mine.device):
             continue
         if theirs.dim() != mine.dim() or not all(
             statically_known_true(a == b) for a, b in zip(theirs.shape, mine.shape)
