@@ -7,6 +7,7 @@
 #                 group, SIGKILL 15 s later; exit status 124), so a script that must hand back its
 #                 log by a deadline is not held past it by one build
 #   until_deadline RESERVE   the seconds left before DEADLINE_S less RESERVE (0 when none)
+#   late SECONDS WHAT   true (and says WHAT is skipped) when fewer than SECONDS are left before DEADLINE_S
 #   copy NAME [TREE]  $WORK/NAME emptied, then the project's tree in it without its artifacts, GPU
 #                 packs and virtual environment; or, given TREE, that gzipped tarball's tree (another
 #                 revision of the project: `git archive --format=tar.gz -o TREE REV`)
@@ -35,4 +36,8 @@ doit_in() {  # doit_in NAME CONFIG TASK: a doit run in a copy, logged to $WORK/N
 until_deadline() {  # until_deadline RESERVE: seconds left before DEADLINE_S, less RESERVE; 0 when none
   local left=$((${DEADLINE_S:?} - SECONDS - ${1:-0}))
   echo $((left > 0 ? left : 0))
+}
+late() {  # late SECONDS WHAT: true, saying WHAT is skipped, when SECONDS would run past DEADLINE_S
+  [ "$(until_deadline "${1:-0}")" -eq 0 ] && { say "deadline: $2 skipped"; return 0; }
+  return 1
 }

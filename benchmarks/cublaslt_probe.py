@@ -106,7 +106,7 @@ class Lt:
         self.handle = ctypes.c_void_p()
         self._ok(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
         self.workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device="cuda")
-        self.alpha, self.beta, self.one = ctypes.c_float(1.0), ctypes.c_float(0.0), ctypes.c_float(1.0)
+        self.alpha, self.beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
 
     @staticmethod
     def _ok(status: int, what: str) -> None:
@@ -284,7 +284,7 @@ class Lt:
                 a,
                 ctypes.c_void_p(x.data_ptr()),
                 b,
-                ctypes.byref(self.beta if residual is None else self.one),
+                ctypes.byref(self.beta if residual is None else self.alpha),  # beta 1 with a residual
                 ctypes.c_void_p((y if residual is None else residual).data_ptr()),
                 c,
                 ctypes.c_void_p(y.data_ptr()),

@@ -38,7 +38,6 @@ mkdir -p "$WORK" "$OUT"
 log=$OUT/attention-${PHASE:?set PHASE=build, repro or compare}.log
 : > "$log"
 . benchmarks/copies.sh
-late() { [ $((SECONDS + ${1:-0})) -ge "$DEADLINE_S" ] && { say "deadline: $2 skipped"; return 0; }; return 1; }
 config() {  # config NAME TUNING: pipeline.h200.yaml with varlen attention and TUNING (a path, or none)
   "$PY" - "$WORK/$1/pipeline.h200.yaml" "$WORK/$1/pipeline.varlen.yaml" "$2" <<'PYEOF'
 import sys, yaml

@@ -51,7 +51,6 @@ mkdir -p "$WORK" "$OUT"
 log=$OUT/variants.log
 : > "$log"
 . benchmarks/copies.sh
-late() { [ $((SECONDS + ${1:-0})) -ge "$DEADLINE_S" ] && { say "deadline: $2 skipped"; return 0; }; return 1; }
 names=()
 for v in ${VARIANTS:?set VARIANTS to NAME=JSON ...}; do names+=("${v%%=*}"); done
 pkg() { echo "$WORK/$1/artifacts/$VERSION/aoti_package/$BUILD"; }

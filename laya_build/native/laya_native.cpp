@@ -276,11 +276,17 @@ Plan& plan_for(int device, int64_t m, int64_t n, int64_t k, int type, const void
   return plans().emplace(key, plan).first->second;
 }
 
-// The residual, when given, checked against the output it is added to: its shape and dtype.
-bool check_residual(const std::optional<at::Tensor>& residual, const at::Tensor& x, const at::Tensor& weight) {
-  if (!residual.has_value() || !residual->defined()) return false;
+// The output's shape: x's, its last size the weight's rows.
+std::vector<int64_t> output_shape(const at::Tensor& x, const at::Tensor& weight) {
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   if (!shape.empty()) shape.back() = weight.dim() == 2 ? weight.size(0) : -1;
+  return shape;
+}
+
+// The residual, when given, checked against the output it is added to: its shape and dtype.
+bool check_residual(const std::optional<at::Tensor>& residual, const at::Tensor& x,
+                    const std::vector<int64_t>& shape) {
+  if (!residual.has_value() || !residual->defined()) return false;
   TORCH_CHECK(residual->sizes().vec() == shape && residual->scalar_type() == x.scalar_type(),
               "laya_native::linear: residual ", residual->sizes(), " ", residual->scalar_type(),
               " is not the output's shape ", c10::IntArrayRef(shape), " and dtype ", x.scalar_type(),
@@ -293,7 +299,7 @@ bool check_residual(const std::optional<at::Tensor>& residual, const at::Tensor&
 at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                       at::OptionalIntArrayRef algorithm, const std::optional<at::Tensor>& residual) {
   check_format(algorithm);  // cuBLASLt's choice: the CPU has one way, the argument's form is checked alike
-  const bool has_residual = check_residual(residual, x, weight);
+  const bool has_residual = check_residual(residual, x, output_shape(x, weight));
   at::Tensor out = at::linear(x, weight, bias);
   return has_residual ? out.add_(*residual) : out;
 }
@@ -316,11 +322,10 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
                 weight.size(0), "] vector of x's dtype");
   }
   check_format(algorithm);
-  const bool has_residual = check_residual(residual, x, weight);
+  const std::vector<int64_t> shape = output_shape(x, weight);
+  const bool has_residual = check_residual(residual, x, shape);
   c10::DeviceGuard guard(x.device());
   const int64_t n = weight.size(0), k = weight.size(1);
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = n;
   if (k == 0) {  // an empty sum: zeros, plus the bias (as at::linear), plus the residual
     at::Tensor out = at::zeros(shape, x.options());
     if (has_bias) out.add_(*bias);

@@ -83,3 +83,11 @@ def test_without_a_limit_a_build_runs_to_its_end(tmp_path):
 def test_the_time_left_before_the_deadline_is_never_negative(tmp_path, deadline, reserve, left):
     run, _ = run_helpers(tmp_path, f"until_deadline {reserve}", DEADLINE_S=str(deadline))
     assert run.stdout.strip() == str(left)
+
+
+@pytest.mark.parametrize(("deadline", "needed", "skipped"), [(100, 10, False), (100, 100, True), (5, 60, True)])
+def test_a_step_that_would_run_past_the_deadline_is_skipped_and_said(tmp_path, deadline, needed, skipped):
+    run, _ = run_helpers(tmp_path, f'late {needed} "the step" && echo skip || echo run', DEADLINE_S=str(deadline))
+    assert run.stdout.splitlines()[-1] == ("skip" if skipped else "run")
+    log = tmp_path / "run.log"
+    assert (log.exists() and "deadline: the step skipped" in log.read_text()) == skipped

@@ -74,17 +74,23 @@ def test_a_graph_replay_is_the_plain_call(op):
     x = torch.randn(1792, 1024, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(5248, 1024, device="cuda", dtype=torch.bfloat16) * 1024**-0.5
     plain = op(x, w, None, None)
+    assert torch.equal(replayed(lambda: op(x, w, None, None)), plain)
+
+
+def replayed(call):
+    """``call()``'s output as a CUDA graph of it replays it (the call warmed up on the capture
+    stream first, as the runtime captures)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        op(x, w, None, None)
+        call()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        out = op(x, w, None, None)
+        out = call()
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, plain)
+    return out
 
 
 def cublaslt_version(lt) -> int:
@@ -153,14 +159,4 @@ def test_a_residual_is_added_in_the_epilogue_before_the_one_rounding(op, with_bi
         torch.testing.assert_close(op(x, w, b, None, residual=shifted), got, atol=0.05, rtol=2**-7)
     with pytest.raises(RuntimeError, match=r"residual \[128, 1\] BFloat16 is not the output's shape \[128, 1024\]"):
         op(x[:128], w, b, None, residual=r[:128, :1])
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        op(x, w, b, None, residual=r)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        out = op(x, w, b, None, residual=r)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, got)
+    assert torch.equal(replayed(lambda: op(x, w, b, None, residual=r)), got)
