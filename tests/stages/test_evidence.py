@@ -908,3 +908,49 @@ def test_h100_the_search_beyond_the_heuristic_found_nothing_beyond_the_timing_sp
     assert round(sum(min(h, s) for h, s, _ in at_1792), 2) == 80.74 and round(sum(h for h, _, _ in at_1792), 2) == 81.72
     written = load(f"{SEARCH}/cublaslt-searched.json")
     assert algorithms_file(probe, 130100)["entries"] == written["entries"]
+
+
+RESIDUAL = "2026-12-05-h200-residual"
+
+
+def test_h200_the_residual_inside_the_op_was_slower_at_1x128_and_within_a_few_microseconds_at_7x256():
+    """The section's table (medians of the rounds, replays back to back by CUDA events), every res
+    replay after the plain call slower than every base one at 1x128, res's answers not base's bits
+    but verified, both builds with nothing timed, and the configuration leaving the residual off."""
+    shapes = load(f"{RESIDUAL}/latency-1.json")["shapes"]
+    medians = {
+        (s, n): (round(v["median_ms"][n]["replay"], 3), round(v["median_ms"][n]["replay_before_plain"], 3))
+        for s, v in shapes.items()
+        for n in v["median_ms"]
+    }
+    assert medians == {
+        ("1x128x3", "base"): (0.982, 0.982),
+        ("1x128x3", "res"): (0.999, 1.0),
+        ("7x256x4", "base"): (3.275, 3.29),
+        ("7x256x4", "res"): (3.268, 3.276),
+    }
+    events = {
+        (s, n): round(x["events_us_per_replay"] / 1000, 3) for s, v in shapes.items() for n, x in v["launch"].items()
+    }
+    assert events == {
+        ("1x128x3", "base"): 1.075,
+        ("1x128x3", "res"): 1.106,
+        ("7x256x4", "base"): 3.288,
+        ("7x256x4", "res"): 3.24,
+    }
+    small = shapes["1x128x3"]["ms"]
+    assert min(small["res"]["replay"]) > max(small["base"]["replay"])
+    large = shapes["7x256x4"]["ms"]
+    assert min(large["base"]["replay"]) - max(large["res"]["replay"]) < 0.005
+    differences = {s: round(v["max_abs_vs_first"]["res"], 3) for s, v in shapes.items()}
+    assert differences == {"1x128x3": 0.044, "7x256x4": 0.051}
+    verified_as_quoted(f"{RESIDUAL}/res-verify-1.json", {"decision": (0.032, 0.0055), "act": (0.054, 0.0097)})
+    logged = digests((EVIDENCE / RESIDUAL / "variants-1.log").read_text())
+    assert logged == {
+        "base": {"aa4521630322bd35346bdc1daf36a57af08f5359afe8b16a5f29a9e0abcda226"},
+        "res": {load(f"{RESIDUAL}/res-verify-1.json")["programs"][0]["package"]["sha256"]},
+    }
+    assert logged["res"] == {"07de906571b52f697c4094c8abb56ece189d1a6eb0732ea070b1e26e4c947d26"}
+    for name in ("base-tuning-1", "res-tuning-1"):
+        assert (EVIDENCE / RESIDUAL / f"{name}.json").read_bytes() == committed_tuning()
+    assert not h200_config()["export"].get("native_residual", {}).get("cuda", False)
