@@ -954,3 +954,124 @@ def test_h200_the_residual_inside_the_op_was_slower_at_1x128_and_within_a_few_mi
     for name in ("base-tuning-1", "res-tuning-1"):
         assert (EVIDENCE / RESIDUAL / f"{name}.json").read_bytes() == committed_tuning()
     assert not h200_config()["export"].get("native_residual", {}).get("cuda", False)
+
+
+ON_H100 = "2026-12-05-h100-native-serving"
+
+
+def test_h100_the_committed_configuration_built_to_the_h200_bytes_and_verified():
+    """Run 1 on an H100: the bytes the H200 built from the same revision, nothing timed, verify's
+    deltas as quoted (the H200's for this configuration), the native op's 11 GPU tests passed."""
+    h200 = digests((EVIDENCE / RESIDUAL / "variants-1.log").read_text())["base"]
+    assert digests((EVIDENCE / ON_H100 / "variants-1.log").read_text()) == {"cur": h200}
+    assert {load(f"{ON_H100}/cur-verify-1.json")["programs"][0]["package"]["sha256"]} == h200
+    assert (EVIDENCE / ON_H100 / "cur-tuning-1.json").read_bytes() == committed_tuning()
+    verified_as_quoted(f"{ON_H100}/cur-verify-1.json", {"decision": (0.032, 0.0065), "act": (0.047, 0.0102)})
+    verified_as_quoted(f"{NATIVE}/rrn-verify-2.json", {"decision": (0.032, 0.0065), "act": (0.047, 0.0102)})
+    tests = (EVIDENCE / ON_H100 / "gpu-tests-1.log").read_text()
+    assert "11 passed" in tests and "failed" not in tests and "pytest rc 0" in tests
+
+
+def test_h100_a_forward_at_7x256_spends_its_gpu_time_as_the_table_says():
+    """Run 1's profile: the table's rows by kind of kernel, the GPU work and the span, the idle time
+    between kernels at both shapes; the medians and back-to-back figures quoted."""
+    shapes = load(f"{ON_H100}/latency-1.json")["shapes"]
+    assert load(f"{ON_H100}/latency-1.json")["device_name"] == "NVIDIA H100 80GB HBM3"
+    profile = shapes["7x256x4"]["profile"]["cur"]
+    kinds: dict[str, list[float]] = {}
+    for kernel in profile["top"]:
+        name = kernel["name"]
+        kind = next(
+            (k for k, marks in KERNEL_KINDS if any(m in name for m in marks)),
+            "else",
+        )
+        row = kinds.setdefault(kind, [0.0, 0.0])
+        row[0] += kernel["us_per_forward"]
+        row[1] += kernel["per_forward"]
+    assert {k: (round(us), int(n)) for k, (us, n) in kinds.items()} == {
+        "norm": (327, 61),
+        "memset": (23, 29),
+        "attention": (386, 30),
+        "geglu": (247, 29),
+        "gemm": (2117, 124),
+        "else": (26, 15),
+    }
+    assert (round(profile["gpu_us_per_forward"]), round(profile["span_us_per_forward"])) == (3126, 3386)
+    assert profile["events_per_forward"] == 288
+    idle = {
+        s: v["profile"]["cur"]["span_us_per_forward"] - v["profile"]["cur"]["gpu_us_per_forward"]
+        for s, v in shapes.items()
+    }
+    assert {s: round(us) for s, us in idle.items()} == {"1x128x3": 128, "7x256x4": 261}
+    assert {s: round(v["median_ms"]["cur"]["replay"], 3) for s, v in shapes.items()} == {
+        "1x128x3": 0.997,
+        "7x256x4": 3.362,
+    }
+    events = {s: round(v["launch"]["cur"]["events_us_per_replay"] / 1000, 3) for s, v in shapes.items()}
+    assert events == {"1x128x3": 1.092, "7x256x4": 3.392}
+
+
+# the kinds of kernel of a profile, by marks in their names (the first kind that matches)
+KERNEL_KINDS = (
+    ("norm", ("layer_norm",)),
+    ("memset", ("Memset",)),
+    ("attention", ("_rotary_attention_kernel",)),
+    ("geglu", ("gelu_mul",)),
+    ("gemm", ("nvjet", "cutlass", "gemv", "cublasLt::")),
+)
+
+
+def test_h100_the_native_package_answered_within_its_own_import_and_kept_its_answers_in_mixed_work():
+    """The first-answer table (rounds, bare imports, each start and its distance from the bare import
+    of its round), start_build's time from its own import to its answer, and the mixed workload."""
+    rows = load(f"{ON_H100}/first-1.json")["rows"]
+    assert all(r["rc"] == 0 for r in rows) and len(rows) == 12
+    table = {(r["round"], r["variant"]): round(r["first_s"], 2) for r in rows}
+    bare = {k: table[k, "import torch"] for k in (0, 1, 2)}
+    assert bare == {0: 3.01, 1: 3.48, 2: 3.88}
+    starts = {k: table[k, "start_build"] for k in (0, 1, 2)}
+    assert starts == {0: 3.84, 1: 5.41, 2: 3.56}
+    assert {k: table[k, "start_build, context by the load"] for k in (0, 1, 2)} == {0: 4.47, 1: 4.61, 2: 5.22}
+    assert {k: table[k, "open_build"] for k in (0, 1, 2)} == {0: 10.22, 1: 10.68, 2: 8.72}
+    own = [r["total_s"] - r["import_s"] for r in rows if r["variant"] == "start_build"]
+    assert max(own) < 0.6 and min(own) > 0.4
+    assert [k for k in bare if starts[k] - bare[k] > 1.5] == [1]
+    mixed = load(f"{ON_H100}/mixed-1.json")
+    assert mixed["machine"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert mixed["workspace_fix"] and mixed["done"] and mixed["replay_vs_plain"] and mixed["replay_vs_plain_after"]
+    assert len(mixed["steps"]) == 4 and all(step["replay_unchanged"] for step in mixed["steps"])
+
+
+def test_h100_attention_blocks_by_kind_were_faster_in_every_7x256_round_and_are_not_adopted():
+    """Run 2: every kind round faster than every cur round at 7x256 (both timings), the medians and
+    back-to-back figures quoted, the same answers at 1x128 and other sums at 7x256, nothing timed
+    in either build, and the module still with one table of configurations."""
+    from laya_build.model import rotary_attention
+
+    shapes = load(f"{ON_H100}/latency-2.json")["shapes"]
+    large = shapes["7x256x4"]["ms"]
+    for mode in ("replay", "replay_before_plain"):
+        assert max(large["kind"][mode]) < min(large["cur"][mode])
+    medians = {(s, n): round(v["median_ms"][n]["replay"], 3) for s, v in shapes.items() for n in v["median_ms"]}
+    assert medians == {
+        ("1x128x3", "cur"): 0.999,
+        ("1x128x3", "kind"): 1.0,
+        ("7x256x4", "cur"): 3.364,
+        ("7x256x4", "kind"): 3.349,
+    }
+    events = {
+        (s, n): round(x["events_us_per_replay"] / 1000, 3) for s, v in shapes.items() for n, x in v["launch"].items()
+    }
+    assert events == {
+        ("1x128x3", "cur"): 1.094,
+        ("1x128x3", "kind"): 1.094,
+        ("7x256x4", "cur"): 3.404,
+        ("7x256x4", "kind"): 3.321,
+    }
+    assert {s: round(v["max_abs_vs_first"]["kind"], 3) for s, v in shapes.items()} == {"1x128x3": 0.0, "7x256x4": 0.025}
+    logged = digests((EVIDENCE / ON_H100 / "variants-2.log").read_text())
+    assert logged["cur"] == digests((EVIDENCE / ON_H100 / "variants-1.log").read_text())["cur"]
+    assert [d[:8] for d in logged["kind"]] == ["ee5d2d40"]
+    assert "verify of kind skipped" in (EVIDENCE / ON_H100 / "variants-2.log").read_text()
+    assert (EVIDENCE / ON_H100 / "kind-tuning-2.json").read_bytes() == committed_tuning()
+    assert not hasattr(rotary_attention, "GLOBAL_CONFIGS")
