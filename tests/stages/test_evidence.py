@@ -248,6 +248,21 @@ def test_h200_mixed_workload_passed_for_the_fused_package():
     assert "other_cuda_work[fused]" in first
 
 
+def replay_medians(name: str, mode: str = "replay") -> dict[tuple[str, str], float]:
+    """``package_latency.py``'s median of the rounds of ``mode`` in ms, to 3 places, by (shape, package)."""
+    shapes = load(name)["shapes"]
+    return {(s, n): round(v["median_ms"][n][mode], 3) for s, v in shapes.items() for n in v["median_ms"]}
+
+
+def back_to_back(name: str) -> dict[tuple[str, str], float]:
+    """``package_latency.py --launch``'s replays back to back by CUDA events in ms, to 3 places, by
+    (shape, package)."""
+    shapes = load(name)["shapes"]
+    return {
+        (s, n): round(x["events_us_per_replay"] / 1000, 3) for s, v in shapes.items() for n, x in v["launch"].items()
+    }
+
+
 def digests(log: str) -> dict[str, set[str]]:
     """``h200_variants.sh``'s ``<sha256>  <variant>`` lines: each variant's digests."""
     found: dict[str, set[str]] = {}
@@ -829,8 +844,7 @@ def test_h200_the_native_op_and_the_stored_residual_were_faster_in_every_round_a
         assert max(rounds["nat2"]["replay"]) < min(rounds["base"]["replay"])
         assert max(rounds["rrn"]["replay"]) < min(rounds["nat2"]["replay"])
         assert shapes[shape]["max_abs_vs_first"]["nat2"] == 0.0
-    medians = {(s, n): round(v["median_ms"][n]["replay"], 3) for s, v in shapes.items() for n in v["median_ms"]}
-    assert medians == {
+    assert replay_medians(f"{NATIVE}/latency-2.json") == {
         ("1x128x3", "base"): 1.003,
         ("1x128x3", "nat2"): 0.994,
         ("1x128x3", "rrn"): 0.986,
@@ -838,10 +852,7 @@ def test_h200_the_native_op_and_the_stored_residual_were_faster_in_every_round_a
         ("7x256x4", "nat2"): 3.335,
         ("7x256x4", "rrn"): 3.269,
     }
-    events = {
-        (s, n): round(x["events_us_per_replay"] / 1000, 3) for s, v in shapes.items() for n, x in v["launch"].items()
-    }
-    assert events == {
+    assert back_to_back(f"{NATIVE}/latency-2.json") == {
         ("1x128x3", "base"): 1.098,
         ("1x128x3", "nat2"): 1.083,
         ("1x128x3", "rrn"): 1.074,
@@ -918,21 +929,19 @@ def test_h200_the_residual_inside_the_op_was_slower_at_1x128_and_within_a_few_mi
     replay after the plain call slower than every base one at 1x128, res's answers not base's bits
     but verified, both builds with nothing timed, and the configuration leaving the residual off."""
     shapes = load(f"{RESIDUAL}/latency-1.json")["shapes"]
-    medians = {
-        (s, n): (round(v["median_ms"][n]["replay"], 3), round(v["median_ms"][n]["replay_before_plain"], 3))
-        for s, v in shapes.items()
-        for n in v["median_ms"]
+    assert replay_medians(f"{RESIDUAL}/latency-1.json") == {
+        ("1x128x3", "base"): 0.982,
+        ("1x128x3", "res"): 0.999,
+        ("7x256x4", "base"): 3.275,
+        ("7x256x4", "res"): 3.268,
     }
-    assert medians == {
-        ("1x128x3", "base"): (0.982, 0.982),
-        ("1x128x3", "res"): (0.999, 1.0),
-        ("7x256x4", "base"): (3.275, 3.29),
-        ("7x256x4", "res"): (3.268, 3.276),
+    assert replay_medians(f"{RESIDUAL}/latency-1.json", "replay_before_plain") == {
+        ("1x128x3", "base"): 0.982,
+        ("1x128x3", "res"): 1.0,
+        ("7x256x4", "base"): 3.29,
+        ("7x256x4", "res"): 3.276,
     }
-    events = {
-        (s, n): round(x["events_us_per_replay"] / 1000, 3) for s, v in shapes.items() for n, x in v["launch"].items()
-    }
-    assert events == {
+    assert back_to_back(f"{RESIDUAL}/latency-1.json") == {
         ("1x128x3", "base"): 1.075,
         ("1x128x3", "res"): 1.106,
         ("7x256x4", "base"): 3.288,
@@ -1052,17 +1061,13 @@ def test_h100_attention_blocks_by_kind_were_faster_in_every_7x256_round_and_are_
     large = shapes["7x256x4"]["ms"]
     for mode in ("replay", "replay_before_plain"):
         assert max(large["kind"][mode]) < min(large["cur"][mode])
-    medians = {(s, n): round(v["median_ms"][n]["replay"], 3) for s, v in shapes.items() for n in v["median_ms"]}
-    assert medians == {
+    assert replay_medians(f"{ON_H100}/latency-2.json") == {
         ("1x128x3", "cur"): 0.999,
         ("1x128x3", "kind"): 1.0,
         ("7x256x4", "cur"): 3.364,
         ("7x256x4", "kind"): 3.349,
     }
-    events = {
-        (s, n): round(x["events_us_per_replay"] / 1000, 3) for s, v in shapes.items() for n, x in v["launch"].items()
-    }
-    assert events == {
+    assert back_to_back(f"{ON_H100}/latency-2.json") == {
         ("1x128x3", "cur"): 1.094,
         ("1x128x3", "kind"): 1.094,
         ("7x256x4", "cur"): 3.404,
