@@ -976,9 +976,18 @@ def test_h100_the_committed_configuration_built_to_the_h200_bytes_and_verified()
     assert {load(f"{ON_H100}/cur-verify-1.json")["programs"][0]["package"]["sha256"]} == h200
     assert (EVIDENCE / ON_H100 / "cur-tuning-1.json").read_bytes() == committed_tuning()
     verified_as_quoted(f"{ON_H100}/cur-verify-1.json", {"decision": (0.032, 0.0065), "act": (0.047, 0.0102)})
-    verified_as_quoted(f"{NATIVE}/rrn-verify-2.json", {"decision": (0.032, 0.0065), "act": (0.047, 0.0102)})
     tests = (EVIDENCE / ON_H100 / "gpu-tests-1.log").read_text()
     assert "11 passed" in tests and "failed" not in tests and "pytest rc 0" in tests
+
+
+# the kinds of kernel of a profile, by marks in their names (the first kind that matches)
+KERNEL_KINDS = (
+    ("norm", ("layer_norm",)),
+    ("memset", ("Memset",)),
+    ("attention", ("_rotary_attention_kernel",)),
+    ("geglu", ("gelu_mul",)),
+    ("gemm", ("nvjet", "cutlass", "gemv", "cublasLt::")),
+)
 
 
 def test_h100_a_forward_at_7x256_spends_its_gpu_time_as_the_table_says():
@@ -990,10 +999,7 @@ def test_h100_a_forward_at_7x256_spends_its_gpu_time_as_the_table_says():
     kinds: dict[str, list[float]] = {}
     for kernel in profile["top"]:
         name = kernel["name"]
-        kind = next(
-            (k for k, marks in KERNEL_KINDS if any(m in name for m in marks)),
-            "else",
-        )
+        kind = next((k for k, marks in KERNEL_KINDS if any(m in name for m in marks)), "else")
         row = kinds.setdefault(kind, [0.0, 0.0])
         row[0] += kernel["us_per_forward"]
         row[1] += kernel["per_forward"]
@@ -1018,16 +1024,6 @@ def test_h100_a_forward_at_7x256_spends_its_gpu_time_as_the_table_says():
     }
     events = {s: round(v["launch"]["cur"]["events_us_per_replay"] / 1000, 3) for s, v in shapes.items()}
     assert events == {"1x128x3": 1.092, "7x256x4": 3.392}
-
-
-# the kinds of kernel of a profile, by marks in their names (the first kind that matches)
-KERNEL_KINDS = (
-    ("norm", ("layer_norm",)),
-    ("memset", ("Memset",)),
-    ("attention", ("_rotary_attention_kernel",)),
-    ("geglu", ("gelu_mul",)),
-    ("gemm", ("nvjet", "cutlass", "gemv", "cublasLt::")),
-)
 
 
 def test_h100_the_native_package_answered_within_its_own_import_and_kept_its_answers_in_mixed_work():
