@@ -17,9 +17,11 @@ laya-build to load).  Its launch configurations are fixed (:data:`CONFIGS`; no a
 two builds give the same kernels.  Which one runs depends on the shape (:func:`selection`): the
 largest query block whose programs still fill the GPU once, so a short batch is spread over every
 multiprocessor and a long one runs in fewer, larger programs; a head dim above 64 keeps to the
-blocks of at most 64 queries (:func:`configs`).  The package holds one kernel for
-every configuration and launches the one its shape selects (the others get a grid of 0 programs,
-which AOTInductor's launcher skips), so the choice is made at run time for every token count.
+blocks of at most 64 queries (:func:`configs`).  Global and local layers have tables of their own
+(:data:`GLOBAL_CONFIGS`, :data:`CONFIGS`): a local layer's program reads at most its window's keys.
+The package holds one kernel for every configuration and launches the one its shape selects (the
+others get a grid of 0 programs, which AOTInductor's launcher skips), so the choice is made at run
+time for every token count.
 Off CUDA the op runs :func:`reference`: transformers' rotary and SDPA with the boolean masks,
 the semantics the kernel is tested against on a GPU.  ``laya::packed_attention`` is the same
 kernel without rotary (``ROTARY`` a compile-time constant: no table is read), for the decision
@@ -41,14 +43,17 @@ from torch.library import triton_op, wrap_triton
 # BLOCK_M queries a program, BLOCK_N keys an iteration (benchmarks/rotary_attention_probe.py)
 # PREFETCH: each key block's loads issued an iteration ahead, in registers
 CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PREFETCH": True}
-# The configurations by shape, largest query block first: the best of 25 at 7 x 256 (128 x 32), the
-# best over both serving shapes (CONFIG), the best at 1 x 128 (16 x 64), on the H200
-# (docs/measurements/runtime-h200.md, "Attention blocks by shape, the MLP's output GEMM through cuBLASLt").
-CONFIGS = (
-    {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "PREFETCH": True},
-    CONFIG,
-    {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PREFETCH": True},
-)
+SMALL = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PREFETCH": True}
+# The configurations by shape for the local layers (a window), largest query block first: the best
+# of 25 at 7 x 256 (128 x 32), the best over both serving shapes (CONFIG), the best at 1 x 128
+# (16 x 64), on the H200 (docs/measurements/runtime-h200.md, "Attention blocks by shape, the MLP's
+# output GEMM through cuBLASLt").
+CONFIGS = ({"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "PREFETCH": True}, CONFIG, SMALL)
+# The global layers' (every key): their best at 7 x 256 is 128 x 64 with 8 warps, each program
+# reading twice the keys an iteration (docs/measurements/runtime-h200.md, "Attention blocks by kind
+# of layer").
+GLOBAL_CONFIGS = ({"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "PREFETCH": True}, CONFIG, SMALL)
+ALL_CONFIGS = tuple({repr(c): c for c in (*CONFIGS, *GLOBAL_CONFIGS)}.values())  # each one a shape can select
 WAVE = 132  # programs that fill the GPU once: the H200's multiprocessors
 # The largest BLOCK_M x head dim a configuration other than CONFIG may hold in fp32 (128 queries of
 # a 64 head dim, as measured): larger head dims keep to CONFIG and the smaller blocks
@@ -252,17 +257,19 @@ def fills(rows, length, heads, block_m: int):
     return torch.sym_min(1, torch.sym_max(0, programs - (WAVE - 1)))
 
 
-def configs(head_dim: int) -> tuple[dict, ...]:
-    """The configurations a model of ``head_dim`` may run, largest query block first: those whose
-    ``BLOCK_M x head_dim`` fp32 accumulator is at most :data:`ACCUMULATOR`, and :data:`CONFIG`
-    always (the one configuration before there were several, for every head dim)."""
-    return tuple(c for c in CONFIGS if c is CONFIG or c["BLOCK_M"] * head_dim <= ACCUMULATOR)
+def configs(head_dim: int, window: int = -1) -> tuple[dict, ...]:
+    """The configurations a layer of ``head_dim`` and ``window`` (negative: global) may run,
+    largest query block first: those of its kind's table whose ``BLOCK_M x head_dim`` fp32
+    accumulator is at most :data:`ACCUMULATOR`, and :data:`CONFIG` always (the one configuration
+    before there were several, for every head dim)."""
+    table = GLOBAL_CONFIGS if window < 0 else CONFIGS
+    return tuple(c for c in table if c is CONFIG or c["BLOCK_M"] * head_dim <= ACCUMULATOR)
 
 
-def selection(rows, length, heads, head_dim: int = 64) -> list[tuple[dict, object]]:
+def selection(rows, length, heads, head_dim: int = 64, window: int = -1) -> list[tuple[dict, object]]:
     """``(config, use)`` for each of :func:`configs`: ``use`` is 1 for the first configuration
     whose programs fill the GPU once (the last when none does) and 0 for the others."""
-    candidates = configs(head_dim)
+    candidates = configs(head_dim, window)
     uses, before = [], 0
     for config in candidates[:-1]:
         now = fills(rows, length, heads, config["BLOCK_M"])  # 0 ... 0 1 ... 1 down the list
@@ -272,10 +279,11 @@ def selection(rows, length, heads, head_dim: int = 64) -> list[tuple[dict, objec
     return list(zip(candidates, uses))
 
 
-def launches(rows, length, heads, head_dim: int) -> list[tuple[dict, object]]:
+def launches(rows, length, heads, head_dim: int, window: int = -1) -> list[tuple[dict, object]]:
     """The launches of one call: the chosen configuration alone for a concrete shape; every
     configuration of :func:`selection` for a symbolic one (the package's), each with its ``use``."""
-    return [(c, use) for c, use in selection(rows, length, heads, head_dim) if not (isinstance(use, int) and use == 0)]
+    chosen = selection(rows, length, heads, head_dim, window)
+    return [(c, use) for c, use in chosen if not (isinstance(use, int) and use == 0)]
 
 
 def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, config=None, use=1) -> None:
@@ -354,7 +362,7 @@ def _run(qkv, cos, sin, counts, scale: float, window: int) -> torch.Tensor:
     out = torch.empty((B, S, H, D), dtype=qkv.dtype, device=qkv.device)
     tables = (cos.contiguous(), sin.contiguous()) if cos is not None else (None, None)
     counts = counts.to(torch.int32)
-    for config, use in launches(B, S, H, D):
+    for config, use in launches(B, S, H, D, window):
         launch(qkv, *tables, counts, scale, window, out, wrap_triton(_rotary_attention_kernel), config, use)
     return out
 

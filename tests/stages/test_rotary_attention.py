@@ -315,7 +315,7 @@ def test_the_kernel_in_triton_s_interpreter_is_the_reference():
     ]
     from laya_build.model import rotary_attention as ra
 
-    configs += [c for c in ra.CONFIGS if c not in configs]  # every configuration a shape can select
+    configs += [c for c in ra.ALL_CONFIGS if c not in configs]  # every configuration a shape can select
     import json
 
     run = subprocess.run(
@@ -355,7 +355,7 @@ def test_the_kernel_on_cuda_is_the_reference():
         assert (plain.float() - ref).abs().max().item() < 2e-2
         assert (plain[3] == 0).all()
         ref = ra.reference(qkv.float(), cos.float(), sin.float(), counts, D**-0.5, window)
-        for config in ra.CONFIGS:  # each configuration a shape can select, whichever this one selects
+        for config in ra.ALL_CONFIGS:  # each configuration a shape can select, whichever this one selects
             out = torch.full_like(got, float("nan"))
             ra.launch(qkv, cos, sin, counts, D**-0.5, window, out, config=config)
             assert (out.float() - ref).abs().max().item() < 2e-2, config
@@ -456,6 +456,23 @@ def test_a_concrete_shape_launches_its_configuration_alone_and_large_head_dims_k
         assert all(c is ra.CONFIG or c["BLOCK_M"] * d <= ra.ACCUMULATOR for c in ra.configs(d))
         assert (128 in blocks) == (d <= 64)
         assert ra.launches(7, 256, 16, d)[0][0]["BLOCK_M"] == (128 if d <= 64 else 64)
+
+
+def test_global_and_local_layers_choose_from_tables_of_their_own():
+    """A global layer (window < 0) and a local one select by the same rule from their own tables:
+    at 7 x 256 the global layer's 128 x 64 blocks with 8 warps, the local layer's 128 x 32 with 4;
+    the same small blocks at 1 x 128."""
+    from laya_build.model import rotary_attention as ra
+
+    (first_global, _), *_ = ra.launches(7, 256, 16, 64, -1)
+    (first_local, _), *_ = ra.launches(7, 256, 16, 64, 64)
+    assert first_global is ra.GLOBAL_CONFIGS[0] and (first_global["BLOCK_N"], first_global["num_warps"]) == (64, 8)
+    assert first_local is ra.CONFIGS[0] and (first_local["BLOCK_N"], first_local["num_warps"]) == (32, 4)
+    assert ra.launches(1, 128, 16, 64, -1) == ra.launches(1, 128, 16, 64, 64) == [(ra.SMALL, 1)]
+    for window in (-1, 64):
+        assert [c["BLOCK_M"] for c in ra.configs(64, window)] == [128, 64, 16]
+        assert [c["BLOCK_M"] for c in ra.configs(128, window)] == [64, 16]  # 128 x 128 is past the accumulator
+    assert set(map(repr, ra.ALL_CONFIGS)) == set(map(repr, ra.CONFIGS + ra.GLOBAL_CONFIGS))
 
 
 def test_a_configuration_not_selected_launches_no_program():
