@@ -199,18 +199,6 @@ def native_library(out: Path) -> dict:
     return record
 
 
-def geglu_linear():
-    """:mod:`laya_build.model.geglu_linear`, or a ``ConfigError`` where Triton is missing."""
-    try:
-        from laya_build.model import geglu_linear as module
-    except ImportError as exc:
-        raise ConfigError(
-            f"export.geglu_linear needs Triton, which does not import here ({exc})",
-            hint="install the pinned triton, or set export.geglu_linear to false for every target",
-        ) from None
-    return module
-
-
 def programmatic_check() -> None:
     """A ``ConfigError`` unless this process's GPU can run programmatically launched kernels
     (``export.programmatic_launch``): the kernels traced with their waits need Hopper's
@@ -290,13 +278,6 @@ def run_export(
     zero_bias = list(cfg["zero_bias"].get(target, []))
     fused_linears = list(cfg["fused_linears"].get(target, []))
     native_linears = list(cfg["native_linears"].get(target, []))
-    geglu = bool(cfg["geglu_linear"].get(target))
-    if geglu and "mlp.Wi" in native_linears:
-        raise ConfigError(
-            f"export.geglu_linear.{target} is true and export.native_linears.{target} names mlp.Wi: the MLP's "
-            "first GEMM runs in one kernel or the other",
-            hint=f"drop mlp.Wi from export.native_linears.{target}, or set export.geglu_linear.{target} to false",
-        )
     algorithms, algorithms_in = native_algorithms(cfg, target, dtype, root)
     try:
         native_linear.check(model, native_linears)  # before the library's compile
@@ -314,8 +295,6 @@ def run_export(
         linear_bias.use(model, zero_bias)
         named = native_linear.use(model, native_linears, algorithms)
         fused_linear.use(model, fused_linears)
-        if geglu:
-            geglu_linear().use(model)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if algorithms_in is not None:
@@ -341,7 +320,6 @@ def run_export(
         "native_linears": native_linears,
         "native_residual": bool(cfg["native_residual"].get(target)),
         "programmatic_launch": programmatic,
-        "geglu_linear": geglu,
         "native_library": library,
         "native_algorithms": algorithms_in,
         "last_head_layer": cfg["last_head_layer"],

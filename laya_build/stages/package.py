@@ -149,7 +149,6 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -
         "library": library and {"path": str(out / library["path"]), "sha256": library["sha256"]},
         "inductor_configs": cfg["inductor_configs"],
         "programmatic_launch": bool(exp.get("programmatic_launch")),
-        "geglu_linear": bool(exp.get("geglu_linear")),
         "tuning": tuning,
         "preload": cfg["preload"].get(target, []),
         "vec_isa_root": str(vec_isa_root()),

@@ -77,8 +77,6 @@ def compile_program(program: dict, job: dict) -> dict:
     from laya_build.model import attention  # its op, for torch.export.load
 
     attention.compile_through()
-    if job.get("geglu_linear"):  # its op, for torch.export.load; Inductor compiles its kernel into the package
-        from laya_build.model import geglu_linear  # noqa: F401
     ep = torch.export.load(program["exported"])
     restored = restore_symbol_hints(ep)
     start = time.perf_counter()
