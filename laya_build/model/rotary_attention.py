@@ -35,9 +35,6 @@ real position ever reads a padded one, so the model's outputs are those of its m
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-
 import torch
 import triton
 import triton.language as tl
@@ -57,9 +54,6 @@ CONFIGS = ({"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "PRE
 # of layer").
 GLOBAL_CONFIGS = ({"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "PREFETCH": True}, CONFIG, SMALL)
 ALL_CONFIGS = tuple({repr(c): c for c in (*CONFIGS, *GLOBAL_CONFIGS)}.values())  # each one a shape can select
-# Whether the kernels launched now wait for the kernel before them at their first read (the
-# griddepcontrol.wait of Hopper's programmatic dependent launch: export.programmatic_launch).
-_WAITS = contextvars.ContextVar("laya_rotary_attention_waits", default=False)
 WAVE = 132  # programs that fill the GPU once: the H200's multiprocessors
 # The largest BLOCK_M x head dim a configuration other than CONFIG may hold in fp32 (128 queries of
 # a 64 head dim, as measured): larger head dims keep to CONFIG and the smaller blocks
@@ -154,15 +148,12 @@ def _rotary_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr,
-    WAIT: tl.constexpr = False,
 ):
     HALF: tl.constexpr = D // 2
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    if WAIT:  # launched before the kernel before it ends: its writes are visible from here on
-        tl.extra.cuda.gdc_wait()
     count = tl.load(COUNTS + b)
     rows = start_m + tl.arange(0, BLOCK_M)
     half = tl.arange(0, HALF)
@@ -230,14 +221,12 @@ def _rotary_attention_kernel(
 
 
 @triton.jit
-def _rotary_rows_kernel(TABLES, IDS, OUT, N, P, HALF: tl.constexpr, BLOCK: tl.constexpr, WAIT: tl.constexpr = False):
+def _rotary_rows_kernel(TABLES, IDS, OUT, N, P, HALF: tl.constexpr, BLOCK: tl.constexpr):
     """Rows ``IDS`` of table ``program_id(1)`` of ``[T, P, HALF]`` tables into ``[T, N, HALF]``;
     an id outside ``0 .. P-1`` gives a row of 0 (nothing outside the tables is read)."""
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     table = tl.program_id(1).to(tl.int64)
     kept = (rows < N)[:, None]
-    if WAIT:  # as in the attention kernel
-        tl.extra.cuda.gdc_wait()
     ids = tl.load(IDS + rows, mask=rows < N, other=0)
     inside = kept & ((ids >= 0) & (ids < P))[:, None]
     cols = tl.arange(0, HALF)[None, :]
@@ -249,20 +238,6 @@ def _rotary_rows_kernel(TABLES, IDS, OUT, N, P, HALF: tl.constexpr, BLOCK: tl.co
 ROWS_BLOCK = 64  # positions a program of the rows kernel
 
 
-@contextlib.contextmanager
-def programmatic_waits(enabled: bool = True):
-    """Within it, the kernels this module launches (or traces) wait at their first read until
-    the kernel before them has ended and its writes are visible (``tl.extra.cuda.gdc_wait``), so
-    that a package whose launcher lets a kernel start while the one before it ends
-    (:mod:`laya_build.stages.children.launch`) runs them correctly.  Launched without that, the wait
-    returns at once.  It needs compute capability 9.0 or newer (Hopper's ``griddepcontrol``)."""
-    token = _WAITS.set(bool(enabled))
-    try:
-        yield
-    finally:
-        _WAITS.reset(token)
-
-
 def launch_rows(tables, ids, out, kernel=None) -> None:
     """Run the rows kernel (``kernel``: the JIT function or a wrapper of it): the rows ``ids``
     (contiguous) of each of the contiguous ``[T, P, H]`` ``tables`` into the contiguous ``out``,
@@ -270,7 +245,7 @@ def launch_rows(tables, ids, out, kernel=None) -> None:
     kernel = kernel if kernel is not None else _rotary_rows_kernel
     n = ids.numel()
     kernel[(triton.cdiv(n, ROWS_BLOCK), tables.shape[0])](
-        tables, ids, out, n, tables.shape[1], HALF=tables.shape[2], BLOCK=ROWS_BLOCK, WAIT=_WAITS.get()
+        tables, ids, out, n, tables.shape[1], HALF=tables.shape[2], BLOCK=ROWS_BLOCK
     )
 
 
@@ -337,7 +312,6 @@ def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, c
         WINDOW=window,
         SCALE=scale * LOG2E,
         ROTARY=rotary,
-        WAIT=_WAITS.get(),
         **config,
     )
 

@@ -199,22 +199,6 @@ def native_library(out: Path) -> dict:
     return record
 
 
-def programmatic_check() -> None:
-    """A ``ConfigError`` unless this process's GPU can run programmatically launched kernels
-    (``export.programmatic_launch``): the kernels traced with their waits need Hopper's
-    ``griddepcontrol``, and the export runs them for its reference outputs."""
-    import torch
-
-    from laya_build.stages.children.launch import capability_refusal
-
-    capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
-    if (refusal := capability_refusal(capability)) is not None:
-        raise ConfigError(
-            f"export.programmatic_launch.cuda: {refusal}",
-            hint="export on a Hopper (sm_90) or newer GPU, or set export.programmatic_launch.cuda to false",
-        )
-
-
 def run_export(
     export_cfg: dict,
     checkpoint_dir,
@@ -271,7 +255,7 @@ def run_export(
         raise InputsMismatchError(f"{inputs_path}: {exc.detail}") from None
     programs = [p for p in PROGRAMS if cfg["single_slot"] or not p.single_slot]
 
-    from laya_build.model import attention, fused_linear, head, linear_bias, native_linear, rotary, rotary_attention
+    from laya_build.model import attention, fused_linear, head, linear_bias, native_linear, rotary
 
     model, _, _ = load_checkpoint(checkpoint_dir)
     model = eval_copy(model, torch_dtype(dtype), target)
@@ -300,11 +284,7 @@ def run_export(
     if algorithms_in is not None:
         algorithms_in["layers"] = named
     meta = {"target": target, "dtype": dtype, "inputs_sha256": sha256_file(inputs_path)}
-    programmatic = bool(cfg["programmatic_launch"].get(target))
-    if programmatic:
-        programmatic_check()
-    with rotary_attention.programmatic_waits(programmatic):
-        records = [export_program(model, inputs, p, cfg, target, out, meta) for p in programs]
+    records = [export_program(model, inputs, p, cfg, target, out, meta) for p in programs]
     dims = cfg["dims"]
     return {
         "stage": "export",
@@ -319,7 +299,6 @@ def run_export(
         "fused_linears": fused_linears,
         "native_linears": native_linears,
         "native_residual": bool(cfg["native_residual"].get(target)),
-        "programmatic_launch": programmatic,
         "native_library": library,
         "native_algorithms": algorithms_in,
         "last_head_layer": cfg["last_head_layer"],

@@ -148,7 +148,6 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -
     job = {
         "library": library and {"path": str(out / library["path"]), "sha256": library["sha256"]},
         "inductor_configs": cfg["inductor_configs"],
-        "programmatic_launch": bool(exp.get("programmatic_launch")),
         "tuning": tuning,
         "preload": cfg["preload"].get(target, []),
         "vec_isa_root": str(vec_isa_root()),
@@ -231,7 +230,6 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -
         "programs": entries,
         "inductor_configs": cfg["inductor_configs"],
         "native_library": library,
-        "programmatic_launch": result["launch"],
         "tuning": {
             "file": file_entry(tuning_path, out),
             "entries": len(result["tuning"]),

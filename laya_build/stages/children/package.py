@@ -9,9 +9,7 @@ every program it loads ``exported.pt2``,
 calls ``torch._inductor.aoti_compile_and_package`` and loads the package back (after
 importing the ``preload`` modules, see :func:`laya_build.runtime.serving.preload_modules`), reporting
 compile and load times (parity is the fresh-process verify stage's job).  An export that calls
-the project's native ops (:mod:`laya_build.native`) has its library checked and loaded first; one
-made with ``export.programmatic_launch`` has its Triton kernels launched programmatically
-(:mod:`laya_build.stages.children.launch`).
+the project's native ops (:mod:`laya_build.native`) has its library checked and loaded first.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ from laya_build.runtime.formats import list_tree
 from laya_build.runtime.serving import preload_modules
 from laya_build.stages import package_tuning
 from laya_build.stages.children import determinism
-from laya_build.stages.children.launch import programmatic_launches
 from laya_build.stages.children.vec_isa import check_vec_isas
 
 
@@ -80,11 +77,8 @@ def compile_program(program: dict, job: dict) -> dict:
     ep = torch.export.load(program["exported"])
     restored = restore_symbol_hints(ep)
     start = time.perf_counter()
-    configs = dict(job["inductor_configs"] or {})
-    if job.get("programmatic_launch"):  # Inductor's kernels wait where the launcher lets them start early
-        configs["triton.enable_pdl"] = True
     path = torch._inductor.aoti_compile_and_package(
-        ep, package_path=program["package_tmp"], inductor_configs=configs or None
+        ep, package_path=program["package_tmp"], inductor_configs=job["inductor_configs"] or None
     )
     package_s = time.perf_counter() - start
     print(f"compiled {path} in {package_s:.1f} s; loading it", flush=True)
@@ -135,7 +129,6 @@ def compile_packages(job: dict) -> dict:
 
         load_library(library["path"], library["sha256"], what="export record")
         register_fake()
-    launch = programmatic_launches() if job.get("programmatic_launch") else None
     seeded = job.get("tuning") or {}
     package_tuning.seed(cache_dir, seeded)
     programs = [compile_program(p, job) for p in job["programs"]]
@@ -149,7 +142,6 @@ def compile_packages(job: dict) -> dict:
         # kernels it lacked are what to compare with the same kernels of a build that matched it
         "kernels": kernel_sources(cache_dir, sorted(tuning)),
         "determinism": fixes,
-        "launch": launch,
         "env_info": env_info(),
         "preload": preloaded,
         "cache": {"files": len(cache), "bytes": sum(f["bytes"] for f in cache)},
