@@ -49,9 +49,9 @@ SMALL = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PREFETC
 # (16 x 64), on the H200 (docs/measurements/runtime-h200.md, "Attention blocks by shape, the MLP's
 # output GEMM through cuBLASLt").
 CONFIGS = ({"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "PREFETCH": True}, CONFIG, SMALL)
-# The global layers' (every key): their best at 7 x 256 is 128 x 64 with 8 warps, each program
-# reading twice the keys an iteration (docs/measurements/runtime-h200.md, "Attention blocks by kind
-# of layer adopted").
+# The global layers' (every key): their best at 7 x 256 on the H200 is 128 x 64 with 8 warps, each
+# program reading twice the keys an iteration (docs/measurements/runtime-h200.md, "Pointwise kernels
+# untimed, and what is left"; the package timed in "Attention blocks by kind of layer adopted").
 GLOBAL_CONFIGS = ({"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "PREFETCH": True}, CONFIG, SMALL)
 ALL_CONFIGS = tuple({repr(c): c for c in (*CONFIGS, *GLOBAL_CONFIGS)}.values())  # each one a shape can select
 WAVE = 132  # programs that fill the GPU once: the H200's multiprocessors
