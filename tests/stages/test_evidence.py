@@ -1120,6 +1120,9 @@ def test_h100_attention_blocks_by_kind_were_faster_again_verified_and_adopted():
         "PREFETCH": True,
     }
     assert rotary_attention.CONFIGS[0]["BLOCK_M"] == 128 and rotary_attention.CONFIGS[0]["BLOCK_N"] == 32
+    probe = [r for r in load("2026-12-04-h200-pointwise/attention-configs.json")["rows"] if r.get("shape") == "7x256"]
+    fastest = {w: min((r["us"], r["name"]) for r in probe if r["window"] == w) for w in (-1, 64)}
+    assert fastest == {-1: (13.46, "fused 128x64 w8 s2 prefetch"), 64: (14.19, "fused 128x32 w4 s2 prefetch")}
 
 
 def test_h100_programmatic_launch_gave_no_shorter_forward_and_is_not_kept():
