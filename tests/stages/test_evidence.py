@@ -1089,12 +1089,9 @@ def test_h100_attention_blocks_by_kind_were_faster_again_verified_and_adopted():
     large = load(name)["shapes"]["7x256x4"]["ms"]
     for mode in ("replay", "replay_before_plain"):
         assert max(large["kind"][mode]) < min(large["cur"][mode])
-    medians = replay_medians(name)
-    assert {k: medians[k] for k in (("1x128x3", "cur"), ("1x128x3", "kind"))} == {
+    assert replay_medians(name) == {
         ("1x128x3", "cur"): 1.006,
         ("1x128x3", "kind"): 1.007,
-    }
-    assert {k: v for k, v in medians.items() if k[0] == "7x256x4"} == {
         ("7x256x4", "cur"): 3.348,
         ("7x256x4", "kind"): 3.313,
     }
