@@ -19,12 +19,23 @@ Who reads what:
 * every process that loads the package (the package child's load back, ``verify``, the
   runtime) checks its sha256 against the record, then loads it, before the package.
 
+With ``cuda_kernels`` (an export with ``export.native_geglu.cuda``) the library also holds the
+CUDA kernels of ``laya_native::geglu_linear``: :data:`CUDA_SOURCE`, CUTLASS kernels for Hopper,
+compiled by nvcc (the ``nvcc`` role) for ``sm_90a`` against CUTLASS's headers (:func:`cutlass_include`:
+``CUTLASS_PATH``, else the copy TileLang ships) and linked in with the static CUDA runtime, so the
+library still loads on a machine without CUDA.  nvcc names internal symbols after the absolute
+path of the file it compiles, so it compiles a copy of the source at a path fixed by the source's
+content (:func:`fixed_source`); the rest of its names come from a fixed seed
+(``-frandom-seed``), and its temporary file names go with the symbol table (``-s``): the same
+sources, compilers, CUTLASS and torch give the same bytes, wherever the checkout lives.
+
 The compile runs in a process of its own (:func:`laya_build.runner.run`): a timeout ends the
 compiler with it.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -37,6 +48,20 @@ from laya_build.records import file_entry, sha256_file
 
 SOURCE = Path(__file__).with_name("laya_native.cpp")
 SOURCE_REL = "laya_build/native/laya_native.cpp"  # how the library's strings name its source
+CUDA_SOURCE = Path(__file__).with_name("laya_geglu.cu")
+CUDA_SOURCE_REL = "laya_build/native/laya_geglu.cu"
+CUDA_ARCH = "sm_90a"  # warpgroup MMA and TMA: Hopper's own instructions
+NVCC_FLAGS = (
+    "-std=c++17",
+    "-O3",
+    f"-gencode=arch=compute_{CUDA_ARCH[3:]},code={CUDA_ARCH}",
+    "--expt-relaxed-constexpr",
+    "-DNDEBUG",
+    "-w",
+    "-frandom-seed=laya_geglu",
+    "-Xcompiler=-fPIC",
+)
+CUDA_LIBRARIES = ("-lcudart_static", "-lrt", "-lpthread")
 NAMESPACE = "laya_native"
 STANDARD = "-std=c++20"
 FLAGS = (STANDARD, "-O2", "-fPIC", "-shared", "-w")  # and the ABI define, the prefix maps, the include folders
@@ -44,8 +69,9 @@ LIBRARIES = ("-lc10", "-ltorch_cpu", "-ldl")
 TIMEOUT_S = 600
 
 
-def compile_command(out: Path) -> list[str]:
-    """The compiler's command line that writes the library to ``out``."""
+def compile_command(out: Path, cuda_object: Path | None = None) -> list[str]:
+    """The compiler's command line that writes the library to ``out``, linking in the CUDA
+    kernels' object ``cuda_object`` (:func:`cuda_compile_command`) when given."""
     import torch
     from torch.utils import cpp_extension
 
@@ -57,6 +83,7 @@ def compile_command(out: Path) -> list[str]:
             hint="install g++ (or name a compiler in CXX), or leave export.native_linears of this target empty",
         )
     torch_root = Path(torch.__file__).resolve().parent
+    cuda = [] if cuda_object is None else [str(cuda_object), f"-L{cuda_library_dir()}", *CUDA_LIBRARIES, "-s"]
     return [
         cxx,
         *FLAGS,
@@ -65,11 +92,116 @@ def compile_command(out: Path) -> list[str]:
         f"-ffile-prefix-map={torch_root}=torch",
         *(f"-isystem{d}" for d in cpp_extension.include_paths()),
         str(SOURCE.resolve()),
+        *cuda,
         "-o",
         str(out),
         *(f"-L{d}" for d in cpp_extension.library_paths()),
         *LIBRARIES,
         *loaded_cxx_runtime(),
+    ]
+
+
+_CUDA_HINT = "or set export.native_geglu.cuda to false"
+
+
+def nvcc() -> str:
+    """The CUDA compiler of the ``nvcc`` role, or a ``StageError`` that says what to install."""
+    found = tool_path("nvcc")
+    if found is None:
+        raise StageError(
+            "export.native_geglu.cuda compiles the native library's CUDA kernels, and no nvcc was found on PATH",
+            hint=f"install the CUDA toolkit (nvcc 12.3 or later, for {CUDA_ARCH}) and put its bin on PATH, {_CUDA_HINT}",
+        )
+    return found
+
+
+def cutlass_include() -> Path:
+    """CUTLASS's ``include`` folder: ``$CUTLASS_PATH/include``, else the copy TileLang's wheel
+    ships (``tilelang/3rdparty/cutlass``); a ``StageError`` where neither holds CUTLASS 3's
+    headers."""
+    env = os.environ.get("CUTLASS_PATH")
+    if env:
+        root, where = Path(env), f"CUTLASS_PATH={env}"
+    else:
+        from importlib.util import find_spec
+
+        spec = find_spec("tilelang")
+        origin = spec.origin if spec is not None else None
+        root = Path(origin).parent / "3rdparty" / "cutlass" if origin else Path("tilelang-not-installed")
+        where = "TileLang's copy of CUTLASS"
+    include = root / "include"
+    if not (include / "cutlass" / "gemm" / "collective" / "collective_builder.hpp").is_file():
+        raise StageError(
+            f"export.native_geglu.cuda compiles CUTLASS kernels and {where} has no CUTLASS 3 headers "
+            f"({include}/cutlass/gemm/collective/collective_builder.hpp)",
+            hint=f"install the pinned tilelang, or point CUTLASS_PATH at a CUTLASS 3.5+ checkout, {_CUDA_HINT}",
+        )
+    return include
+
+
+def cuda_library_dir() -> Path:
+    """The folder of the toolkit's static CUDA runtime (``libcudart_static.a``): among the
+    library folders nvcc itself links from (``nvcc --dryrun``'s ``LIBRARIES``)."""
+    import re
+    import shlex
+
+    exe = nvcc()
+    proc = subprocess.run(
+        [exe, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    folders = [
+        Path(arg[2:])
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if (found := re.match(r"#\$ LIBRARIES=(.*)", line))
+        for arg in shlex.split(found.group(1))
+        if arg.startswith("-L")
+    ]
+    for folder in folders:
+        if (folder / "libcudart_static.a").is_file():
+            return folder.resolve()
+    raise StageError(
+        f"the CUDA toolkit of {exe} has no libcudart_static.a in the folders nvcc links from "
+        f"({', '.join(map(str, folders)) or 'none named by nvcc --dryrun'})",
+        hint=f"install the toolkit's CUDA runtime development files, {_CUDA_HINT}",
+    )
+
+
+FIXED_ROOT = Path("/tmp/laya-native-src")
+
+
+def fixed_source() -> Path:
+    """A copy of :data:`CUDA_SOURCE` at ``/tmp/laya-native-src/<its sha256's first 16 digits>/``
+    (written whole, under a temporary name, when missing), the same path on every machine for the
+    same source."""
+    digest = sha256_file(CUDA_SOURCE)
+    copy = FIXED_ROOT / digest[:16] / CUDA_SOURCE.name
+    if not (copy.is_file() and sha256_file(copy) == digest):
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(copy) as tmp:
+            Path(tmp).write_bytes(CUDA_SOURCE.read_bytes())
+    return copy
+
+
+def cuda_compile_command(out: Path) -> list[str]:
+    """nvcc's command line that compiles :data:`CUDA_SOURCE` (:func:`fixed_source`'s copy) into
+    the object ``out``."""
+    include = cutlass_include()
+    source = fixed_source()
+    return [
+        nvcc(),
+        *NVCC_FLAGS,
+        f"-Xcompiler=-ffile-prefix-map={source.parent}={Path(CUDA_SOURCE_REL).parent}",
+        f"-Xcompiler=-ffile-prefix-map={include.parent.resolve()}=cutlass",
+        f"-isystem={include}",
+        f"-isystem={include.parent / 'tools' / 'util' / 'include'}",
+        "-c",
+        str(source),
+        "-o",
+        str(out),
     ]
 
 
@@ -85,21 +217,29 @@ def loaded_cxx_runtime() -> list[str]:
     return []
 
 
-def compile_library(command: list[str], log: str) -> None:
-    """Run the compiler (in the runner's child: its process group ends with a timeout)."""
-    proc = subprocess.run(command, capture_output=True, text=True, check=False)
-    Path(log).write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        raise StageError(
-            f"compiling the native op library ({SOURCE_REL}) failed with exit status {proc.returncode}:\n{tail}",
-            hint=f"{log} has the compiler's whole output",
-        )
+def compile_library(commands: list[list[str]], log: str) -> None:
+    """Run the compilers, one after the other (in the runner's child: its process group ends
+    with a timeout); their output, all of it, into ``log``."""
+    Path(log).write_text("")
+    for command in commands:
+        proc = subprocess.run(command, capture_output=True, text=True, check=False)
+        with open(log, "a") as f:
+            f.write(f"$ {' '.join(command)}\n{proc.stdout}{proc.stderr}")
+        if proc.returncode != 0:
+            source = CUDA_SOURCE_REL if Path(command[0]).name.startswith("nvcc") else SOURCE_REL
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            raise StageError(
+                f"compiling the native op library ({source}) failed with exit status {proc.returncode}:\n{tail}",
+                hint=f"{log} has the compilers' whole output",
+            )
 
 
-def build(out_dir) -> dict:
-    """Compile :data:`SOURCE` into ``out_dir``/:data:`NATIVE_LIBRARY_NAME` (written under a
-    temporary name, renamed when whole) and describe it for the export record."""
+def build(out_dir, *, cuda_kernels: bool = False) -> dict:
+    """Compile :data:`SOURCE` (and with ``cuda_kernels`` :data:`CUDA_SOURCE`) into
+    ``out_dir``/:data:`NATIVE_LIBRARY_NAME` (written under a temporary name, renamed when whole)
+    and describe it for the export record."""
+    import tempfile
+
     import torch
 
     from laya_build.runner import Child, run
@@ -108,18 +248,44 @@ def build(out_dir) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     final = out / NATIVE_LIBRARY_NAME
     start = time.perf_counter()
-    with atomic_path(final) as tmp:
-        command = compile_command(tmp)
+    cuda = {}
+    with atomic_path(final) as tmp, tempfile.TemporaryDirectory(dir=out, prefix=".cuda-") as objects:
+        commands = []
+        if cuda_kernels:
+            obj = Path(objects) / "laya_geglu.o"
+            commands.append(cuda_compile_command(obj))
+            include = cutlass_include()
+            cuda = {
+                "cuda_source": {"path": CUDA_SOURCE_REL, "sha256": sha256_file(CUDA_SOURCE)},
+                "cuda_compiler": tool_line("nvcc"),
+                "cuda_flags": [*NVCC_FLAGS, *CUDA_LIBRARIES, "-s"],
+                "cutlass": cutlass_version(include),
+            }
+        commands.append(compile_command(tmp, obj if cuda_kernels else None))
         run(
             "laya_build.native:compile_library",
-            {"command": command, "log": str(out / NATIVE_BUILD_LOG_NAME)},
-            Child(timeout=TIMEOUT_S, reraise=True, label=f"the C++ compile of {SOURCE_REL}"),
+            {"commands": commands, "log": str(out / NATIVE_BUILD_LOG_NAME)},
+            Child(
+                timeout=TIMEOUT_S,
+                reraise=True,
+                label=f"the compile of {SOURCE_REL}" + (f" and {CUDA_SOURCE_REL}" if cuda_kernels else ""),
+            ),
         )
     return {
         **file_entry(final, out),
         "source": {"path": SOURCE_REL, "sha256": sha256_file(SOURCE)},
         "compiler": tool_line("cxx"),
         "flags": [*FLAGS, *LIBRARIES],
+        **cuda,
         "torch": torch.__version__,
         "build_s": round(time.perf_counter() - start, 4),
     }
+
+
+def cutlass_version(include: Path) -> str:
+    """CUTLASS's version (``major.minor.patch``), from its ``cutlass/version.h``."""
+    import re
+
+    text = (include / "cutlass" / "version.h").read_text(errors="replace")
+    parts = [re.search(rf"#define CUTLASS_{name} (\d+)", text) for name in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(p.group(1) if p else "?" for p in parts)

@@ -21,6 +21,18 @@
 //   product in the epilogue before the output's one rounding, so the output is not the bits of
 //   a GEMM and an add, which round twice.
 //
+// laya_native::geglu_linear(x, weight, bias, configs) computes an encoder MLP's first GEMM and its
+// gated GELU, gelu(input) * gate of the GEMM's two halves, from Wi's weight with its rows
+// interleaved (row 2c: the input half's row c, row 2c+1: the gate half's; see
+// laya_build/model/native_geglu.py).
+//
+// * CPU: the rows put back in order, at::linear, chunk, at::gelu and the product: the module's
+//   own arithmetic (the same bits as the layers it replaces).
+// * CUDA (bf16, no bias, compute capability 9.0): one CUTLASS kernel of laya_geglu.cu, compiled
+//   into the library by nvcc when the export asks for it (export.native_geglu); ``configs``
+//   (None: the first) is groups [m_max, configuration]: the first group whose m_max is negative
+//   or at least the call's row count names the kernel's launch configuration.
+//
 // cuBLASLt and torch's current CUDA stream are reached through the libraries the process has
 // already loaded (torch loads both; cuBLASLt is looked up among libtorch_cuda's own dependencies
 // first), so the library is built with a C++ compiler and torch's headers alone, on machines
@@ -29,7 +41,9 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
 #include <ATen/ops/linear.h>
+#include <ATen/ops/mul.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
@@ -374,12 +388,147 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
   return out;
 }
 
+// ------------------------------------------------------------------ geglu_linear
+
+// The output's shape (x's, its last size half the weight's rows), after the checks every device makes.
+std::vector<int64_t> geglu_shape(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) % 2 == 0 && x.dim() >= 1 && x.size(-1) == weight.size(1),
+              "laya_native::geglu_linear: x ", x.sizes(), " and weight ", weight.sizes(),
+              " do not fit (weight must be [2 x intermediate, K] with its rows interleaved, x [..., K])");
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "laya_native::geglu_linear: x is ", x.scalar_type(),
+              " and weight ", weight.scalar_type(), ": give both one dtype");
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0) && bias->scalar_type() == x.scalar_type(),
+                "laya_native::geglu_linear: bias ", bias->sizes(), " ", bias->scalar_type(), " is not a [",
+                weight.size(0), "] vector of x's dtype");
+  }
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = weight.size(0) / 2;
+  return shape;
+}
+
+void check_configs(at::OptionalIntArrayRef configs) {
+  if (!configs.has_value()) return;
+  TORCH_CHECK(configs->size() % 2 == 0, "laya_native::geglu_linear: configs holds ", configs->size(),
+              " integers, not groups of 2 ([m_max, configuration] each)");
+}
+
+// Interleaved rows (2c: input c, 2c+1: gate c) back in the module's order: the input half, then the gate half.
+at::Tensor in_halves(const at::Tensor& t) {
+  const int64_t half = t.size(0) / 2;
+  std::vector<int64_t> pairs{half, 2};
+  std::vector<int64_t> shape{t.size(0)};
+  if (t.dim() == 2) {
+    pairs.push_back(t.size(1));
+    shape.push_back(t.size(1));
+  }
+  return t.reshape(pairs).transpose(0, 1).contiguous().reshape(shape);
+}
+
+at::Tensor geglu_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                            at::OptionalIntArrayRef configs) {
+  geglu_shape(x, weight, bias);
+  check_configs(configs);  // the CPU has one way; the argument's form is checked alike
+  const bool has_bias = bias.has_value() && bias->defined();
+  const at::Tensor both =
+      at::linear(x, in_halves(weight), has_bias ? std::optional<at::Tensor>(in_halves(*bias)) : std::nullopt);
+  const std::vector<at::Tensor> halves = both.chunk(2, -1);
+  return at::mul(at::gelu(halves[0]), halves[1]);
+}
+
+}  // namespace
+
+// The CUDA kernels (laya_geglu.cu), in the library when nvcc compiled them into it: weak, so a
+// library without them loads and says so when called.
+extern "C" {
+int laya_native_geglu_configs() __attribute__((weak));
+int laya_native_geglu_workspace(int config, int m, int n, int k, int device, size_t* needed, char* message,
+                                size_t size) __attribute__((weak));
+int laya_native_geglu(int config, const void* x, const void* weight, void* out, int m, int n, int k, int device,
+                      void* workspace, size_t workspace_size, void* stream, char* message,
+                      size_t size) __attribute__((weak));
+}
+
+namespace {
+
+int32_t (*current_stream_fn())(int32_t, void**) {
+  static int32_t (*fn)(int32_t, void**) = [] {
+    int32_t (*found)(int32_t, void**) = nullptr;
+    bind(loaded({"libtorch_cuda.so"}), "aoti_torch_get_current_cuda_stream", found);
+    return found;
+  }();
+  return fn;
+}
+
+at::Tensor geglu_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                             at::OptionalIntArrayRef configs) {
+  const std::vector<int64_t> shape = geglu_shape(x, weight, bias);
+  check_configs(configs);
+  TORCH_CHECK(!(bias.has_value() && bias->defined()),
+              "laya_native::geglu_linear: the CUDA kernel adds no bias (ModernBERT's MLP has none unless mlp_bias)");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16, "laya_native::geglu_linear runs bfloat16 on CUDA, not ",
+              x.scalar_type());
+  TORCH_CHECK(weight.device() == x.device(), "laya_native::geglu_linear: x is on ", x.device(), " and weight on ",
+              weight.device(), ": give them one device");
+  TORCH_CHECK(laya_native_geglu != nullptr && laya_native_geglu_workspace != nullptr &&
+                  laya_native_geglu_configs != nullptr,
+              "laya_native::geglu_linear: this library was built without its CUDA kernels; an export with "
+              "export.native_geglu.cuda builds them (nvcc and CUTLASS's headers)");
+  c10::DeviceGuard guard(x.device());
+  const int64_t n = weight.size(0), k = weight.size(1);
+  const int64_t m = k == 0 ? 0 : x.numel() / k;
+  if (k == 0 || m == 0 || n == 0) return at::zeros(shape, x.options());  // gelu(0) * 0, or nothing
+  TORCH_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX, "laya_native::geglu_linear: M=", m, " N=", n,
+              " K=", k, " is beyond the kernel's 32-bit sizes");
+  int config = 0;
+  if (configs.has_value()) {
+    for (size_t at = 0; at < configs->size(); at += 2) {
+      if ((*configs)[at] < 0 || m <= (*configs)[at]) {
+        config = static_cast<int>((*configs)[at + 1]);
+        break;
+      }
+    }
+  }
+  TORCH_CHECK(config >= 0 && config < laya_native_geglu_configs(), "laya_native::geglu_linear: configuration ",
+              config, " is not one of the library's ", laya_native_geglu_configs());
+  // TMA reads rows from 16-byte aligned addresses: a view at another offset is copied
+  auto aligned = [](const at::Tensor& t) {
+    at::Tensor c = t.contiguous();
+    return alignment(c.data_ptr()) >= 16 ? c : c.clone();
+  };
+  const at::Tensor a = aligned(x), w = aligned(weight);
+  at::Tensor out = at::empty(shape, x.options());
+  const int device = x.device().index();
+  char message[512] = {0};
+  size_t needed = 0;
+  TORCH_CHECK(laya_native_geglu_workspace(config, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                                          device, &needed, message, sizeof(message)) == 0,
+              "laya_native::geglu_linear: ", message);
+  at::Tensor workspace;
+  if (needed > 0) workspace = at::empty({static_cast<int64_t>(needed)}, x.options().dtype(at::kByte));
+  void* stream = nullptr;
+  TORCH_CHECK(current_stream_fn()(device, &stream) == 0, "laya_native::geglu_linear: torch gave no current CUDA stream");
+  TORCH_CHECK(laya_native_geglu(config, a.data_ptr(), w.data_ptr(), out.data_ptr(), static_cast<int>(m),
+                                static_cast<int>(n), static_cast<int>(k), device,
+                                workspace.defined() ? workspace.data_ptr() : nullptr, needed, stream, message,
+                                sizeof(message)) == 0,
+              "laya_native::geglu_linear: M=", m, " N=", n, " K=", k, ", configuration ", config, ": ", message);
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(laya_native, m) {
   m.def("linear(Tensor x, Tensor weight, Tensor? bias, int[]? algorithm, Tensor? residual=None) -> Tensor");
+  m.def("geglu_linear(Tensor x, Tensor weight, Tensor? bias, int[]? configs) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(laya_native, CPU, m) { m.impl("linear", &linear_cpu); }
+TORCH_LIBRARY_IMPL(laya_native, CPU, m) {
+  m.impl("linear", &linear_cpu);
+  m.impl("geglu_linear", &geglu_linear_cpu);
+}
 
-TORCH_LIBRARY_IMPL(laya_native, CUDA, m) { m.impl("linear", &linear_cuda); }
+TORCH_LIBRARY_IMPL(laya_native, CUDA, m) {
+  m.impl("linear", &linear_cuda);
+  m.impl("geglu_linear", &geglu_linear_cuda);
+}

@@ -11,7 +11,10 @@ at 1) is exported too, as ``exported_single_slot.pt2`` / ``eager_single_slot.pt`
 into ``out_dir`` first (``liblaya_native.so``, :mod:`laya_build.native`) and loaded: the named
 layers call its op, with the cuBLASLt algorithms of ``export.native_algorithms.<target>-<dtype>``;
 with ``export.native_residual.<target>`` the residual adds after those calls move into them, in
-the exported program (:func:`laya_build.model.native_linear.take_residuals`).
+the exported program (:func:`laya_build.model.native_linear.take_residuals`).  With
+``export.native_geglu.<target>`` each encoder MLP's first GEMM and gated GELU call the library's
+``geglu_linear`` (:mod:`laya_build.model.native_geglu`), for CUDA a CUTLASS kernel nvcc compiles
+into the library.
 """
 
 from __future__ import annotations
@@ -189,12 +192,13 @@ def native_algorithms(cfg: dict, target: str, dtype: str, root) -> tuple[list[di
     return entries, {**file_entry(path), "path": rel, "entries": len(entries)}
 
 
-def native_library(out: Path) -> dict:
-    """Build the project's native op library into ``out`` and load it into this process."""
+def native_library(out: Path, *, cuda_kernels: bool = False) -> dict:
+    """Build the project's native op library (with its CUDA kernels: ``cuda_kernels``) into
+    ``out`` and load it into this process."""
     from laya_build import native
     from laya_build.runtime.serving import load_library
 
-    record = native.build(out)
+    record = native.build(out, cuda_kernels=cuda_kernels)
     load_library(out / record["path"], record["sha256"], what="export")
     return record
 
@@ -255,20 +259,30 @@ def run_export(
         raise InputsMismatchError(f"{inputs_path}: {exc.detail}") from None
     programs = [p for p in PROGRAMS if cfg["single_slot"] or not p.single_slot]
 
-    from laya_build.model import attention, fused_linear, head, linear_bias, native_linear, rotary
+    from laya_build.model import attention, fused_linear, head, linear_bias, native_geglu, native_linear, rotary
 
     model, _, _ = load_checkpoint(checkpoint_dir)
     model = eval_copy(model, torch_dtype(dtype), target)
     zero_bias = list(cfg["zero_bias"].get(target, []))
     fused_linears = list(cfg["fused_linears"].get(target, []))
     native_linears = list(cfg["native_linears"].get(target, []))
+    geglu = bool(cfg["native_geglu"].get(target))
+    if geglu and "mlp.Wi" in native_linears:
+        raise ConfigError(
+            f"export.native_geglu.{target} is true and export.native_linears.{target} names mlp.Wi: the MLP's "
+            "first GEMM runs in one op or the other",
+            hint=f"drop mlp.Wi from export.native_linears.{target}, or set export.native_geglu.{target} to false",
+        )
     algorithms, algorithms_in = native_algorithms(cfg, target, dtype, root)
-    try:
-        native_linear.check(model, native_linears)  # before the library's compile
+    try:  # before the library's compile
+        native_linear.check(model, native_linears)
+        if geglu:
+            native_geglu.check(model, target)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     out.mkdir(parents=True, exist_ok=True)
-    library = native_library(out) if native_linears else None
+    wants_library = bool(native_linears) or geglu
+    library = native_library(out, cuda_kernels=geglu and target == "cuda") if wants_library else None
     if library is None:  # a library an earlier export left here belongs to no program of this one
         for name in (NATIVE_LIBRARY_NAME, NATIVE_BUILD_LOG_NAME):
             (out / name).unlink(missing_ok=True)
@@ -278,6 +292,8 @@ def run_export(
         rotary.use(model, cfg["rotary"], halves=cfg["attention"][target] == "fused")
         linear_bias.use(model, zero_bias)
         named = native_linear.use(model, native_linears, algorithms)
+        if geglu:
+            native_geglu.use(model)
         fused_linear.use(model, fused_linears)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -299,6 +315,7 @@ def run_export(
         "fused_linears": fused_linears,
         "native_linears": native_linears,
         "native_residual": bool(cfg["native_residual"].get(target)),
+        "native_geglu": geglu,
         "native_library": library,
         "native_algorithms": algorithms_in,
         "last_head_layer": cfg["last_head_layer"],

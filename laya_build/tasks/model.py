@@ -15,6 +15,7 @@ from laya_build import config as config_mod
 from laya_build import release
 from laya_build.errors import ManifestMismatch
 from laya_build.layout import build_name, record_name
+from laya_build.native import CUDA_SOURCE as NATIVE_CUDA_SOURCE
 from laya_build.native import SOURCE as NATIVE_SOURCE
 from laya_build.stage import Stage
 from laya_build.stages.common import verify_spec
@@ -113,7 +114,10 @@ def export_tasks(p):
             "root": str(p.root),
         }
         export = p.data["export"]
-        native = [NATIVE_SOURCE] if export["native_linears"].get(target) else []
+        geglu = bool(export["native_geglu"].get(target))
+        native = [NATIVE_SOURCE] if export["native_linears"].get(target) or geglu else []
+        cuda_kernels = geglu and target == "cuda"  # nvcc compiles them into the library
+        native += [NATIVE_CUDA_SOURCE] if cuda_kernels else []
         algorithms = export["native_algorithms"].get(build_name(target, dtype))
         yield doit_task(
             p,
@@ -126,7 +130,7 @@ def export_tasks(p):
                 config_key="export_cfg",
                 doc="torch.export of the decision model",
                 inputs=[v.model_record, v.inputs, *native, *([p.root / algorithms] if algorithms else [])],
-                tools=("cxx",) if native else (),  # the native op library's compiler
+                tools=("cxx", *(("nvcc",) if cuda_kernels else ())) if native else (),  # the native library's compilers
                 schemas=("model",),
             ),
         )

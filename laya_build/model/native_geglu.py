@@ -1,0 +1,105 @@
+"""An encoder MLP's first GEMM and its gated GELU as one op of the native library (``export.native_geglu``).
+
+ModernBERT's MLP computes ``input, gate = Wi(x).chunk(2, -1)``, then ``act(input) * gate``:
+compiled as written, a GEMM that writes ``2 x intermediate`` columns a position and a pointwise
+kernel that reads them all back and writes half as many.  On the H100 at 7 x 256 that kernel took
+8.8 µs a layer beside the GEMM's 26.7 µs (docs/measurements/runtime-h200.md).
+
+Here each layer's MLP calls ``laya_native::geglu_linear(x, weight, bias, configs)`` instead, with
+``Wi``'s weight (and bias) rows interleaved in place (:func:`interleave`: row ``2c`` is the input
+half's row ``c``, row ``2c + 1`` the gate half's).  On CUDA the op is one CUTLASS kernel for
+Hopper (laya_build/native/laya_geglu.cu): a warp-specialized GEMM whose accumulator holds each
+column's input and gate products side by side in one thread's registers, and whose epilogue rounds
+both to bf16 (as the GEMM's output would be) and writes ``gelu(input) * gate``.  ``configs``
+(:data:`CONFIGS`) names its launch configuration by row count.  On the CPU the op puts the rows
+back in order and computes the module's own arithmetic: the same bits as the layers it replaces.
+
+The op lives in the project's native op library (:mod:`laya_build.native`), built with its CUDA
+kernels by nvcc when ``export.native_geglu.cuda`` is on; the package calls it through torch's
+dispatcher, the library beside it.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+ACTIVATIONS = ("gelu",)  # transformers' hidden_activation names the kernel computes
+# The CUDA kernel's launch configuration by row count, as [m_max, configuration] groups (-1: any
+# row count): indices into laya_geglu.cu's kConfigs ("pingpong 64x128x64" up to 256 rows, where
+# a 128-row tile would leave most multiprocessors idle; "cooperative 128x256x64" above).
+# benchmarks/native_geglu_probe.py times every configuration at the serving shapes.
+CONFIGS = (256, 2, -1, 0)
+_FAKE = []  # the fake implementation, registered once a process
+
+
+def register_fake() -> None:
+    """The op's output shape under tracing (``torch.export``, Inductor): once a process, after
+    the library that defines the op is loaded."""
+    if _FAKE:
+        return
+
+    @torch.library.register_fake("laya_native::geglu_linear")
+    def _(x, weight, bias, configs):
+        return x.new_empty((*x.shape[:-1], weight.shape[0] // 2))
+
+    _FAKE.append(_)
+
+
+def interleave(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s rows (a ``[2H, ...]`` weight or ``[2H]`` bias: the input half, then the gate half)
+    interleaved: row ``2c`` the input half's row ``c``, row ``2c + 1`` the gate half's."""
+    half = t.shape[0] // 2
+    return torch.stack((t[:half], t[half:]), dim=1).reshape(t.shape)
+
+
+def halves(t: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`interleave`: the input half's rows, then the gate half's."""
+    half = t.shape[0] // 2
+    return t.reshape(half, 2, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+
+def check(model: torch.nn.Module, target: str) -> None:
+    """The model's MLPs can run through the op on ``target`` (ValueError otherwise): checked
+    before the library is built."""
+    activation = getattr(model.encoder.config, "hidden_activation", None)
+    if activation not in ACTIVATIONS:
+        raise ValueError(
+            f"export.native_geglu computes {' or '.join(ACTIVATIONS)} and this model's hidden_activation is "
+            f"{activation!r}: set export.native_geglu.{target} to false"
+        )
+    if target != "cuda":
+        return
+    weight = model.encoder.embeddings.tok_embeddings.weight
+    if weight.dtype != torch.bfloat16:
+        raise ValueError(
+            f"export.native_geglu's CUDA kernel is bfloat16 and this export is "
+            f"{str(weight.dtype).removeprefix('torch.')}: leave export.native_geglu.cuda off for it"
+        )
+    if any(layer.mlp.Wi.bias is not None for layer in model.encoder.layers):
+        raise ValueError(
+            "export.native_geglu's CUDA kernel adds no bias and this model's MLPs have one (mlp_bias): "
+            "leave export.native_geglu.cuda off for it"
+        )
+
+
+def use(model: torch.nn.Module, configs=CONFIGS) -> int:
+    """Run every encoder layer's MLP's first GEMM and gated GELU through
+    ``laya_native::geglu_linear``, its ``Wi`` rows interleaved in place; how many layers.  The
+    op's library must be loaded (:func:`laya_build.runtime.serving.load_library`)."""
+    register_fake()
+    with torch.no_grad():
+        for layer in model.encoder.layers:
+            mlp = layer.mlp
+            mlp.Wi.weight.copy_(interleave(mlp.Wi.weight))
+            if mlp.Wi.bias is not None:
+                mlp.Wi.bias.copy_(interleave(mlp.Wi.bias))
+            mlp.laya_geglu_configs = list(configs)
+            mlp.forward = types.MethodType(_forward, mlp)
+    return len(model.encoder.layers)
+
+
+def _forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    both = torch.ops.laya_native.geglu_linear(hidden_states, self.Wi.weight, self.Wi.bias, self.laya_geglu_configs)
+    return self.Wo(self.drop(both))
