@@ -110,7 +110,7 @@ def nvcc() -> str:
     if found is None:
         raise StageError(
             "export.native_geglu.cuda compiles the native library's CUDA kernels, and no nvcc was found on PATH",
-            hint=f"install the CUDA toolkit (nvcc 12.3 or later, for {CUDA_ARCH}) and put its bin on PATH, {_CUDA_HINT}",
+            hint=f"install the CUDA toolkit (nvcc 12.3 or later, for {CUDA_ARCH}), its bin on PATH, {_CUDA_HINT}",
         )
     return found
 
