@@ -189,10 +189,11 @@ def fixed_source() -> Path:
 def cuda_compile_command(out: Path) -> list[str]:
     """nvcc's command line that compiles :data:`CUDA_SOURCE` (:func:`fixed_source`'s copy) into
     the object ``out``."""
+    exe = nvcc()
     include = cutlass_include()
     source = fixed_source()
     return [
-        nvcc(),
+        exe,
         *NVCC_FLAGS,
         f"-Xcompiler=-ffile-prefix-map={source.parent}={Path(CUDA_SOURCE_REL).parent}",
         f"-Xcompiler=-ffile-prefix-map={include.parent.resolve()}=cutlass",

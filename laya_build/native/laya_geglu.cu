@@ -148,12 +148,16 @@ using Config0 = Kernel<Shape<_128, _256, _64>, Shape<_2, _1, _1>, Cooperative>;
 using Config1 = Kernel<Shape<_128, _128, _64>, Shape<_2, _1, _1>, Cooperative>;
 using Config2 = Kernel<Shape<_64, _128, _64>, Shape<_1, _1, _1>, Pingpong>;
 using Config3 = Kernel<Shape<_256, _128, _64>, Shape<_1, _2, _1>, Cooperative>;
-constexpr int kConfigs = 4;
+using Config4 = Kernel<Shape<_64, _256, _64>, Shape<_2, _1, _1>, Pingpong>;
+using Config5 = Kernel<Shape<_64, _64, _64>, Shape<_1, _1, _1>, Pingpong>;
+constexpr int kConfigs = 6;
 const char* const kConfigNames[kConfigs] = {
     "cooperative 128x256x64 cluster 2x1",
     "cooperative 128x128x64 cluster 2x1",
     "pingpong 64x128x64 cluster 1x1",
     "cooperative 256x128x64 cluster 1x2",
+    "pingpong 64x256x64 cluster 2x1",
+    "pingpong 64x64x64 cluster 1x1",
 };
 
 int sm_count(int device) {
@@ -215,6 +219,10 @@ int dispatch(int config, const void* x, const void* weight, void* out, int m, in
       return run<Config2>(x, weight, out, m, n, k, device, workspace, workspace_size, s, needed, message, size);
     case 3:
       return run<Config3>(x, weight, out, m, n, k, device, workspace, workspace_size, s, needed, message, size);
+    case 4:
+      return run<Config4>(x, weight, out, m, n, k, device, workspace, workspace_size, s, needed, message, size);
+    case 5:
+      return run<Config5>(x, weight, out, m, n, k, device, workspace, workspace_size, s, needed, message, size);
     default:
       return fail(message, size, "no such launch configuration", nullptr);
   }

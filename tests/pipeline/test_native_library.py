@@ -27,7 +27,7 @@ from tests.pipeline.project import ROOT, Project, small_pipeline
 
 pytestmark = pytest.mark.build(seconds=240)
 
-LAYERS = ["attn.Wqkv", "mlp.Wi", "mlp.Wo"]
+LAYERS = ["attn.Wqkv", "mlp.Wo"]  # mlp.Wi: through laya_native::geglu_linear (export.native_geglu)
 ENCODER_LAYERS = 2  # the generated model's (laya_build/model/defaults.yaml)
 BUILD = "cpu-float32"
 LIBRARY_REL = f"aoti_package/{BUILD}/{NATIVE_LIBRARY_NAME}"
@@ -43,9 +43,10 @@ def released(tmp_path_factory):
         small_pipeline(cfg)
         cfg["export"]["native_linears"] = {"cpu": LAYERS}
         cfg["export"]["native_residual"] = {"cpu": True}
+        cfg["export"]["native_geglu"] = {"cpu": True, "cuda": True}
 
     project.edit_config(edit)
-    project.commit("three encoder linear layers through the native op, the MLP's residual add in its last")
+    project.commit("encoder linear layers and the MLP's gated GELU through the native ops, the residual add in mlp.Wo")
     run = project.doit("release")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return project
@@ -111,6 +112,57 @@ def test_the_release_lists_the_library_its_package_record_names(released):
     assert b"laya_native.linear" in text, "the exported program calls the native op"
     assert export["native_residual"] is True
     assert [p["residual_adds"] for p in export["programs"]] == [ENCODER_LAYERS]  # each layer's mlp.Wo
+
+
+def test_each_mlp_calls_the_geglu_op_with_its_first_gemms_rows_interleaved(released):
+    """The released export calls ``laya_native::geglu_linear`` once an encoder layer, with no
+    ``chunk`` or ``gelu`` of its own left, and holds each ``Wi`` with its rows interleaved: the
+    checkpoint's rows, input and gate in turn."""
+    vdir = released.version_dir()
+    library = vdir / LIBRARY_REL
+    got = fresh(
+        """
+        import json, sys, torch
+        from safetensors.torch import load_file
+        from laya_build.runtime import serving
+        from laya_build.model.native_geglu import interleave
+        serving.load_library(sys.argv[1], sys.argv[2])
+        ep = torch.export.load(sys.argv[3])
+        op = torch.ops.laya_native.geglu_linear.default
+        calls = [n for n in ep.graph.nodes if n.target is op]
+        gelus = [n for n in ep.graph.nodes if n.target in (torch.ops.aten.gelu.default,)]
+        weights = load_file(sys.argv[4])
+        state = ep.state_dict
+        same = []
+        for name, tensor in weights.items():
+            if name.endswith("mlp.Wi.weight"):
+                exported = next(v for k, v in state.items() if k.endswith(name.removeprefix("encoder.")))
+                same.append(torch.equal(exported, interleave(tensor.to(exported.dtype))))
+        print(json.dumps({"calls": len(calls), "gelus": len(gelus), "interleaved": same,
+                          "configs": [list(n.args[3]) for n in calls]}))
+        """,
+        str(library),
+        sha256_file(library),
+        str(vdir / f"export/{BUILD}/exported.pt2"),
+        str(vdir / "model/checkpoint/model.safetensors"),
+    )
+    from laya_build.model.native_geglu import CONFIGS
+
+    assert got["calls"] == ENCODER_LAYERS, got
+    assert got["interleaved"] == [True] * ENCODER_LAYERS, got
+    assert got["configs"] == [list(CONFIGS)] * ENCODER_LAYERS
+    export = read_record(vdir / f"export/{BUILD}/export.json")
+    assert export["native_geglu"] is True
+    assert "cuda_source" not in export["native_library"], "a CPU export's library holds no CUDA kernels"
+
+
+def test_the_cuda_export_depends_on_the_cuda_kernels_source_and_the_cpu_one_does_not(released):
+    graph = released.graph()
+    cuda = graph["export:cuda-bfloat16"]["file_dep"]
+    cpu = graph[f"export:{BUILD}"]["file_dep"]
+    assert any(p.endswith("laya_build/native/laya_geglu.cu") for p in cuda), cuda
+    assert any(p.endswith("laya_build/native/laya_native.cpp") for p in cuda)
+    assert not any(p.endswith(".cu") for p in cpu) and any(p.endswith("laya_native.cpp") for p in cpu), cpu
 
 
 def test_the_exported_program_adds_each_mlp_residual_inside_the_op(released):
@@ -531,3 +583,14 @@ def test_a_residual_add_moves_into_the_op_only_when_it_is_the_outputs_one_plain_
     for name in ("two readers", "broadcast", "scaled", "other dtype", "no native call"):
         assert got[name]["same"] and got[name]["error"].startswith(refused), (name, got[name])
         assert "name the layers that end a branch (attn.Wo, mlp.Wo) in export.native_linears.cpu" in got[name]["error"]
+
+
+def test_the_mlps_first_gemm_named_for_both_native_ops_is_refused_before_anything_is_written(released, tmp_path):
+    from tests.stage_calls import run_export
+
+    vdir = released.version_dir()
+    cfg = {**released.config["export"], "native_linears": {"cpu": ["mlp.Wi"]}, "native_geglu": {"cpu": True}}
+    with pytest.raises(ConfigError, match="native_geglu.cpu is true and export.native_linears.cpu names mlp.Wi") as e:
+        run_export(cfg, vdir / "model/checkpoint", vdir / "model/inputs.pt", tmp_path / "e", "cpu", "float32")
+    assert "drop mlp.Wi from export.native_linears.cpu" in e.value.hint
+    assert not (tmp_path / "e").exists()

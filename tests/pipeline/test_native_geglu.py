@@ -1,0 +1,243 @@
+"""``export.native_geglu``: the MLP's first GEMM and gated GELU as ``laya_native::geglu_linear``.
+
+On the CPU: the rows' interleaving, the op against the module's own arithmetic bit for bit, the
+checks an export makes before it builds anything, and what a build without nvcc or CUTLASS says.
+Where nvcc and CUTLASS's headers are here: the library with its CUDA kernels, the same bytes from
+two checkouts, loadable in a process without a GPU, its kernels compiled without spills.  The
+kernels' arithmetic on a GPU: tests/stages/test_native_geglu_gpu.py.  The op in a released
+package: tests/pipeline/test_native_library.py.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from laya_build import native
+from laya_build.errors import StageError
+from laya_build.model import native_geglu
+from laya_build.records import sha256_file
+
+
+def test_interleave_puts_each_input_row_before_its_gate_row_and_halves_undoes_it():
+    w = torch.arange(6 * 3).reshape(6, 3)
+    mixed = native_geglu.interleave(w)
+    assert mixed[:, 0].tolist() == [0, 9, 3, 12, 6, 15]  # input 0, gate 0, input 1, gate 1, ...
+    assert torch.equal(native_geglu.halves(mixed), w)
+    b = torch.arange(8)
+    assert native_geglu.interleave(b).tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert torch.equal(native_geglu.halves(native_geglu.interleave(b)), b)
+
+
+@pytest.fixture(scope="module")
+def cpu_library(tmp_path_factory):
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("no C++ compiler: the native op library cannot be built here")
+    out = tmp_path_factory.mktemp("native")
+    record = native.build(out)
+    return out / record["path"]
+
+
+def _fresh(code: str, *args: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
+CPU_OP = """
+import json, sys, torch
+import torch.nn.functional as F
+from laya_build.model.native_geglu import interleave
+torch.ops.load_library(sys.argv[1])
+torch.manual_seed(0)
+same = []
+for dtype in (torch.float32, torch.bfloat16):
+    for bias in (False, True):
+        lin = torch.nn.Linear(32, 2 * 24, bias=bias).to(dtype)
+        x = torch.randn(2, 5, 32, dtype=dtype)
+        a, g = lin(x).chunk(2, -1)
+        want = F.gelu(a) * g
+        b = interleave(lin.bias.detach()) if bias else None
+        got = torch.ops.laya_native.geglu_linear(x, interleave(lin.weight.detach()), b, [128, 2, -1, 0])
+        same.append(got.shape == want.shape and torch.equal(got, want))
+refusals = []
+for args in ((x, torch.ones(5, 32, dtype=x.dtype), None, None), (x, torch.ones(48, 32), None, None),
+             (x, interleave(lin.weight.detach()), None, [-1])):
+    try:
+        torch.ops.laya_native.geglu_linear(*args)
+        refusals.append(None)
+    except RuntimeError as exc:
+        refusals.append(str(exc).splitlines()[0])
+print(json.dumps({"same": same, "refusals": refusals}))
+"""
+
+
+def test_the_op_on_the_cpu_is_the_mlp_bit_for_bit_and_refuses_what_does_not_fit(cpu_library):
+    import json
+
+    got = json.loads(_fresh(CPU_OP, str(cpu_library)))
+    assert got["same"] == [True] * 4
+    odd, other_dtype, form = got["refusals"]
+    assert "weight must be [2 x intermediate, K] with its rows interleaved" in odd
+    assert "x is BFloat16 and weight Float: give both one dtype" in other_dtype
+    assert "groups of 2" in form
+
+
+CONFIG_NAMES = """
+import ctypes, json, sys, torch
+torch.ops.load_library(sys.argv[1])  # the op's library, as a serving process loads it
+lib = ctypes.CDLL(sys.argv[1])
+if not hasattr(lib, "laya_native_geglu_configs"):
+    print(json.dumps(None))
+else:
+    lib.laya_native_geglu_config_name.restype = ctypes.c_char_p
+    n = lib.laya_native_geglu_configs()
+    names = [lib.laya_native_geglu_config_name(i).decode() for i in range(n)]
+    print(json.dumps({"names": names, "past_the_end": lib.laya_native_geglu_config_name(n),
+                      "op": torch.ops.laya_native.geglu_linear.default.name()}))
+"""
+
+
+def _configs(path: Path):
+    """The library's launch configurations and op, as a fresh process (without a GPU) sees them;
+    None where it holds no CUDA kernels.  (A process holds one library of the namespace: never
+    loaded into the test's own.)"""
+    import json
+
+    return json.loads(_fresh(CONFIG_NAMES, str(path)))
+
+
+def test_a_library_without_cuda_kernels_holds_none_of_their_symbols(cpu_library):
+    assert _configs(cpu_library) is None
+
+
+def _model(activation="gelu", dtype=torch.bfloat16, bias=False, layers=2):
+    mlp = SimpleNamespace(Wi=SimpleNamespace(bias=torch.zeros(4) if bias else None))
+    return SimpleNamespace(
+        encoder=SimpleNamespace(
+            config=SimpleNamespace(hidden_activation=activation),
+            embeddings=SimpleNamespace(tok_embeddings=SimpleNamespace(weight=torch.zeros(1, dtype=dtype))),
+            layers=[SimpleNamespace(mlp=mlp)] * layers,
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "target", "says"),
+    [
+        (_model(activation="silu"), "cpu", "hidden_activation is 'silu': set export.native_geglu.cpu to false"),
+        (_model(dtype=torch.float16), "cuda", "CUDA kernel is bfloat16 and this export is float16"),
+        (_model(bias=True), "cuda", "adds no bias and this model's MLPs have one"),
+    ],
+)
+def test_an_export_the_kernel_cannot_compute_is_refused_before_anything_is_built(model, target, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        native_geglu.check(model, target)
+
+
+def test_the_cpu_target_takes_any_dtype_and_mlp_biases():
+    native_geglu.check(_model(dtype=torch.float32, bias=True), "cpu")
+
+
+def test_without_nvcc_the_build_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setattr(native, "tool_path", lambda role: None if role == "nvcc" else shutil.which("g++"))
+    with pytest.raises(StageError, match="no nvcc was found on PATH") as caught:
+        native.build(tmp_path, cuda_kernels=True)
+    assert "export.native_geglu.cuda to false" in caught.value.hint
+    assert not (tmp_path / "liblaya_native.so").exists()
+
+
+def test_without_cutlass_the_build_names_where_it_looked(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUTLASS_PATH", str(tmp_path / "nowhere"))
+    with pytest.raises(StageError, match=r"CUTLASS_PATH=.*nowhere has no CUTLASS 3 headers") as caught:
+        native.cutlass_include()
+    assert "CUTLASS_PATH" in caught.value.hint
+
+
+def test_the_kernels_source_is_compiled_from_a_path_fixed_by_its_content():
+    first = native.fixed_source()
+    assert first == native.fixed_source()
+    assert first.parent.name == sha256_file(native.CUDA_SOURCE)[:16]
+    assert first.read_bytes() == native.CUDA_SOURCE.read_bytes()
+
+
+# ---------------------------------------------------------------------- with nvcc and CUTLASS here
+
+
+def _cuda_toolchain() -> str | None:
+    """Why the CUDA kernels cannot be compiled here, or None."""
+    if shutil.which("nvcc") is None:
+        return "no nvcc on PATH"
+    try:
+        native.cutlass_include()
+        native.cuda_library_dir()
+    except StageError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.fixture(scope="module")
+def cuda_library(tmp_path_factory):
+    if (reason := _cuda_toolchain()) is not None:
+        pytest.skip(f"the CUDA kernels cannot be compiled here: {reason}")
+    out = tmp_path_factory.mktemp("native-cuda")
+    record = native.build(out, cuda_kernels=True)
+    return out / record["path"], record
+
+
+def test_the_library_with_cuda_kernels_loads_without_a_gpu_and_names_its_configurations(cuda_library):
+    path, record = cuda_library
+    assert record["cuda_source"] == {"path": native.CUDA_SOURCE_REL, "sha256": sha256_file(native.CUDA_SOURCE)}
+    assert record["cutlass"].count(".") == 2 and record["cuda_compiler"]
+    got = _configs(path)
+    names = got["names"]
+    assert len(names) >= 2 and all(re.match(r"(cooperative|pingpong) \d+x\d+x64 cluster \dx\d$", n) for n in names)
+    assert len(set(names)) == len(names)
+    assert got["past_the_end"] is None and got["op"] == "laya_native::geglu_linear"
+    assert max(c for c in native_geglu.CONFIGS[1::2]) < len(names), "the export's configurations exist"
+
+
+def test_the_library_with_cuda_kernels_is_the_same_bytes_from_another_checkout(cuda_library, tmp_path, monkeypatch):
+    path, _ = cuda_library
+    elsewhere = tmp_path / "checkout" / "laya_build" / "native"
+    elsewhere.mkdir(parents=True)
+    for source in (native.SOURCE, native.CUDA_SOURCE):
+        shutil.copy2(source, elsewhere / source.name)
+    monkeypatch.setattr(native, "SOURCE", elsewhere / native.SOURCE.name)
+    monkeypatch.setattr(native, "CUDA_SOURCE", elsewhere / native.CUDA_SOURCE.name)
+    record = native.build(tmp_path / "out", cuda_kernels=True)
+    assert record["sha256"] == sha256_file(path)
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith((".cuda-", ".lib"))]
+
+
+def test_every_kernel_is_compiled_for_hopper_without_spills(cuda_library):
+    path, _ = cuda_library
+    cuobjdump = shutil.which("cuobjdump")
+    if cuobjdump is None:
+        try:
+            from triton.backends.nvidia import __file__ as nvidia  # Triton ships one
+
+            bundled = Path(nvidia).parent / "bin" / "cuobjdump"
+            cuobjdump = str(bundled) if bundled.is_file() else None
+        except ImportError:
+            pass
+    if cuobjdump is None:
+        pytest.skip("no cuobjdump (the CUDA toolkit's, or Triton's) to read the kernels with")
+    listing = subprocess.run([cuobjdump, "-res-usage", str(path)], capture_output=True, text=True, check=True).stdout
+    kernels = re.findall(r"Function (\S+):\n\s*(REG:\d+ STACK:\d+ SHARED:\d+ LOCAL:\d+)", listing)
+    assert len(kernels) == len(_configs(path)["names"]), listing[:2000]
+    for name, usage in kernels:
+        assert "GemmUniversal" in name
+        assert "STACK:0 " in usage and "LOCAL:0" in usage, f"{name}: {usage}"
+    elf = subprocess.run([cuobjdump, "-lelf", str(path)], capture_output=True, text=True, check=True).stdout
+    assert elf.count(".sm_90.cubin") == 1, elf
+    sass = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+    for kernel in sass.split("Function : ")[1:]:  # Hopper's own: warpgroup MMA, TMA loads, register reallocation
+        assert all(op in kernel for op in ("HGMMA", "UTMALDG", "USETMAXREG")), kernel[:200]
