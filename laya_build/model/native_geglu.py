@@ -8,7 +8,7 @@ kernel that reads them all back and writes half as many.  On the H100 at 7 x 256
 Here each layer's MLP calls ``laya_native::geglu_linear(x, weight, bias, configs)`` instead, with
 ``Wi``'s weight (and bias) rows interleaved in place (:func:`interleave`: row ``2c`` is the input
 half's row ``c``, row ``2c + 1`` the gate half's).  On CUDA the op is one CUTLASS kernel for
-Hopper (laya_build/native/laya_geglu.cu): a warp-specialized GEMM whose accumulator holds each
+Hopper (laya_build/native/laya_native.cu): a warp-specialized GEMM whose accumulator holds each
 column's input and gate products side by side in one thread's registers, and whose epilogue rounds
 both to bf16 (as the GEMM's output would be) and writes ``gelu(input) * gate``.  ``configs``
 (:data:`CONFIGS`) names its launch configuration by row count.  On the CPU the op puts the rows
@@ -27,9 +27,9 @@ import torch
 
 ACTIVATIONS = ("gelu",)  # transformers' hidden_activation names the kernel computes
 # The CUDA kernel's launch configuration by row count, as [m_max, configuration] groups (-1: any
-# row count): indices into laya_geglu.cu's kConfigs ("pingpong 64x128x64" up to 256 rows, where
+# row count): indices into laya_native.cu's kConfigs ("pingpong 64x128x64" up to 256 rows, where
 # a 128-row tile would leave most multiprocessors idle; "cooperative 128x256x64" above).
-# benchmarks/native_geglu_probe.py times every configuration at the serving shapes.
+# benchmarks/native_cutlass_probe.py times every configuration at the serving shapes.
 CONFIGS = (256, 2, -1, 0)
 _FAKE = []  # the fake implementation, registered once a process
 

@@ -32,6 +32,12 @@ from laya_build.errors import ConfigError
 from laya_build.model.linear_bias import HALF_DTYPES, LINEARS
 
 ALGORITHMS_FORMAT = "laya-build cublaslt algorithms 1"
+# The CUTLASS path's launch configuration by row count (``export.native_cutlass``), as
+# [m_max, configuration] groups (m_max -1: any row count; configuration -1: cuBLASLt): cuBLASLt up
+# to 256 rows, where the problem reads its weights more than it computes; above, laya_native.cu's
+# stream-K GEMM with 128 x 128 tiles (its configuration 0).  benchmarks/native_cutlass_probe.py times
+# every configuration beside cuBLAS.
+CUTLASS_CONFIGS = (256, -1, -1, 0)
 WORDS = 8  # a cublasLtMatmulAlgo_t: 8 opaque 64-bit words
 _WORD = re.compile(r"^0x[0-9a-f]{16}$")
 _FAKE = []  # the fake implementation, registered once a process
@@ -44,7 +50,7 @@ def register_fake() -> None:
         return
 
     @torch.library.register_fake("laya_native::linear")
-    def _(x, weight, bias, algorithm, residual=None):
+    def _(x, weight, bias, algorithm, residual=None, cutlass=None):
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
     _FAKE.append(_)
@@ -131,11 +137,46 @@ def check(model: torch.nn.Module, names: list[str]) -> None:
         )
 
 
-def use(model: torch.nn.Module, names: list[str], entries: list[dict]) -> int:
+def check_cutlass(
+    model: torch.nn.Module, names: list[str], cutlass: list[str], target: str, zero_bias: list[str] = ()
+) -> None:
+    """``cutlass`` (``export.native_cutlass.<target>``) are native layers (of ``names``) the CUTLASS
+    kernels can run on ``target``: bf16 on CUDA, without a bias of the model's or of ``zero_bias``
+    (ValueError otherwise); checked before the library is built."""
+    if not cutlass:
+        return
+    outside = [n for n in cutlass if n not in names]
+    if outside:
+        raise ValueError(
+            f"export.native_cutlass.{target} names {outside[0]!r}, which export.native_linears.{target} does not: "
+            f"the CUTLASS GEMM is a path of the native op; name the layer in both, or in neither"
+        )
+    if target != "cuda":
+        return
+    weight = model.encoder.embeddings.tok_embeddings.weight
+    if weight.dtype != torch.bfloat16:
+        raise ValueError(
+            f"export.native_cutlass's kernels are bfloat16 and this export is "
+            f"{str(weight.dtype).removeprefix('torch.')}: leave export.native_cutlass.cuda empty for it"
+        )
+    with_bias = [
+        n
+        for n in cutlass
+        if n in zero_bias or any(layer.get_submodule(n).bias is not None for layer in model.encoder.layers)
+    ]
+    if with_bias:
+        raise ValueError(
+            f"export.native_cutlass's kernels add no bias and {with_bias[0]} has one (the model's, or "
+            f"export.zero_bias's): drop it from export.native_cutlass.cuda or from export.zero_bias.cuda"
+        )
+
+
+def use(model: torch.nn.Module, names: list[str], entries: list[dict], cutlass: list[str] = ()) -> int:
     """Run every encoder layer's linear layers ``names`` (of :data:`LINEARS`) through
-    ``laya_native::linear`` with the algorithms ``entries`` hold for their shapes; how many
-    layers got named algorithms (the others run cuBLASLt's heuristic's choice).  The op's library
-    must be loaded (:func:`laya_build.runtime.serving.load_library`)."""
+    ``laya_native::linear`` with the algorithms ``entries`` hold for their shapes, and the layers
+    ``cutlass`` with :data:`CUTLASS_CONFIGS` as well; how many layers got named algorithms (the
+    others run cuBLASLt's heuristic's choice).  The op's library must be loaded
+    (:func:`laya_build.runtime.serving.load_library`)."""
     check(model, names)
     if not names:
         return 0
@@ -147,6 +188,7 @@ def use(model: torch.nn.Module, names: list[str], entries: list[dict]) -> int:
             linear = layer.get_submodule(name)
             n, k = linear.weight.shape
             linear.laya_algorithm = algorithm_argument(entries, n, k, dtype_name, linear.bias is not None)
+            linear.laya_cutlass = list(CUTLASS_CONFIGS) if name in cutlass else None
             linear.forward = types.MethodType(_forward, linear)
             named += bool(linear.laya_algorithm)
     return named
@@ -154,7 +196,10 @@ def use(model: torch.nn.Module, names: list[str], entries: list[dict]) -> int:
 
 def _forward(self, x: torch.Tensor) -> torch.Tensor:
     # None, not []: AOTInductor's call of a custom op passes an empty int list on as None
-    return torch.ops.laya_native.linear(x, self.weight, self.bias, self.laya_algorithm or None)
+    if self.laya_cutlass is None:  # the call as before the CUTLASS path: the same exported program
+        return torch.ops.laya_native.linear(x, self.weight, self.bias, self.laya_algorithm or None)
+    algorithm = self.laya_algorithm or None
+    return torch.ops.laya_native.linear(x, self.weight, self.bias, algorithm, cutlass=self.laya_cutlass)
 
 
 def take_residuals(ep) -> int:
@@ -169,12 +214,15 @@ def take_residuals(ep) -> int:
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     op = torch.ops.laya_native.linear.default
+    names = [a.name for a in op._schema.arguments]  # x, weight, bias, algorithm, residual, cutlass
     graph = ep.graph_module.graph
     moved = 0
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target is not op or len(node.users) != 1:
             continue
-        if len(node.args) > 4 or node.kwargs.get("residual") is not None:
+        # the tracer passes the residual by position (None) when a later argument is given
+        given = {**dict(zip(names, node.args)), **node.kwargs}
+        if given.get("residual") is not None or len(node.args) < 4:
             continue
         (add,) = node.users
         if add.target is not torch.ops.aten.add.Tensor or len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1:
@@ -191,8 +239,9 @@ def take_residuals(ep) -> int:
             statically_known_true(a == b) for a, b in zip(theirs.shape, mine.shape)
         ):
             continue
+        later = {k: v for k, v in given.items() if k in names[4:] and v is not None}
         with graph.inserting_before(add):  # the add's operands are all defined by here
-            taken = graph.call_function(op, node.args, {**node.kwargs, "residual": other})
+            taken = graph.call_function(op, tuple(node.args[:4]), {**later, "residual": other})
         taken.meta = {**node.meta, "val": add.meta["val"]}
         add.replace_all_uses_with(taken)
         graph.erase_node(add)

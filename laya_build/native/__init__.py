@@ -48,8 +48,8 @@ from laya_build.records import file_entry, sha256_file
 
 SOURCE = Path(__file__).with_name("laya_native.cpp")
 SOURCE_REL = "laya_build/native/laya_native.cpp"  # how the library's strings name its source
-CUDA_SOURCE = Path(__file__).with_name("laya_geglu.cu")
-CUDA_SOURCE_REL = "laya_build/native/laya_geglu.cu"
+CUDA_SOURCE = Path(__file__).with_name("laya_native.cu")
+CUDA_SOURCE_REL = "laya_build/native/laya_native.cu"
 CUDA_ARCH = "sm_90a"  # warpgroup MMA and TMA: Hopper's own instructions
 NVCC_FLAGS = (
     "-std=c++17",
@@ -58,7 +58,7 @@ NVCC_FLAGS = (
     "--expt-relaxed-constexpr",
     "-DNDEBUG",
     "-w",
-    "-frandom-seed=laya_geglu",
+    "-frandom-seed=laya_native",
     "-Xcompiler=-fPIC",
 )
 CUDA_LIBRARIES = ("-lcudart_static", "-lrt", "-lpthread")
@@ -253,7 +253,7 @@ def build(out_dir, *, cuda_kernels: bool = False) -> dict:
     with atomic_path(final) as tmp, tempfile.TemporaryDirectory(dir=out, prefix=".cuda-") as objects:
         commands = []
         if cuda_kernels:
-            obj = Path(objects) / "laya_geglu.o"
+            obj = Path(objects) / "laya_native_cuda.o"
             commands.append(cuda_compile_command(obj))
             include = cutlass_include()
             cuda = {

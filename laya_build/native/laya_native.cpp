@@ -1,7 +1,7 @@
 // The project's native ops (namespace laya_native), built into liblaya_native.so by
-// laya_build/native/build.py and shipped beside the AOTInductor package that calls them.
+// laya_build/native/__init__.py and shipped beside the AOTInductor package that calls them.
 //
-// laya_native::linear(x, weight, bias, algorithm, residual) computes x @ weight.T (+ bias), as
+// laya_native::linear(x, weight, bias, algorithm, residual, cutlass) computes x @ weight.T (+ bias), as
 // torch.nn.functional.linear does, plus ``residual`` (a tensor of the output's shape and dtype)
 // when one is given: the residual stream a branch's last GEMM is added to.
 //
@@ -20,6 +20,10 @@
 //   bias goes into the GEMM's epilogue; the residual is its C matrix (beta 1), added to the fp32
 //   product in the epilogue before the output's one rounding, so the output is not the bits of
 //   a GEMM and an add, which round twice.
+// * CUDA, where ``cutlass`` (groups [m_max, configuration]; None: none) has a group for the call's
+//   row count whose configuration is not negative (bf16, no bias): laya_native.cu's stream-K
+//   GEMM at that launch configuration instead, the residual added in its epilogue alike; a
+//   negative configuration: cuBLASLt as above.
 //
 // laya_native::geglu_linear(x, weight, bias, configs) computes an encoder MLP's first GEMM and its
 // gated GELU, gelu(input) * gate of the GEMM's two halves, from Wi's weight with its rows
@@ -28,7 +32,7 @@
 //
 // * CPU: the rows put back in order, at::linear, chunk, at::gelu and the product: the module's
 //   own arithmetic (the same bits as the layers it replaces).
-// * CUDA (bf16, no bias, compute capability 9.0): one CUTLASS kernel of laya_geglu.cu, compiled
+// * CUDA (bf16, no bias, compute capability 9.0): one CUTLASS kernel of laya_native.cu, compiled
 //   into the library by nvcc when the export asks for it (export.native_geglu); ``configs``
 //   (None: the first) is groups [m_max, configuration]: the first group whose m_max is negative
 //   or at least the call's row count names the kernel's launch configuration.
@@ -59,6 +63,23 @@
 #include <string>
 #include <tuple>
 #include <vector>
+
+// The CUDA kernels (laya_native.cu), in the library when nvcc compiled them into it: weak, so a
+// library without them loads, and says so when a call needs them.
+extern "C" {
+int laya_native_geglu_configs() __attribute__((weak));
+int laya_native_geglu_workspace(int config, int m, int n, int k, int device, size_t* needed, char* message,
+                                size_t size) __attribute__((weak));
+int laya_native_geglu(int config, const void* x, const void* weight, void* out, int m, int n, int k, int device,
+                      void* workspace, size_t workspace_size, void* stream, char* message,
+                      size_t size) __attribute__((weak));
+int laya_native_linear_configs() __attribute__((weak));
+int laya_native_linear_workspace(int config, int m, int n, int k, int with_residual, int device, size_t* needed,
+                                 char* message, size_t size) __attribute__((weak));
+int laya_native_linear(int config, const void* x, const void* weight, const void* residual, void* out, int m, int n,
+                       int k, int device, void* workspace, size_t workspace_size, void* stream, char* message,
+                       size_t size) __attribute__((weak));
+}
 
 namespace {
 
@@ -310,16 +331,90 @@ bool check_residual(const std::optional<at::Tensor>& residual, const at::Tensor&
   return true;
 }
 
+// ------------------------------------------------------------------ the CUDA kernels' calls
+
+int32_t (*current_stream_fn())(int32_t, void**) {
+  static int32_t (*fn)(int32_t, void**) = [] {
+    int32_t (*found)(int32_t, void**) = nullptr;
+    bind(loaded({"libtorch_cuda.so"}), "aoti_torch_get_current_cuda_stream", found);
+    return found;
+  }();
+  return fn;
+}
+
+// ``configs``' form: groups [m_max, configuration].
+void check_configs(const char* op, const char* name, at::OptionalIntArrayRef configs) {
+  if (!configs.has_value()) return;
+  TORCH_CHECK(configs->size() % 2 == 0, op, ": ", name, " holds ", configs->size(),
+              " integers, not groups of 2 ([m_max, configuration] each)");
+}
+
+// The configuration the first group whose m_max is negative or at least ``m`` names; ``otherwise``
+// when none does.
+int64_t configuration(at::OptionalIntArrayRef configs, int64_t m, int64_t otherwise) {
+  if (!configs.has_value()) return otherwise;
+  for (size_t at = 0; at + 1 < configs->size(); at += 2) {
+    if ((*configs)[at] < 0 || m <= (*configs)[at]) return (*configs)[at + 1];
+  }
+  return otherwise;
+}
+
+// TMA reads rows from 16-byte aligned addresses: a view at another offset is copied.
+at::Tensor aligned_16(const at::Tensor& t) {
+  at::Tensor c = t.contiguous();
+  return alignment(c.data_ptr()) >= 16 ? c : c.clone();
+}
+
+// The workspace a kernel asked for, on the tensor's device (none: undefined).
+at::Tensor workspace_of(size_t bytes, const at::Tensor& like) {
+  return bytes > 0 ? at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte)) : at::Tensor();
+}
+
+// out = x @ weight.T (+ residual) through laya_native.cu's stream-K GEMM at configuration ``config``.
+void linear_cutlass(int64_t config, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& residual,
+                    at::Tensor& out, int64_t m, int64_t n, int64_t k) {
+  TORCH_CHECK(laya_native_linear != nullptr && laya_native_linear_workspace != nullptr &&
+                  laya_native_linear_configs != nullptr,
+              "laya_native::linear: the call names a CUTLASS configuration and this library was built without its "
+              "CUDA kernels; an export with export.native_cutlass.cuda builds them (nvcc and CUTLASS's headers)");
+  TORCH_CHECK(config < laya_native_linear_configs(), "laya_native::linear: CUTLASS configuration ", config,
+              " is not one of the library's ", laya_native_linear_configs());
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16, "laya_native::linear: its CUTLASS kernels run bfloat16, not ",
+              x.scalar_type());
+  TORCH_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX, "laya_native::linear: M=", m, " N=", n, " K=", k,
+              " is beyond the CUTLASS kernels' 32-bit sizes");
+  const at::Tensor a = aligned_16(x), w = aligned_16(weight);
+  const at::Tensor r = residual.defined() ? aligned_16(residual) : at::Tensor();
+  const int device = x.device().index();
+  char message[512] = {0};
+  size_t needed = 0;
+  const int c = static_cast<int>(config);
+  TORCH_CHECK(laya_native_linear_workspace(c, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                                           r.defined() ? 1 : 0, device, &needed, message, sizeof(message)) == 0,
+              "laya_native::linear: ", message);
+  at::Tensor workspace = workspace_of(needed, x);
+  void* stream = nullptr;
+  TORCH_CHECK(current_stream_fn()(device, &stream) == 0, "laya_native::linear: torch gave no current CUDA stream");
+  TORCH_CHECK(laya_native_linear(c, a.data_ptr(), w.data_ptr(), r.defined() ? r.data_ptr() : nullptr, out.data_ptr(),
+                                 static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), device,
+                                 workspace.defined() ? workspace.data_ptr() : nullptr, needed, stream, message,
+                                 sizeof(message)) == 0,
+              "laya_native::linear: M=", m, " N=", n, " K=", k, ", CUTLASS configuration ", config, ": ", message);
+}
+
 at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                      at::OptionalIntArrayRef algorithm, const std::optional<at::Tensor>& residual) {
-  check_format(algorithm);  // cuBLASLt's choice: the CPU has one way, the argument's form is checked alike
+                      at::OptionalIntArrayRef algorithm, const std::optional<at::Tensor>& residual,
+                      at::OptionalIntArrayRef cutlass) {
+  check_format(algorithm);  // the kernel's choice: the CPU has one way, the arguments' form is checked alike
+  check_configs("laya_native::linear", "cutlass", cutlass);
   const bool has_residual = check_residual(residual, x, output_shape(x, weight));
   at::Tensor out = at::linear(x, weight, bias);
   return has_residual ? out.add_(*residual) : out;
 }
 
 at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                       at::OptionalIntArrayRef algorithm, const std::optional<at::Tensor>& residual) {
+                       at::OptionalIntArrayRef algorithm, const std::optional<at::Tensor>& residual,
+                       at::OptionalIntArrayRef cutlass) {
   TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "laya_native::linear: x is ", x.scalar_type(),
               " and weight ", weight.scalar_type(), ": give both one dtype");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
@@ -336,6 +431,7 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
                 weight.size(0), "] vector of x's dtype");
   }
   check_format(algorithm);
+  check_configs("laya_native::linear", "cutlass", cutlass);
   const std::vector<int64_t> shape = output_shape(x, weight);
   const bool has_residual = check_residual(residual, x, shape);
   c10::DeviceGuard guard(x.device());
@@ -348,6 +444,12 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
   at::Tensor out = at::empty(shape, x.options());
   const int64_t m = x.numel() / k;
   if (m == 0 || n == 0) return out;
+  if (const int64_t config = configuration(cutlass, m, -1); config >= 0) {  // a CUTLASS kernel for this row count
+    TORCH_CHECK(!has_bias, "laya_native::linear: its CUTLASS kernels add no bias; name no CUTLASS configuration for "
+                "a layer with one");
+    linear_cutlass(config, x, weight, has_residual ? *residual : at::Tensor(), out, m, n, k);
+    return out;
+  }
   // cuBLASLt's kernels for these types read operands aligned to at least 16 bytes; a view at
   // another offset is copied (a new tensor of the caching allocator is aligned to far more).
   auto at_least_16 = [](const at::Tensor& t) {
@@ -407,12 +509,6 @@ std::vector<int64_t> geglu_shape(const at::Tensor& x, const at::Tensor& weight, 
   return shape;
 }
 
-void check_configs(at::OptionalIntArrayRef configs) {
-  if (!configs.has_value()) return;
-  TORCH_CHECK(configs->size() % 2 == 0, "laya_native::geglu_linear: configs holds ", configs->size(),
-              " integers, not groups of 2 ([m_max, configuration] each)");
-}
-
 // Interleaved rows (2c: input c, 2c+1: gate c) back in the module's order: the input half, then the gate half.
 at::Tensor in_halves(const at::Tensor& t) {
   const int64_t half = t.size(0) / 2;
@@ -428,7 +524,7 @@ at::Tensor in_halves(const at::Tensor& t) {
 at::Tensor geglu_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                             at::OptionalIntArrayRef configs) {
   geglu_shape(x, weight, bias);
-  check_configs(configs);  // the CPU has one way; the argument's form is checked alike
+  check_configs("laya_native::geglu_linear", "configs", configs);  // the CPU has one way; the form is checked alike
   const bool has_bias = bias.has_value() && bias->defined();
   const at::Tensor both =
       at::linear(x, in_halves(weight), has_bias ? std::optional<at::Tensor>(in_halves(*bias)) : std::nullopt);
@@ -436,34 +532,11 @@ at::Tensor geglu_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const
   return at::mul(at::gelu(halves[0]), halves[1]);
 }
 
-}  // namespace
-
-// The CUDA kernels (laya_geglu.cu), in the library when nvcc compiled them into it: weak, so a
-// library without them loads and says so when called.
-extern "C" {
-int laya_native_geglu_configs() __attribute__((weak));
-int laya_native_geglu_workspace(int config, int m, int n, int k, int device, size_t* needed, char* message,
-                                size_t size) __attribute__((weak));
-int laya_native_geglu(int config, const void* x, const void* weight, void* out, int m, int n, int k, int device,
-                      void* workspace, size_t workspace_size, void* stream, char* message,
-                      size_t size) __attribute__((weak));
-}
-
-namespace {
-
-int32_t (*current_stream_fn())(int32_t, void**) {
-  static int32_t (*fn)(int32_t, void**) = [] {
-    int32_t (*found)(int32_t, void**) = nullptr;
-    bind(loaded({"libtorch_cuda.so"}), "aoti_torch_get_current_cuda_stream", found);
-    return found;
-  }();
-  return fn;
-}
 
 at::Tensor geglu_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                              at::OptionalIntArrayRef configs) {
   const std::vector<int64_t> shape = geglu_shape(x, weight, bias);
-  check_configs(configs);
+  check_configs("laya_native::geglu_linear", "configs", configs);
   TORCH_CHECK(!(bias.has_value() && bias->defined()),
               "laya_native::geglu_linear: the CUDA kernel adds no bias (ModernBERT's MLP has none unless mlp_bias)");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16, "laya_native::geglu_linear runs bfloat16 on CUDA, not ",
@@ -480,23 +553,12 @@ at::Tensor geglu_linear_cuda(const at::Tensor& x, const at::Tensor& weight, cons
   if (k == 0 || m == 0 || n == 0) return at::zeros(shape, x.options());  // gelu(0) * 0, or nothing
   TORCH_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX, "laya_native::geglu_linear: M=", m, " N=", n,
               " K=", k, " is beyond the kernel's 32-bit sizes");
-  int config = 0;
-  if (configs.has_value()) {
-    for (size_t at = 0; at < configs->size(); at += 2) {
-      if ((*configs)[at] < 0 || m <= (*configs)[at]) {
-        config = static_cast<int>((*configs)[at + 1]);
-        break;
-      }
-    }
-  }
-  TORCH_CHECK(config >= 0 && config < laya_native_geglu_configs(), "laya_native::geglu_linear: configuration ",
-              config, " is not one of the library's ", laya_native_geglu_configs());
-  // TMA reads rows from 16-byte aligned addresses: a view at another offset is copied
-  auto aligned = [](const at::Tensor& t) {
-    at::Tensor c = t.contiguous();
-    return alignment(c.data_ptr()) >= 16 ? c : c.clone();
-  };
-  const at::Tensor a = aligned(x), w = aligned(weight);
+  const int64_t chosen_config = configuration(configs, m, 0);
+  TORCH_CHECK(chosen_config >= 0 && chosen_config < laya_native_geglu_configs(),
+              "laya_native::geglu_linear: configuration ", chosen_config, " is not one of the library's ",
+              laya_native_geglu_configs());
+  const int config = static_cast<int>(chosen_config);
+  const at::Tensor a = aligned_16(x), w = aligned_16(weight);
   at::Tensor out = at::empty(shape, x.options());
   const int device = x.device().index();
   char message[512] = {0};
@@ -504,8 +566,7 @@ at::Tensor geglu_linear_cuda(const at::Tensor& x, const at::Tensor& weight, cons
   TORCH_CHECK(laya_native_geglu_workspace(config, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
                                           device, &needed, message, sizeof(message)) == 0,
               "laya_native::geglu_linear: ", message);
-  at::Tensor workspace;
-  if (needed > 0) workspace = at::empty({static_cast<int64_t>(needed)}, x.options().dtype(at::kByte));
+  at::Tensor workspace = workspace_of(needed, x);
   void* stream = nullptr;
   TORCH_CHECK(current_stream_fn()(device, &stream) == 0, "laya_native::geglu_linear: torch gave no current CUDA stream");
   TORCH_CHECK(laya_native_geglu(config, a.data_ptr(), w.data_ptr(), out.data_ptr(), static_cast<int>(m),
@@ -519,7 +580,9 @@ at::Tensor geglu_linear_cuda(const at::Tensor& x, const at::Tensor& weight, cons
 }  // namespace
 
 TORCH_LIBRARY(laya_native, m) {
-  m.def("linear(Tensor x, Tensor weight, Tensor? bias, int[]? algorithm, Tensor? residual=None) -> Tensor");
+  m.def(
+      "linear(Tensor x, Tensor weight, Tensor? bias, int[]? algorithm, Tensor? residual=None, int[]? cutlass=None) "
+      "-> Tensor");
   m.def("geglu_linear(Tensor x, Tensor weight, Tensor? bias, int[]? configs) -> Tensor");
 }
 

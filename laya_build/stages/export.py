@@ -273,16 +273,19 @@ def run_export(
             "first GEMM runs in one op or the other",
             hint=f"drop mlp.Wi from export.native_linears.{target}, or set export.native_geglu.{target} to false",
         )
+    cutlass = list(cfg["native_cutlass"].get(target, []))
     algorithms, algorithms_in = native_algorithms(cfg, target, dtype, root)
     try:  # before the library's compile
         native_linear.check(model, native_linears)
+        native_linear.check_cutlass(model, native_linears, cutlass, target, zero_bias)
         if geglu:
             native_geglu.check(model, target)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     out.mkdir(parents=True, exist_ok=True)
     wants_library = bool(native_linears) or geglu
-    library = native_library(out, cuda_kernels=geglu and target == "cuda") if wants_library else None
+    cuda_kernels = target == "cuda" and (geglu or bool(cutlass))
+    library = native_library(out, cuda_kernels=cuda_kernels) if wants_library else None
     if library is None:  # a library an earlier export left here belongs to no program of this one
         for name in (NATIVE_LIBRARY_NAME, NATIVE_BUILD_LOG_NAME):
             (out / name).unlink(missing_ok=True)
@@ -291,7 +294,7 @@ def run_export(
         head_attention = head.use(model, cfg["attention"][target], cfg["last_head_layer"])
         rotary.use(model, cfg["rotary"], halves=cfg["attention"][target] == "fused")
         linear_bias.use(model, zero_bias)
-        named = native_linear.use(model, native_linears, algorithms)
+        named = native_linear.use(model, native_linears, algorithms, cutlass)
         if geglu:
             native_geglu.use(model)
         fused_linear.use(model, fused_linears)
@@ -315,6 +318,7 @@ def run_export(
         "fused_linears": fused_linears,
         "native_linears": native_linears,
         "native_residual": bool(cfg["native_residual"].get(target)),
+        "native_cutlass": cutlass,
         "native_geglu": geglu,
         "native_library": library,
         "native_algorithms": algorithms_in,

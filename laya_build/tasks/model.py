@@ -116,7 +116,7 @@ def export_tasks(p):
         export = p.data["export"]
         geglu = bool(export["native_geglu"].get(target))
         native = [NATIVE_SOURCE] if export["native_linears"].get(target) or geglu else []
-        cuda_kernels = geglu and target == "cuda"  # nvcc compiles them into the library
+        cuda_kernels = target == "cuda" and (geglu or bool(export["native_cutlass"].get(target)))  # by nvcc
         native += [NATIVE_CUDA_SOURCE] if cuda_kernels else []
         algorithms = export["native_algorithms"].get(build_name(target, dtype))
         yield doit_task(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from laya_build.errors import ConfigError
 from laya_build.layout import NATIVE_LIBRARY_NAME
@@ -44,6 +46,7 @@ def released(tmp_path_factory):
         cfg["export"]["native_linears"] = {"cpu": LAYERS}
         cfg["export"]["native_residual"] = {"cpu": True}
         cfg["export"]["native_geglu"] = {"cpu": True, "cuda": True}
+        cfg["export"]["native_cutlass"] = {"cpu": ["mlp.Wo"]}
 
     project.edit_config(edit)
     project.commit("encoder linear layers and the MLP's gated GELU through the native ops, the residual add in mlp.Wo")
@@ -160,7 +163,7 @@ def test_the_cuda_export_depends_on_the_cuda_kernels_source_and_the_cpu_one_does
     graph = released.graph()
     cuda = graph["export:cuda-bfloat16"]["file_dep"]
     cpu = graph[f"export:{BUILD}"]["file_dep"]
-    assert any(p.endswith("laya_build/native/laya_geglu.cu") for p in cuda), cuda
+    assert any(p.endswith("laya_build/native/laya_native.cu") for p in cuda), cuda
     assert any(p.endswith("laya_build/native/laya_native.cpp") for p in cuda)
     assert not any(p.endswith(".cu") for p in cpu) and any(p.endswith("laya_native.cpp") for p in cpu), cpu
 
@@ -181,6 +184,7 @@ def test_the_exported_program_adds_each_mlp_residual_inside_the_op(released):
         ep = torch.export.load(sys.argv[3])
         op = torch.ops.laya_native.linear.default
         calls = [n for n in ep.graph.nodes if n.target is op]
+        cutlass = [n.kwargs.get("cutlass") for n in calls]
         plain = [n for n in calls if n.kwargs.get("residual") is None]
         added = [n for n in ep.graph.nodes if n.target is torch.ops.aten.add.Tensor and any(a in plain for a in n.args)]
         eager = torch.load(sys.argv[4], weights_only=False)["outputs"]
@@ -194,6 +198,8 @@ def test_the_exported_program_adds_each_mlp_residual_inside_the_op(released):
             "calls": len(calls),
             "with_residual": sum(n.kwargs.get("residual") is not None for n in calls),
             "adds_of_calls": len(added),
+            "cutlass_with_residual": [n.kwargs.get("cutlass") for n in calls if n.kwargs.get("residual") is not None],
+            "cutlass": cutlass,
             "same": same,
         }))
         """,
@@ -205,6 +211,9 @@ def test_the_exported_program_adds_each_mlp_residual_inside_the_op(released):
     )
     assert got["calls"] == len(LAYERS) * ENCODER_LAYERS
     assert got["with_residual"] == ENCODER_LAYERS and got["adds_of_calls"] == 0
+    # export.native_cutlass: mlp.Wo's calls carry the CUTLASS configurations, also once they take the residual
+    assert got["cutlass_with_residual"] == [list(native_linear.CUTLASS_CONFIGS)] * ENCODER_LAYERS, got
+    assert got["cutlass"].count(None) == ENCODER_LAYERS, "attn.Wqkv's calls stay as they were"
     assert got["same"] and max(got["same"]) <= 1e-5, got
 
 
@@ -298,6 +307,13 @@ def test_the_op_on_the_cpu_is_linear_bit_for_bit(released):
             refused = None
         except RuntimeError as exc:
             refused = str(exc).splitlines()[0]
+        try:  # the CUTLASS configurations' form too; on the CPU they change nothing
+            torch.ops.laya_native.linear(x, w, None, None, cutlass=[-1])
+            refused_cutlass = None
+        except RuntimeError as exc:
+            refused_cutlass = str(exc).splitlines()[0]
+        same.append(torch.equal(torch.ops.laya_native.linear(x, w, b, None, cutlass=[256, -1, -1, 0]),
+                                torch.nn.functional.linear(x, w, b)))
         empty = torch.ops.laya_native.linear(torch.ones(2, 0), torch.ones(3, 0), torch.ones(3), None)
         r = torch.randn(2, 5, 24, dtype=x.dtype)
         added = torch.ops.laya_native.linear(x, w, b, None, residual=r)
@@ -307,13 +323,15 @@ def test_the_op_on_the_cpu_is_linear_bit_for_bit(released):
             broadcast = None
         except RuntimeError as exc:
             broadcast = str(exc).splitlines()[0]
-        print(json.dumps({"same": same, "refused": refused, "empty": empty.tolist(), "broadcast": broadcast}))
+        print(json.dumps({"same": same, "refused": refused, "empty": empty.tolist(), "broadcast": broadcast,
+                          "refused_cutlass": refused_cutlass}))
         """,
         str(library),
         sha256_file(library),
     )
-    assert got["same"] == [True] * 5
+    assert got["same"] == [True] * 6
     assert "not a cuBLASLt version and groups of 9" in got["refused"]
+    assert "cutlass holds 1 integers, not groups of 2" in got["refused_cutlass"]
     assert "residual [2, 1, 24] BFloat16 is not the output's shape [2, 5, 24]" in got["broadcast"]
     assert got["empty"] == [[1.0] * 3] * 2  # K = 0: the bias alone, as F.linear
 
@@ -553,6 +571,7 @@ def test_a_residual_add_moves_into_the_op_only_when_it_is_the_outputs_one_plain_
         bodies = {
             "moved": lambda m, x: (x + linear(x, m.w, None, None)).relu(),
             "moved, other first and second": lambda m, x: linear(x + linear(x, m.w, None, None), m.w, None, None) + x,
+            "moved, cutlass kept": lambda m, x: x + linear(x, m.w, None, None, cutlass=[256, -1, -1, 0]),
             "two readers": lambda m, x: (lambda y: (x + y, y * 2))(linear(x, m.w, None, None)),
             "broadcast": lambda m, x: linear(x, m.w, None, None) + x[:, :1],
             "scaled": lambda m, x: torch.add(x, linear(x, m.w, None, None), alpha=2),
@@ -571,7 +590,8 @@ def test_a_residual_add_moves_into_the_op_only_when_it_is_the_outputs_one_plain_
             got = ep.module()(x)
             leaves = torch.utils._pytree.tree_leaves
             same = all(torch.equal(a, b) for a, b in zip(leaves(got), leaves(want)))
-            out[name] = {**record, "same": same}
+            kept = [n.kwargs.get("cutlass") for n in ep.graph.nodes if n.kwargs.get("residual") is not None]
+            out[name] = {**record, "same": same, **({"cutlass": kept} if any(kept) else {})}
         print(json.dumps(out))
         """,
         str(library),
@@ -579,6 +599,7 @@ def test_a_residual_add_moves_into_the_op_only_when_it_is_the_outputs_one_plain_
     )
     assert got["moved"] == {"residual_adds": 1, "same": True}
     assert got["moved, other first and second"] == {"residual_adds": 2, "same": True}
+    assert got["moved, cutlass kept"] == {"residual_adds": 1, "same": True, "cutlass": [[256, -1, -1, 0]]}
     refused = "export.native_residual.cpu is true and no residual add follows a call of the native op"
     for name in ("two readers", "broadcast", "scaled", "other dtype", "no native call"):
         assert got[name]["same"] and got[name]["error"].startswith(refused), (name, got[name])
@@ -594,3 +615,26 @@ def test_the_mlps_first_gemm_named_for_both_native_ops_is_refused_before_anythin
         run_export(cfg, vdir / "model/checkpoint", vdir / "model/inputs.pt", tmp_path / "e", "cpu", "float32")
     assert "drop mlp.Wi from export.native_linears.cpu" in e.value.hint
     assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize(
+    ("cutlass", "dtype", "zero_bias", "says"),
+    [
+        (["attn.Wo"], torch.bfloat16, [], "names 'attn.Wo', which export.native_linears.cuda does not"),
+        (["mlp.Wo"], torch.float16, [], "kernels are bfloat16 and this export is float16"),
+        (["mlp.Wo"], torch.bfloat16, ["mlp.Wo"], "add no bias and mlp.Wo has one"),
+    ],
+)
+def test_a_cutlass_layer_the_kernels_cannot_run_is_refused_before_the_library_is_built(cutlass, dtype, zero_bias, says):
+    from types import SimpleNamespace
+
+    layer = SimpleNamespace(get_submodule=lambda name: SimpleNamespace(bias=None))
+    model = SimpleNamespace(
+        encoder=SimpleNamespace(
+            embeddings=SimpleNamespace(tok_embeddings=SimpleNamespace(weight=torch.zeros(1, dtype=dtype))),
+            layers=[layer, layer],
+        )
+    )
+    with pytest.raises(ValueError, match=re.escape(says)):
+        native_linear.check_cutlass(model, ["mlp.Wo"], cutlass, "cuda", zero_bias)
+    native_linear.check_cutlass(model, ["mlp.Wo"], ["mlp.Wo"], "cpu", zero_bias)  # the CPU runs at::linear

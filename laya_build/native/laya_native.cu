@@ -1,0 +1,416 @@
+// The native op library's CUDA kernels, CUTLASS kernels for Hopper (sm_90a), compiled by nvcc
+// into the library when an export asks for them (export.native_geglu, export.native_cutlass;
+// laya_build/native/__init__.py).  The entry points are plain C (no torch headers here):
+// laya_native.cpp calls them.  Each op has a small table of launch configurations; the op's
+// caller names one per row-count bound.
+//
+// laya_native::geglu_linear: an encoder MLP's first GEMM and its gated GELU in one kernel.
+// ModernBERT's MLP computes  input, gate = Wi(x).chunk(2, -1);  act(input) * gate.  Here Wi's
+// weight comes with its rows interleaved (row 2c is the input half's row c, row 2c+1 the gate
+// half's row c: laya_build/model/native_geglu.py), so a warp-specialized GEMM's accumulator holds
+// each column's input and gate products side by side in one thread's registers: on Hopper's
+// warpgroup MMA every thread's accumulator values come in pairs of adjacent columns.  The
+// epilogue (GegluEpilogue, stores from registers) rounds both to bf16, as the GEMM's output would
+// be, and writes bf16(gelu(input) * gate) (in fp32, erf's form, as torch's gelu): the
+// 2 x intermediate columns never reach memory, and no pointwise kernel reads them back.  The
+// mainloop is CUTLASS's (TMA loads, warp-specialized, persistent).
+//
+// laya_native::linear's CUTLASS path: x @ W.T (+ a residual, added to the fp32 product before the
+// one rounding) with CUTLASS's stream-K tile scheduler, which spreads the K iterations of all
+// output tiles evenly over the multiprocessors: a GEMM of 1,024 output columns at 1,792 rows fills
+// 112 tiles of 128 x 128 on 132 multiprocessors, one partial wave.  Partial tiles are summed in a
+// fixed order (ReductionMode::Deterministic): a call gives the same bits every time.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/collective/detail.hpp"
+#include "cutlass/epilogue/thread/linear_combination.h"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+namespace laya_cuda {
+
+using namespace cute;
+
+using Element = cutlass::bfloat16_t;
+using StrideOut = cute::Stride<int64_t, cute::Int<1>, int64_t>;  // row-major [M, N/2]
+
+// The epilogue: accumulator pairs (input, gate) of adjacent columns to one output each.
+class GegluEpilogue {
+ public:
+  using EpilogueSchedule = cutlass::gemm::EpilogueDefault;
+  using DispatchPolicy = EpilogueSchedule;
+  using ElementAccumulator = float;
+  using ElementCompute = float;
+  using ElementScalar = float;
+  using ElementC = Element;  // no source is read: C's types are there for the kernel's typedefs
+  using StrideC = StrideOut;
+  using ElementD = Element;
+  using StrideD = StrideOut;
+  using GmemTiledCopyC = void;
+  using GmemTiledCopyD = void;
+  // what the device adapter names as the output op: the arithmetic is operator()'s own
+  using ThreadEpilogueOp = cutlass::epilogue::thread::LinearCombination<Element, 1, float, float>;
+
+  struct SharedStorage {};
+  using TensorStorage = SharedStorage;
+
+  struct Arguments {
+    ElementD* ptr_D = nullptr;
+    int64_t ldd = 0;  // the output's row stride, in elements
+  };
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return args;
+  }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
+    return get<1>(problem_shape) % 2 == 0 && args.ptr_D != nullptr;
+  }
+
+  CUTLASS_HOST_DEVICE
+  GegluEpilogue(Params const& params_, SharedStorage const& = SharedStorage()) : params(params_) {}
+
+  CUTLASS_DEVICE bool is_source_needed() { return false; }
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
+            class TiledMma, class ResidueMNK>
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_MNK,
+                                 BlockCoordMNKL blk_coord_mnkl,
+                                 cute::Tensor<FrgEngine, FrgLayout> const& accumulators, TiledMma tiled_mma,
+                                 ResidueMNK, int thread_idx, char*) {
+    static_assert(is_static<BlockShapeMNK>::value, "the tile shape must be static");
+    static_assert(is_static<FrgLayout>::value, "the accumulator layout must be static");
+    // the warpgroup MMA's accumulator: its first value mode is two adjacent columns
+    static_assert(decltype(size<0, 0>(FrgLayout{}))::value == 2, "accumulator values must pair adjacent columns");
+    const int M = get<0>(problem_shape_mnkl);
+    const int N = get<1>(problem_shape_mnkl);  // the interleaved width: 2 x the output's
+    auto m_coord = get<0>(blk_coord_mnkl);
+    auto n_coord = get<1>(blk_coord_mnkl);
+    Tensor coords = local_tile(make_identity_tensor(make_shape(M, N)), take<0, 2>(blk_shape_MNK),
+                               make_coord(m_coord, n_coord));  // (BLK_M, BLK_N): (m, n)
+    Tensor tCcD = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
+    CUTE_STATIC_ASSERT_V(size(tCcD) == size(accumulators), "one coordinate an accumulator value");
+    ElementD* out = params.ptr_D;
+    const int64_t ldd = params.ldd;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(accumulators); i += 2) {
+      const int m = get<0>(tCcD(i));
+      const int n = get<1>(tCcD(i));  // even: the pair's input column; n + 1 its gate
+      if (m < M && n < N) {
+        const float a = float(ElementD(accumulators(i)));
+        const float g = float(ElementD(accumulators(i + 1)));
+        const float act = (a * 0.5f) * (1.0f + erff(a * 0.70710678118654752f));
+        out[m * ldd + (n >> 1)] = ElementD(act * g);
+      }
+    }
+  }
+
+ private:
+  Params params;
+};
+
+using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<GegluEpilogue>;
+
+template <class TileShape, class ClusterShape, class Schedule>
+struct Kernel {
+  static constexpr int kAlignment = 8;  // 16 bytes of bf16: what TMA needs of rows
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, kAlignment, Element,
+      cutlass::layout::ColumnMajor, kAlignment, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      Schedule>::CollectiveOp;
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
+                                                          cutlass::gemm::PersistentScheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+};
+
+using Cooperative = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using Pingpong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+
+// The launch configurations, by index (the op's configs name them).
+using Config0 = Kernel<Shape<_128, _256, _64>, Shape<_2, _1, _1>, Cooperative>;
+using Config1 = Kernel<Shape<_128, _128, _64>, Shape<_2, _1, _1>, Cooperative>;
+using Config2 = Kernel<Shape<_64, _128, _64>, Shape<_1, _1, _1>, Pingpong>;
+using Config3 = Kernel<Shape<_256, _128, _64>, Shape<_1, _2, _1>, Cooperative>;
+using Config4 = Kernel<Shape<_64, _256, _64>, Shape<_2, _1, _1>, Pingpong>;
+using Config5 = Kernel<Shape<_64, _64, _64>, Shape<_1, _1, _1>, Pingpong>;
+constexpr int kConfigs = 6;
+const char* const kConfigNames[kConfigs] = {
+    "cooperative 128x256x64 cluster 2x1",
+    "cooperative 128x128x64 cluster 2x1",
+    "pingpong 64x128x64 cluster 1x1",
+    "cooperative 256x128x64 cluster 1x2",
+    "pingpong 64x256x64 cluster 2x1",
+    "pingpong 64x64x64 cluster 1x1",
+};
+
+// The kernels run on compute capability 9.0 only (sm_90a code, no PTX): "" or why not.
+const char* wrong_device(int device) {
+  static int checked[64] = {0};  // 0 unknown, 1 fits, 2 does not
+  static char why[64][160];
+  if (device < 0 || device >= 64) return "no such device";
+  if (checked[device] == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    checked[device] = major == 9 && minor == 0 ? 1 : 2;
+    snprintf(why[device], sizeof(why[device]),
+             "the kernels are compiled for sm_90a (compute capability 9.0) and device %d is %d.%d", device, major,
+             minor);
+  }
+  return checked[device] == 1 ? "" : why[device];
+}
+
+int sm_count(int device) {
+  static int counts[64] = {0};
+  if (device < 0 || device >= 64) return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  if (counts[device] == 0) counts[device] = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  return counts[device];
+}
+
+int fail(char* message, size_t size, const char* what, const char* detail) {
+  if (message != nullptr && size > 0) snprintf(message, size, "%s%s", what, detail == nullptr ? "" : detail);
+  return 1;
+}
+
+// Check, size or queue one GEMM: with ``needed``, only the workspace it needs, into *needed.
+template <class Gemm>
+int launch(typename Gemm::Arguments const& args, int device, void* workspace, size_t workspace_size,
+           cudaStream_t stream, size_t* needed, char* message, size_t size) {
+  const size_t want = Gemm::get_workspace_size(args);
+  if (needed != nullptr) {
+    *needed = want;
+    return 0;
+  }
+  if (const char* why = wrong_device(device); why[0] != '\0') return fail(message, size, why, nullptr);
+  if (want > workspace_size) return fail(message, size, "the kernel needs a larger workspace", nullptr);
+  using GemmKernel = typename Gemm::GemmKernel;
+  if (Gemm::can_implement(args) != cutlass::Status::kSuccess) {
+    return fail(message, size, "CUTLASS cannot run this problem", " (rows of 16-byte multiples needed)");
+  }
+  // The kernel's shared memory beyond 48 KiB, allowed once a device rather than on every call.
+  static bool allowed[64] = {false};
+  constexpr int smem = GemmKernel::SharedStorageSize;
+  if (smem >= (48 << 10) && !allowed[device]) {
+    if (cudaFuncSetAttribute(cutlass::device_kernel<GemmKernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             smem) != cudaSuccess) {
+      return fail(message, size, "allowing the kernel its shared memory failed: ",
+                  cudaGetErrorString(cudaGetLastError()));
+    }
+    allowed[device] = true;
+  }
+  cutlass::Status status = GemmKernel::initialize_workspace(args, workspace, stream);
+  if (status != cutlass::Status::kSuccess) {
+    return fail(message, size, "initializing the kernel's workspace failed: ", cutlassGetStatusString(status));
+  }
+  typename GemmKernel::Params params = GemmKernel::to_underlying_arguments(args, workspace);
+  status = Gemm::run(params, stream);
+  if (status != cutlass::Status::kSuccess) {
+    return fail(message, size, "launching the kernel failed: ", cudaGetErrorString(cudaGetLastError()));
+  }
+  return 0;
+}
+
+template <class Config>
+int run(const void* x, const void* weight, void* out, int m, int n, int k, int device, void* workspace,
+        size_t workspace_size, cudaStream_t stream, size_t* needed, char* message, size_t size) {
+  using Gemm = typename Config::Gemm;
+  using StrideA = typename Gemm::GemmKernel::StrideA;
+  using StrideB = typename Gemm::GemmKernel::StrideB;
+  if (n % 2 != 0) return fail(message, size, "the interleaved weight has an odd number of rows", nullptr);
+  cutlass::KernelHardwareInfo hw{device, sm_count(device)};
+  typename Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {m, n, k, 1},
+      {static_cast<const Element*>(x), cutlass::make_cute_packed_stride(StrideA{}, make_shape(m, k, 1)),
+       static_cast<const Element*>(weight), cutlass::make_cute_packed_stride(StrideB{}, make_shape(n, k, 1))},
+      {static_cast<Element*>(out), static_cast<int64_t>(n / 2)},
+      hw};
+  return launch<Gemm>(args, device, workspace, workspace_size, stream, needed, message, size);
+}
+
+int dispatch(int config, const void* x, const void* weight, void* out, int m, int n, int k, int device,
+             void* workspace, size_t workspace_size, void* stream, size_t* needed, char* message, size_t size) {
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (config) {
+    case 0:
+      return run<Config0>(x, weight, out, m, n, k, device, workspace, workspace_size, s, needed, message, size);
+    case 1:
+      return run<Config1>(x, weight, out, m, n, k, device, workspace, workspace_size, s, needed, message, size);
+    case 2:
+      return run<Config2>(x, weight, out, m, n, k, device, workspace, workspace_size, s, needed, message, size);
+    case 3:
+      return run<Config3>(x, weight, out, m, n, k, device, workspace, workspace_size, s, needed, message, size);
+    case 4:
+      return run<Config4>(x, weight, out, m, n, k, device, workspace, workspace_size, s, needed, message, size);
+    case 5:
+      return run<Config5>(x, weight, out, m, n, k, device, workspace, workspace_size, s, needed, message, size);
+    default:
+      return fail(message, size, "no such launch configuration", nullptr);
+  }
+}
+
+// ------------------------------------------------------------------ linear, stream-K
+
+using Decomposition = cutlass::gemm::kernel::detail::DecompositionMode;
+using Reduction = cutlass::gemm::kernel::detail::ReductionMode;
+
+// D = x @ W.T (+ C: the residual, ElementC void: none), bf16 out, fp32 accumulation and epilogue.
+template <class ElementC, class TileShape, class ClusterShape>
+struct StreamK {
+  static constexpr int kAlignment = 8;
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, cutlass::layout::RowMajor, kAlignment,
+      Element, cutlass::layout::RowMajor, kAlignment, cutlass::epilogue::TmaWarpSpecializedCooperative>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, kAlignment, Element,
+      cutlass::layout::ColumnMajor, kAlignment, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<
+          static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, CollectiveEpilogue,
+                                                          cutlass::gemm::StreamKScheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+};
+
+// A launch configuration: the tile (by the kernels below), how the scheduler splits the work.
+struct LinearConfig {
+  int tile;  // 0: 128x128x64, 1: 128x256x64 (cluster 1x1 both)
+  Decomposition decomposition;
+  int splits;
+  const char* name;
+};
+constexpr int kLinearConfigs = 5;
+const LinearConfig kLinear[kLinearConfigs] = {
+    {0, Decomposition::StreamK, 1, "cooperative 128x128x64 stream-K"},
+    {0, Decomposition::Heuristic, 1, "cooperative 128x128x64 CUTLASS's choice of decomposition"},
+    {0, Decomposition::DataParallel, 1, "cooperative 128x128x64 data-parallel"},
+    {0, Decomposition::SplitK, 2, "cooperative 128x128x64 split-K 2"},
+    {1, Decomposition::StreamK, 1, "cooperative 128x256x64 stream-K"},
+};
+
+template <class Kernel>
+int run_linear(LinearConfig const& config, const void* x, const void* weight, const void* residual, void* out, int m,
+               int n, int k, int device, void* workspace, size_t workspace_size, cudaStream_t stream, size_t* needed,
+               char* message, size_t size) {
+  using Gemm = typename Kernel::Gemm;
+  using GemmKernel = typename Gemm::GemmKernel;
+  typename GemmKernel::StrideA stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, make_shape(m, k, 1));
+  typename GemmKernel::StrideB stride_b = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, make_shape(n, k, 1));
+  typename GemmKernel::StrideC stride_c = cutlass::make_cute_packed_stride(typename GemmKernel::StrideC{}, make_shape(m, n, 1));
+  typename GemmKernel::StrideD stride_d = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, make_shape(m, n, 1));
+  typename Gemm::Arguments args{};
+  args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
+  args.problem_shape = {m, n, k, 1};
+  args.mainloop = {static_cast<const Element*>(x), stride_a, static_cast<const Element*>(weight), stride_b};
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = residual != nullptr ? 1.0f : 0.0f;
+  args.epilogue.ptr_C = static_cast<const typename GemmKernel::ElementC*>(residual);
+  args.epilogue.dC = stride_c;
+  args.epilogue.ptr_D = static_cast<Element*>(out);
+  args.epilogue.dD = stride_d;
+  args.hw_info = cutlass::KernelHardwareInfo{device, sm_count(device)};
+  args.scheduler.splits = config.splits;
+  args.scheduler.decomposition_mode = config.decomposition;
+  args.scheduler.reduction_mode = Reduction::Deterministic;
+  return launch<Gemm>(args, device, workspace, workspace_size, stream, needed, message, size);
+}
+
+using Tile0 = Shape<_128, _128, _64>;
+using Tile1 = Shape<_128, _256, _64>;
+using Cluster1 = Shape<_1, _1, _1>;
+
+int dispatch_linear(int index, const void* x, const void* weight, const void* residual, bool with_residual, void* out,
+                    int m, int n, int k, int device, void* workspace, size_t workspace_size, void* stream,
+                    size_t* needed, char* message, size_t size) {
+  if (index < 0 || index >= kLinearConfigs) return fail(message, size, "no such launch configuration", nullptr);
+  LinearConfig const& config = kLinear[index];
+  auto s = static_cast<cudaStream_t>(stream);
+  if (with_residual) {
+    if (config.tile == 0) {
+      return run_linear<StreamK<Element, Tile0, Cluster1>>(config, x, weight, residual, out, m, n, k, device, workspace,
+                                                           workspace_size, s, needed, message, size);
+    }
+    return run_linear<StreamK<Element, Tile1, Cluster1>>(config, x, weight, residual, out, m, n, k, device, workspace,
+                                                         workspace_size, s, needed, message, size);
+  }
+  if (config.tile == 0) {
+    return run_linear<StreamK<void, Tile0, Cluster1>>(config, x, weight, nullptr, out, m, n, k, device, workspace,
+                                                      workspace_size, s, needed, message, size);
+  }
+  return run_linear<StreamK<void, Tile1, Cluster1>>(config, x, weight, nullptr, out, m, n, k, device, workspace,
+                                                    workspace_size, s, needed, message, size);
+}
+
+}  // namespace laya_cuda
+
+extern "C" {
+
+// laya_native::linear's CUTLASS path: its launch configurations and their names, as the GEGLU ones.
+int laya_native_linear_configs() { return laya_cuda::kLinearConfigs; }
+const char* laya_native_linear_config_name(int config) {
+  return config >= 0 && config < laya_cuda::kLinearConfigs ? laya_cuda::kLinear[config].name : nullptr;
+}
+
+// The workspace (bytes) a configuration needs for the problem, with or without a residual.
+int laya_native_linear_workspace(int config, int m, int n, int k, int with_residual, int device, size_t* needed,
+                                 char* message, size_t size) {
+  return laya_cuda::dispatch_linear(config, nullptr, nullptr, nullptr, with_residual != 0, nullptr, m, n, k, device,
+                                    nullptr, 0, nullptr, needed, message, size);
+}
+
+// out[M, N] = x @ W.T (+ residual[M, N]), x [M, K], W [N, K], row-major bf16, queued on ``stream``;
+// 0, or 1 with ``message`` saying why nothing was queued.  The workspace must be the size asked for.
+int laya_native_linear(int config, const void* x, const void* weight, const void* residual, void* out, int m, int n,
+                       int k, int device, void* workspace, size_t workspace_size, void* stream, char* message,
+                       size_t size) {
+  return laya_cuda::dispatch_linear(config, x, weight, residual, residual != nullptr, out, m, n, k, device, workspace,
+                                    workspace_size, stream, nullptr, message, size);
+}
+
+// How many launch configurations the library holds, and each one's name.
+int laya_native_geglu_configs() { return laya_cuda::kConfigs; }
+const char* laya_native_geglu_config_name(int config) {
+  return config >= 0 && config < laya_cuda::kConfigs ? laya_cuda::kConfigNames[config] : nullptr;
+}
+
+// The workspace (bytes) configuration ``config`` needs for the problem, into *needed; 0 or 1 (an
+// error, described in ``message``).
+int laya_native_geglu_workspace(int config, int m, int n, int k, int device, size_t* needed, char* message,
+                                size_t size) {
+  return laya_cuda::dispatch(config, nullptr, nullptr, nullptr, m, n, k, device, nullptr, 0, nullptr, needed,
+                              message, size);
+}
+
+// out[M, N/2] = gelu(x @ W[0::2].T) * (x @ W[1::2].T), x [M, K] and W [N, K] row-major bf16, queued
+// on ``stream``; 0, or 1 with ``message`` saying why nothing was queued.
+int laya_native_geglu(int config, const void* x, const void* weight, void* out, int m, int n, int k, int device,
+                      void* workspace, size_t workspace_size, void* stream, char* message, size_t size) {
+  return laya_cuda::dispatch(config, x, weight, out, m, n, k, device, workspace, workspace_size, stream, nullptr,
+                              message, size);
+}
+
+}  // extern "C"
