@@ -16,8 +16,8 @@ The MLP's first GEMM and its gated GELU (``laya_native::geglu_linear``):
 - ``cublas``: the GEMM alone;
 - ``cutlass #i <name>``: the op at the library's launch configuration ``i`` (the weights' rows
   interleaved), with its largest difference from the pair's output;
-- ``module``: the op with the configurations an export gives it
-  (:data:`laya_build.model.native_geglu.CONFIGS`).
+- ``module``: the op with the configurations an export gives it by default
+  (``export.cutlass_configs.geglu``).
 
 ``pair_vs_fp32`` and ``module_vs_fp32``: each one's largest difference, at each M, from the fp32
 product's gated GELU.
@@ -28,8 +28,8 @@ and with the residual added (``+ residual``, as ``export.native_residual`` calls
 - ``cublas``: ``F.linear`` (and the add); the reference of the rows below;
 - ``cublaslt``: the op through cuBLASLt, its heuristic's algorithm;
 - ``cutlass #i <name>``: the op's CUTLASS path at configuration ``i`` (stream-K and the others);
-- ``module``: the configurations an export gives a ``native_cutlass`` layer
-  (:data:`laya_build.model.native_linear.CUTLASS_CONFIGS`).
+- ``module``: the configurations an export gives a ``native_cutlass`` layer by default
+  (``export.cutlass_configs.linear``).
 
 Results are written after each row, so a run stopped early keeps what it measured.
 """
@@ -37,7 +37,6 @@ Results are written after each row, so a run stopped early keeps what it measure
 from __future__ import annotations
 
 import argparse
-import ctypes
 import sys
 import tempfile
 import time
@@ -65,19 +64,16 @@ def library(path: Path | None, result: dict) -> Path:
     return out / record["path"]
 
 
-def config_names(path: Path, op: str) -> list[str]:
-    """The library's launch configurations of ``op`` (geglu, linear), by index (laya_native.cu)."""
-    lib = ctypes.CDLL(str(path))
-    name = getattr(lib, f"laya_native_{op}_config_name")
-    name.restype = ctypes.c_char_p
-    return [name(i).decode() for i in range(getattr(lib, f"laya_native_{op}_configs")())]
+def defaults() -> dict:
+    """``export.cutlass_configs`` as an export has it by default."""
+    from laya_build.config.sections import section
+
+    return section("export", None)["cutlass_configs"]
 
 
 def rows_at(torch, result, save, weights, interleaved, pointwise, names, M: int) -> None:
     """The probe's rows at M positions."""
     import torch.nn.functional as F
-
-    from laya_build.model import native_geglu
 
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
     xs = [torch.randn(M, HIDDEN, **bf16) for _ in range(LAYERS)]
@@ -100,7 +96,7 @@ def rows_at(torch, result, save, weights, interleaved, pointwise, names, M: int)
         output = lambda c=index: op(xs[0], interleaved[0], None, [-1, c])  # noqa: E731
         row = {**head, "name": f"cutlass #{index} {name}"}
         timed_row(torch, result, save, row, calls, LAYERS, output, reference, "cublas_geglu")
-    configs = list(native_geglu.CONFIGS)
+    configs = list(defaults()["geglu"])
     calls = [lambda i=i: op(xs[i], interleaved[i], None, configs) for i in range(LAYERS)]
     output = lambda: op(xs[0], interleaved[0], None, configs)  # noqa: E731
     timed_row(torch, result, save, {**head, "name": "module"}, calls, LAYERS, output, reference, "cublas_geglu")
@@ -120,8 +116,6 @@ OUTPUT_GEMMS = {"attn_out": (HIDDEN, HIDDEN), "mlp_out": (HIDDEN, GLU)}  # name:
 def linear_rows_at(torch, result, save, names, M: int) -> None:
     """The output GEMMs' rows at M positions."""
     import torch.nn.functional as F
-
-    from laya_build.model import native_linear
 
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
     op = torch.ops.laya_native.linear
@@ -145,7 +139,7 @@ def linear_rows_at(torch, result, save, names, M: int) -> None:
             timed_row(torch, result, save, {**head, "name": "cublas" + suffix}, calls, LAYERS)
             rows = [("cublaslt", None)]
             rows += [(f"cutlass #{i} {name}", [-1, i]) for i, name in enumerate(names)]
-            rows += [("module", list(native_linear.CUTLASS_CONFIGS))]
+            rows += [("module", list(defaults()["linear"]))]
             for name, cutlass in rows:
                 calls = [lambda i=i, c=cutlass: mine(i, c) for i in range(LAYERS)]
                 output = lambda c=cutlass: mine(0, c)  # noqa: E731
@@ -171,7 +165,7 @@ def main() -> int:
     save = saver(result, args.out)
     path = library(args.library, result)
     torch.ops.load_library(str(path))
-    result["configs"] = {op: config_names(path, op) for op in ("geglu", "linear")}
+    result["configs"] = {op: list(torch.ops.laya_native.cutlass_configs(op)) for op in ("geglu", "linear")}
     save()
     if args.only in (None, "geglu"):
         bf16 = {"device": "cuda", "dtype": torch.bfloat16}

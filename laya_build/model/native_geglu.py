@@ -11,7 +11,7 @@ half's row ``c``, row ``2c + 1`` the gate half's).  On CUDA the op is one CUTLAS
 Hopper (laya_build/native/laya_native.cu): a warp-specialized GEMM whose accumulator holds each
 column's input and gate products side by side in one thread's registers, and whose epilogue rounds
 both to bf16 (as the GEMM's output would be) and writes ``gelu(input) * gate``.  ``configs``
-(:data:`CONFIGS`) names its launch configuration by row count.  On the CPU the op puts the rows
+(``export.cutlass_configs.geglu``) names its launch configuration by row count.  On the CPU the op puts the rows
 back in order and computes the module's own arithmetic: the same bits as the layers it replaces.
 
 The op lives in the project's native op library (:mod:`laya_build.native`), built with its CUDA
@@ -25,12 +25,9 @@ import types
 
 import torch
 
+from laya_build.model.native_linear import check_bfloat16
+
 ACTIVATIONS = ("gelu",)  # transformers' hidden_activation names the kernel computes
-# The CUDA kernel's launch configuration by row count, as [m_max, configuration] groups (-1: any
-# row count): indices into laya_native.cu's kConfigs ("pingpong 64x128x64" up to 256 rows, where
-# a 128-row tile would leave most multiprocessors idle; "cooperative 128x256x64" above).
-# benchmarks/native_cutlass_probe.py times every configuration at the serving shapes.
-CONFIGS = (256, 2, -1, 0)
 _FAKE = []  # the fake implementation, registered once a process
 
 
@@ -71,12 +68,7 @@ def check(model: torch.nn.Module, target: str) -> None:
         )
     if target != "cuda":
         return
-    weight = model.encoder.embeddings.tok_embeddings.weight
-    if weight.dtype != torch.bfloat16:
-        raise ValueError(
-            f"export.native_geglu's CUDA kernel is bfloat16 and this export is "
-            f"{str(weight.dtype).removeprefix('torch.')}: leave export.native_geglu.cuda off for it"
-        )
+    check_bfloat16(model, "export.native_geglu's CUDA kernel is", "leave export.native_geglu.cuda off for it")
     if any(layer.mlp.Wi.bias is not None for layer in model.encoder.layers):
         raise ValueError(
             "export.native_geglu's CUDA kernel adds no bias and this model's MLPs have one (mlp_bias): "
@@ -84,10 +76,11 @@ def check(model: torch.nn.Module, target: str) -> None:
         )
 
 
-def use(model: torch.nn.Module, configs=CONFIGS) -> int:
+def use(model: torch.nn.Module, configs: list[int]) -> int:
     """Run every encoder layer's MLP's first GEMM and gated GELU through
-    ``laya_native::geglu_linear``, its ``Wi`` rows interleaved in place; how many layers.  The
-    op's library must be loaded (:func:`laya_build.runtime.serving.load_library`)."""
+    ``laya_native::geglu_linear`` with the launch configurations ``configs`` (``[m_max,
+    configuration]`` groups), its ``Wi`` rows interleaved in place; how many layers.  The op's
+    library must be loaded (:func:`laya_build.runtime.serving.load_library`)."""
     register_fake()
     with torch.no_grad():
         for layer in model.encoder.layers:

@@ -32,12 +32,6 @@ from laya_build.errors import ConfigError
 from laya_build.model.linear_bias import HALF_DTYPES, LINEARS
 
 ALGORITHMS_FORMAT = "laya-build cublaslt algorithms 1"
-# The CUTLASS path's launch configuration by row count (``export.native_cutlass``), as
-# [m_max, configuration] groups (m_max -1: any row count; configuration -1: cuBLASLt): cuBLASLt up
-# to 256 rows, where the problem reads its weights more than it computes; above, laya_native.cu's
-# stream-K GEMM with 128 x 128 tiles (its configuration 0).  benchmarks/native_cutlass_probe.py times
-# every configuration beside cuBLAS.
-CUTLASS_CONFIGS = (256, -1, -1, 0)
 WORDS = 8  # a cublasLtMatmulAlgo_t: 8 opaque 64-bit words
 _WORD = re.compile(r"^0x[0-9a-f]{16}$")
 _FAKE = []  # the fake implementation, registered once a process
@@ -137,6 +131,14 @@ def check(model: torch.nn.Module, names: list[str]) -> None:
         )
 
 
+def check_bfloat16(model: torch.nn.Module, what: str, instead: str) -> None:
+    """The native library's CUTLASS kernels are bf16: ValueError, saying ``what`` and what to do
+    ``instead``, for a model of another dtype."""
+    dtype = model.encoder.embeddings.tok_embeddings.weight.dtype
+    if dtype != torch.bfloat16:
+        raise ValueError(f"{what} bfloat16 and this export is {str(dtype).removeprefix('torch.')}: {instead}")
+
+
 def check_cutlass(
     model: torch.nn.Module, names: list[str], cutlass: list[str], target: str, zero_bias: list[str] = ()
 ) -> None:
@@ -153,12 +155,7 @@ def check_cutlass(
         )
     if target != "cuda":
         return
-    weight = model.encoder.embeddings.tok_embeddings.weight
-    if weight.dtype != torch.bfloat16:
-        raise ValueError(
-            f"export.native_cutlass's kernels are bfloat16 and this export is "
-            f"{str(weight.dtype).removeprefix('torch.')}: leave export.native_cutlass.cuda empty for it"
-        )
+    check_bfloat16(model, "export.native_cutlass's kernels are", "leave export.native_cutlass.cuda empty for it")
     with_bias = [
         n
         for n in cutlass
@@ -171,11 +168,14 @@ def check_cutlass(
         )
 
 
-def use(model: torch.nn.Module, names: list[str], entries: list[dict], cutlass: list[str] = ()) -> int:
+def use(
+    model: torch.nn.Module, names: list[str], entries: list[dict], cutlass: list[str] = (), configs: list[int] = ()
+) -> int:
     """Run every encoder layer's linear layers ``names`` (of :data:`LINEARS`) through
     ``laya_native::linear`` with the algorithms ``entries`` hold for their shapes, and the layers
-    ``cutlass`` with :data:`CUTLASS_CONFIGS` as well; how many layers got named algorithms (the
-    others run cuBLASLt's heuristic's choice).  The op's library must be loaded
+    ``cutlass`` with the CUTLASS launch configurations ``configs`` as well (``[m_max,
+    configuration]`` groups, ``export.cutlass_configs.linear``); how many layers got named
+    algorithms (the others run cuBLASLt's heuristic's choice).  The op's library must be loaded
     (:func:`laya_build.runtime.serving.load_library`)."""
     check(model, names)
     if not names:
@@ -188,7 +188,7 @@ def use(model: torch.nn.Module, names: list[str], entries: list[dict], cutlass: 
             linear = layer.get_submodule(name)
             n, k = linear.weight.shape
             linear.laya_algorithm = algorithm_argument(entries, n, k, dtype_name, linear.bias is not None)
-            linear.laya_cutlass = list(CUTLASS_CONFIGS) if name in cutlass else None
+            linear.laya_cutlass = list(configs) if name in cutlass else None
             linear.forward = types.MethodType(_forward, linear)
             named += bool(linear.laya_algorithm)
     return named

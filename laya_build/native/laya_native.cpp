@@ -37,6 +37,10 @@
 //   (None: the first) is groups [m_max, configuration]: the first group whose m_max is negative
 //   or at least the call's row count names the kernel's launch configuration.
 //
+// laya_native::cutlass_configs(op) names the CUTLASS launch configurations the library holds for
+// "geglu" or "linear", by index (none: built without its CUDA kernels): what an export checks its
+// export.cutlass_configs against.
+//
 // cuBLASLt and torch's current CUDA stream are reached through the libraries the process has
 // already loaded (torch loads both; cuBLASLt is looked up among libtorch_cuda's own dependencies
 // first), so the library is built with a C++ compiler and torch's headers alone, on machines
@@ -68,12 +72,14 @@
 // library without them loads, and says so when a call needs them.
 extern "C" {
 int laya_native_geglu_configs() __attribute__((weak));
+const char* laya_native_geglu_config_name(int config) __attribute__((weak));
 int laya_native_geglu_workspace(int config, int m, int n, int k, int device, size_t* needed, char* message,
                                 size_t size) __attribute__((weak));
 int laya_native_geglu(int config, const void* x, const void* weight, void* out, int m, int n, int k, int device,
                       void* workspace, size_t workspace_size, void* stream, char* message,
                       size_t size) __attribute__((weak));
 int laya_native_linear_configs() __attribute__((weak));
+const char* laya_native_linear_config_name(int config) __attribute__((weak));
 int laya_native_linear_workspace(int config, int m, int n, int k, int with_residual, int device, size_t* needed,
                                  char* message, size_t size) __attribute__((weak));
 int laya_native_linear(int config, const void* x, const void* weight, const void* residual, void* out, int m, int n,
@@ -577,6 +583,27 @@ at::Tensor geglu_linear_cuda(const at::Tensor& x, const at::Tensor& weight, cons
   return out;
 }
 
+// The names of the library's CUTLASS launch configurations for ``op`` (geglu, linear), by index;
+// none in a library built without its CUDA kernels.
+std::vector<std::string> cutlass_configs(c10::string_view op) {
+  int (*count)() = nullptr;
+  const char* (*name)(int) = nullptr;
+  if (op == "geglu") {
+    count = laya_native_geglu_configs;
+    name = laya_native_geglu_config_name;
+  } else if (op == "linear") {
+    count = laya_native_linear_configs;
+    name = laya_native_linear_config_name;
+  } else {
+    TORCH_CHECK(false, "laya_native::cutlass_configs: ", op, " is not one of geglu, linear");
+  }
+  std::vector<std::string> names;
+  if (count != nullptr && name != nullptr) {
+    for (int i = 0; i < count(); ++i) names.emplace_back(name(i));
+  }
+  return names;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(laya_native, m) {
@@ -584,6 +611,7 @@ TORCH_LIBRARY(laya_native, m) {
       "linear(Tensor x, Tensor weight, Tensor? bias, int[]? algorithm, Tensor? residual=None, int[]? cutlass=None) "
       "-> Tensor");
   m.def("geglu_linear(Tensor x, Tensor weight, Tensor? bias, int[]? configs) -> Tensor");
+  m.def("cutlass_configs(str op) -> str[]", &cutlass_configs);
 }
 
 TORCH_LIBRARY_IMPL(laya_native, CPU, m) {

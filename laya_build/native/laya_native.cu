@@ -251,25 +251,16 @@ int run(const void* x, const void* weight, void* out, int m, int n, int k, int d
   return launch<Gemm>(args, device, workspace, workspace_size, stream, needed, message, size);
 }
 
+using Runner = int (*)(const void*, const void*, void*, int, int, int, int, void*, size_t, cudaStream_t, size_t*, char*,
+                      size_t);
+const Runner kRunners[kConfigs] = {run<Config0>, run<Config1>, run<Config2>,
+                                   run<Config3>, run<Config4>, run<Config5>};
+
 int dispatch(int config, const void* x, const void* weight, void* out, int m, int n, int k, int device,
              void* workspace, size_t workspace_size, void* stream, size_t* needed, char* message, size_t size) {
-  auto s = static_cast<cudaStream_t>(stream);
-  switch (config) {
-    case 0:
-      return run<Config0>(x, weight, out, m, n, k, device, workspace, workspace_size, s, needed, message, size);
-    case 1:
-      return run<Config1>(x, weight, out, m, n, k, device, workspace, workspace_size, s, needed, message, size);
-    case 2:
-      return run<Config2>(x, weight, out, m, n, k, device, workspace, workspace_size, s, needed, message, size);
-    case 3:
-      return run<Config3>(x, weight, out, m, n, k, device, workspace, workspace_size, s, needed, message, size);
-    case 4:
-      return run<Config4>(x, weight, out, m, n, k, device, workspace, workspace_size, s, needed, message, size);
-    case 5:
-      return run<Config5>(x, weight, out, m, n, k, device, workspace, workspace_size, s, needed, message, size);
-    default:
-      return fail(message, size, "no such launch configuration", nullptr);
-  }
+  if (config < 0 || config >= kConfigs) return fail(message, size, "no such launch configuration", nullptr);
+  return kRunners[config](x, weight, out, m, n, k, device, workspace, workspace_size,
+                          static_cast<cudaStream_t>(stream), needed, message, size);
 }
 
 // ------------------------------------------------------------------ linear, stream-K

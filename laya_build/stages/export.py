@@ -192,6 +192,37 @@ def native_algorithms(cfg: dict, target: str, dtype: str, root) -> tuple[list[di
     return entries, {**file_entry(path), "path": rel, "entries": len(entries)}
 
 
+def cutlass_configs(cfg: dict, ops: list[str], cuda_kernels: bool) -> dict | None:
+    """``export.cutlass_configs`` of the ``ops`` (geglu, linear) this export calls, checked: groups
+    of two, and, where the library holds the CUDA kernels (loaded), configurations it has
+    (``laya_native::cutlass_configs``); how the record describes them (None: no op)."""
+    if not ops:
+        return None
+    import torch
+
+    described: dict = {"names": {}}
+    for op in ops:
+        groups = list(cfg["cutlass_configs"][op])
+        key = f"export.cutlass_configs.{op}"
+        if len(groups) % 2:
+            raise ConfigError(f"{key} holds {len(groups)} integers, not [m_max, configuration] groups")
+        chosen = groups[1::2]
+        if op == "geglu" and min(chosen) < 0:
+            raise ConfigError(f"{key} names configuration -1, cuBLASLt, which the gated GELU kernel has no path to")
+        if cuda_kernels:
+            names = list(torch.ops.laya_native.cutlass_configs(op))
+            unknown = [c for c in chosen if c >= len(names)]
+            if unknown:
+                raise ConfigError(
+                    f"{key} names configuration {unknown[0]}, and the library holds {len(names)} for {op} (0-"
+                    f"{len(names) - 1})",
+                    hint=f"laya_native::cutlass_configs({op!r}) names them: " + "; ".join(names),
+                )
+            described["names"].update({f"{op} {c}": names[c] for c in chosen if c >= 0})
+        described[op] = groups
+    return described
+
+
 def native_library(out: Path, *, cuda_kernels: bool = False) -> dict:
     """Build the project's native op library (with its CUDA kernels: ``cuda_kernels``) into
     ``out`` and load it into this process."""
@@ -285,7 +316,10 @@ def run_export(
     out.mkdir(parents=True, exist_ok=True)
     wants_library = bool(native_linears) or geglu
     cuda_kernels = target == "cuda" and (geglu or bool(cutlass))
+    ops = [op for op, used in (("geglu", geglu), ("linear", bool(cutlass))) if used]
+    cutlass_configs(cfg, ops, cuda_kernels=False)  # their form, before the library's compile
     library = native_library(out, cuda_kernels=cuda_kernels) if wants_library else None
+    configs = cutlass_configs(cfg, ops, cuda_kernels)
     if library is None:  # a library an earlier export left here belongs to no program of this one
         for name in (NATIVE_LIBRARY_NAME, NATIVE_BUILD_LOG_NAME):
             (out / name).unlink(missing_ok=True)
@@ -294,9 +328,9 @@ def run_export(
         head_attention = head.use(model, cfg["attention"][target], cfg["last_head_layer"])
         rotary.use(model, cfg["rotary"], halves=cfg["attention"][target] == "fused")
         linear_bias.use(model, zero_bias)
-        named = native_linear.use(model, native_linears, algorithms, cutlass)
+        named = native_linear.use(model, native_linears, algorithms, cutlass, cfg["cutlass_configs"]["linear"])
         if geglu:
-            native_geglu.use(model)
+            native_geglu.use(model, cfg["cutlass_configs"]["geglu"])
         fused_linear.use(model, fused_linears)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -319,6 +353,7 @@ def run_export(
         "native_linears": native_linears,
         "native_residual": bool(cfg["native_residual"].get(target)),
         "native_cutlass": cutlass,
+        **({"cutlass_configs": configs} if configs else {}),
         "native_geglu": geglu,
         "native_library": library,
         "native_algorithms": algorithms_in,

@@ -101,7 +101,9 @@ else:
     n = lib.laya_native_geglu_configs()
     names = [lib.laya_native_geglu_config_name(i).decode() for i in range(n)]
     print(json.dumps({"names": names, "past_the_end": lib.laya_native_geglu_config_name(n),
-                      "op": torch.ops.laya_native.geglu_linear.default.name()}))
+                      "op": torch.ops.laya_native.geglu_linear.default.name(),
+                      "registered": list(torch.ops.laya_native.cutlass_configs("geglu")),
+                      "linear": list(torch.ops.laya_native.cutlass_configs("linear"))}))
 """
 
 
@@ -116,6 +118,12 @@ def _configs(path: Path):
 
 def test_a_library_without_cuda_kernels_holds_none_of_their_symbols(cpu_library):
     assert _configs(cpu_library) is None
+    names = _fresh(
+        "import json, sys, torch; torch.ops.load_library(sys.argv[1]); "
+        "print(json.dumps([list(torch.ops.laya_native.cutlass_configs(op)) for op in ('geglu', 'linear')]))",
+        str(cpu_library),
+    )
+    assert names == "[[], []]"
 
 
 def _model(activation="gelu", dtype=torch.bfloat16, bias=False, layers=2):
@@ -198,10 +206,15 @@ def test_the_library_with_cuda_kernels_loads_without_a_gpu_and_names_its_configu
     assert record["cutlass"].count(".") == 2 and record["cuda_compiler"]
     got = _configs(path)
     names = got["names"]
+    assert got["registered"] == names, "the op names what the C entry points hold"
     assert len(names) >= 2 and all(re.match(r"(cooperative|pingpong) \d+x\d+x64 cluster \dx\d$", n) for n in names)
     assert len(set(names)) == len(names)
     assert got["past_the_end"] is None and got["op"] == "laya_native::geglu_linear"
-    assert max(c for c in native_geglu.CONFIGS[1::2]) < len(names), "the export's configurations exist"
+    from laya_build.config.sections import section
+
+    defaults = section("export", None)["cutlass_configs"]
+    assert max(defaults["geglu"][1::2]) < len(names), "the default configurations exist"
+    assert got["linear"] and max(defaults["linear"][1::2]) < len(got["linear"])
 
 
 def test_the_library_with_cuda_kernels_is_the_same_bytes_from_another_checkout(cuda_library, tmp_path, monkeypatch):
@@ -244,3 +257,37 @@ def test_every_kernel_is_compiled_for_hopper_without_spills(cuda_library):
     sass = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
     for kernel in sass.split("Function : ")[1:]:  # Hopper's own: warpgroup MMA, TMA loads, register reallocation
         assert all(op in kernel for op in ("HGMMA", "UTMALDG", "USETMAXREG")), kernel[:200]
+
+
+@pytest.mark.parametrize(
+    ("configs", "says"),
+    [
+        ({"geglu": [256, 2, -1], "linear": [-1, 0]}, "export.cutlass_configs.geglu holds 3 integers, not [m_max"),
+        ({"geglu": [-1, -1], "linear": [-1, 0]}, "names configuration -1, cuBLASLt, which the gated GELU kernel"),
+        ({"geglu": [-1, 0], "linear": [256, -1, -1, 9]}, "export.cutlass_configs.linear names configuration 9, "),
+    ],
+)
+def test_launch_configurations_the_library_does_not_hold_are_refused(monkeypatch, configs, says):
+    from laya_build.errors import ConfigError
+    from laya_build.stages.export import cutlass_configs
+
+    held = {"geglu": ["g0", "g1"], "linear": ["l0", "l1", "l2"]}
+    monkeypatch.setattr(torch.ops, "laya_native", SimpleNamespace(cutlass_configs=held.get), raising=False)
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        cutlass_configs({"cutlass_configs": configs}, ["geglu", "linear"], cuda_kernels=True)
+
+
+def test_the_record_names_the_configurations_an_export_calls(monkeypatch):
+    from laya_build.stages.export import cutlass_configs
+
+    held = {"geglu": ["g0", "g1", "g2"], "linear": ["l0", "l1"]}
+    monkeypatch.setattr(torch.ops, "laya_native", SimpleNamespace(cutlass_configs=held.get), raising=False)
+    cfg = {"cutlass_configs": {"geglu": [256, 2, -1, 0], "linear": [256, -1, -1, 1]}}
+    got = cutlass_configs(cfg, ["geglu", "linear"], cuda_kernels=True)
+    assert got == {
+        "geglu": [256, 2, -1, 0],
+        "linear": [256, -1, -1, 1],
+        "names": {"geglu 2": "g2", "geglu 0": "g0", "linear 1": "l1"},
+    }
+    assert cutlass_configs(cfg, ["linear"], cuda_kernels=False) == {"linear": [256, -1, -1, 1], "names": {}}
+    assert cutlass_configs(cfg, [], cuda_kernels=True) is None

@@ -96,6 +96,24 @@ OPEN = """
 """
 
 
+LOADED = """
+    import json, sys, torch
+    from laya_build.runtime import serving
+    serving.load_library(sys.argv[1], sys.argv[2])
+    ep = torch.export.load(sys.argv[3])
+"""
+
+
+def in_export(released, code: str, *args: str) -> dict:
+    """``code`` in a fresh interpreter with the released library loaded and its export as ``ep``
+    (``sys.argv[4:]``: ``args``)."""
+    vdir = released.version_dir()
+    library = vdir / LIBRARY_REL
+    exported = vdir / f"export/{BUILD}/exported.pt2"
+    code = textwrap.dedent(LOADED) + textwrap.dedent(code)
+    return fresh(code, str(library), sha256_file(library), str(exported), *args)
+
+
 def _open(how: str, where: Path, inputs: Path) -> dict:
     return fresh(OPEN.replace("{open}", how), str(where), str(inputs))
 
@@ -118,22 +136,16 @@ def test_the_release_lists_the_library_its_package_record_names(released):
 
 
 def test_each_mlp_calls_the_geglu_op_with_its_first_gemms_rows_interleaved(released):
-    """The released export calls ``laya_native::geglu_linear`` once an encoder layer, with no
-    ``chunk`` or ``gelu`` of its own left, and holds each ``Wi`` with its rows interleaved: the
-    checkpoint's rows, input and gate in turn."""
+    """The released export calls ``laya_native::geglu_linear`` once an encoder layer and holds
+    each ``Wi`` with its rows interleaved: the checkpoint's rows, input and gate in turn."""
     vdir = released.version_dir()
-    library = vdir / LIBRARY_REL
-    got = fresh(
+    got = in_export(
+        released,
         """
-        import json, sys, torch
         from safetensors.torch import load_file
-        from laya_build.runtime import serving
         from laya_build.model.native_geglu import interleave
-        serving.load_library(sys.argv[1], sys.argv[2])
-        ep = torch.export.load(sys.argv[3])
         op = torch.ops.laya_native.geglu_linear.default
         calls = [n for n in ep.graph.nodes if n.target is op]
-        gelus = [n for n in ep.graph.nodes if n.target in (torch.ops.aten.gelu.default,)]
         weights = load_file(sys.argv[4])
         state = ep.state_dict
         same = []
@@ -141,20 +153,18 @@ def test_each_mlp_calls_the_geglu_op_with_its_first_gemms_rows_interleaved(relea
             if name.endswith("mlp.Wi.weight"):
                 exported = next(v for k, v in state.items() if k.endswith(name.removeprefix("encoder.")))
                 same.append(torch.equal(exported, interleave(tensor.to(exported.dtype))))
-        print(json.dumps({"calls": len(calls), "gelus": len(gelus), "interleaved": same,
-                          "configs": [list(n.args[3]) for n in calls]}))
+        print(json.dumps({"calls": len(calls), "interleaved": same, "configs": [list(n.args[3]) for n in calls]}))
         """,
-        str(library),
-        sha256_file(library),
-        str(vdir / f"export/{BUILD}/exported.pt2"),
         str(vdir / "model/checkpoint/model.safetensors"),
     )
-    from laya_build.model.native_geglu import CONFIGS
+    from laya_build.config.sections import section
 
     assert got["calls"] == ENCODER_LAYERS, got
     assert got["interleaved"] == [True] * ENCODER_LAYERS, got
-    assert got["configs"] == [list(CONFIGS)] * ENCODER_LAYERS
+    assert got["configs"] == [section("export", None)["cutlass_configs"]["geglu"]] * ENCODER_LAYERS
     export = read_record(vdir / f"export/{BUILD}/export.json")
+    assert export["cutlass_configs"]["geglu"] == got["configs"][0]
+    assert export["cutlass_configs"]["names"] == {}, "a CPU library holds no CUDA kernels to name"
     assert export["native_geglu"] is True
     assert "cuda_source" not in export["native_library"], "a CPU export's library holds no CUDA kernels"
 
@@ -173,15 +183,11 @@ def test_the_exported_program_adds_each_mlp_residual_inside_the_op(released):
     no add reads the output of a native call without one any more, and the program's outputs are the saved eager
     outputs within verify's fp32 thresholds (on the CPU the op adds as torch does)."""
     vdir = released.version_dir()
-    library = vdir / LIBRARY_REL
-    got = fresh(
+    got = in_export(
+        released,
         """
-        import json, sys, torch
-        from laya_build.runtime import serving
         from laya_build.runtime.formats import batch_args
         from laya_build.model.inputs import load_inputs
-        serving.load_library(sys.argv[1], sys.argv[2])
-        ep = torch.export.load(sys.argv[3])
         op = torch.ops.laya_native.linear.default
         calls = [n for n in ep.graph.nodes if n.target is op]
         cutlass = [n.kwargs.get("cutlass") for n in calls]
@@ -203,16 +209,15 @@ def test_the_exported_program_adds_each_mlp_residual_inside_the_op(released):
             "same": same,
         }))
         """,
-        str(library),
-        sha256_file(library),
-        str(vdir / f"export/{BUILD}/exported.pt2"),
         str(vdir / f"export/{BUILD}/eager.pt"),
         str(vdir / "model/inputs.pt"),
     )
     assert got["calls"] == len(LAYERS) * ENCODER_LAYERS
     assert got["with_residual"] == ENCODER_LAYERS and got["adds_of_calls"] == 0
     # export.native_cutlass: mlp.Wo's calls carry the CUTLASS configurations, also once they take the residual
-    assert got["cutlass_with_residual"] == [list(native_linear.CUTLASS_CONFIGS)] * ENCODER_LAYERS, got
+    linear = read_record(vdir / f"export/{BUILD}/export.json")["cutlass_configs"]["linear"]
+    assert linear == [256, -1, -1, 0]  # the default
+    assert got["cutlass_with_residual"] == [linear] * ENCODER_LAYERS, got
     assert got["cutlass"].count(None) == ENCODER_LAYERS, "attn.Wqkv's calls stay as they were"
     assert got["same"] and max(got["same"]) <= 1e-5, got
 
