@@ -25,23 +25,9 @@ import types
 
 import torch
 
-from laya_build.model.native_linear import check_bfloat16
+from laya_build.model.native_linear import check_bfloat16, register_fake
 
 ACTIVATIONS = ("gelu",)  # transformers' hidden_activation names the kernel computes
-_FAKE = []  # the fake implementation, registered once a process
-
-
-def register_fake() -> None:
-    """The op's output shape under tracing (``torch.export``, Inductor): once a process, after
-    the library that defines the op is loaded."""
-    if _FAKE:
-        return
-
-    @torch.library.register_fake("laya_native::geglu_linear")
-    def _(x, weight, bias, configs):
-        return x.new_empty((*x.shape[:-1], weight.shape[0] // 2))
-
-    _FAKE.append(_)
 
 
 def interleave(t: torch.Tensor) -> torch.Tensor:

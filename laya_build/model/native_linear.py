@@ -38,16 +38,21 @@ _FAKE = []  # the fake implementation, registered once a process
 
 
 def register_fake() -> None:
-    """The op's output shape under tracing (``torch.export``, Inductor): once a process, after
-    the library that defines the op is loaded."""
+    """The output shapes of the library's ops under tracing (``torch.export``, Inductor):
+    ``linear`` and ``geglu_linear`` (laya_build/model/native_geglu.py); once a process, after the
+    library that defines them is loaded."""
     if _FAKE:
         return
 
     @torch.library.register_fake("laya_native::linear")
-    def _(x, weight, bias, algorithm, residual=None, cutlass=None):
+    def linear(x, weight, bias, algorithm, residual=None, cutlass=None):
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
-    _FAKE.append(_)
+    @torch.library.register_fake("laya_native::geglu_linear")
+    def geglu_linear(x, weight, bias, configs):  # the interleaved rows: two a column of the output
+        return x.new_empty((*x.shape[:-1], weight.shape[0] // 2))
+
+    _FAKE.extend((linear, geglu_linear))
 
 
 def read_algorithms(path, key: str) -> list[dict]:

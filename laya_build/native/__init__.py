@@ -19,8 +19,9 @@ Who reads what:
 * every process that loads the package (the package child's load back, ``verify``, the
   runtime) checks its sha256 against the record, then loads it, before the package.
 
-With ``cuda_kernels`` (an export with ``export.native_geglu.cuda``) the library also holds the
-CUDA kernels of ``laya_native::geglu_linear``: :data:`CUDA_SOURCE`, CUTLASS kernels for Hopper,
+With ``cuda_kernels`` (a CUDA export with ``export.native_geglu`` or ``export.native_cutlass``)
+the library also holds the CUDA kernels of ``laya_native::geglu_linear`` and of
+``laya_native::linear``'s CUTLASS path: :data:`CUDA_SOURCE`, CUTLASS kernels for Hopper,
 compiled by nvcc (the ``nvcc`` role) for ``sm_90a`` against CUTLASS's headers (:func:`cutlass_include`:
 ``CUTLASS_PATH``, else the copy TileLang ships) and linked in with the static CUDA runtime, so the
 library still loads on a machine without CUDA.  nvcc names internal symbols after the absolute
@@ -101,7 +102,8 @@ def compile_command(out: Path, cuda_object: Path | None = None) -> list[str]:
     ]
 
 
-_CUDA_HINT = "or set export.native_geglu.cuda to false"
+_CUDA_HINT = "or turn export.native_geglu.cuda off and empty export.native_cutlass.cuda"
+_CUDA_WHAT = "the native library's CUDA kernels (export.native_geglu.cuda, export.native_cutlass.cuda)"
 
 
 def nvcc() -> str:
@@ -109,7 +111,7 @@ def nvcc() -> str:
     found = tool_path("nvcc")
     if found is None:
         raise StageError(
-            "export.native_geglu.cuda compiles the native library's CUDA kernels, and no nvcc was found on PATH",
+            f"{_CUDA_WHAT} are compiled by nvcc, and no nvcc was found on PATH",
             hint=f"install the CUDA toolkit (nvcc 12.3 or later, for {CUDA_ARCH}), its bin on PATH, {_CUDA_HINT}",
         )
     return found
@@ -132,7 +134,7 @@ def cutlass_include() -> Path:
     include = root / "include"
     if not (include / "cutlass" / "gemm" / "collective" / "collective_builder.hpp").is_file():
         raise StageError(
-            f"export.native_geglu.cuda compiles CUTLASS kernels and {where} has no CUTLASS 3 headers "
+            f"{_CUDA_WHAT} are CUTLASS kernels and {where} has no CUTLASS 3 headers "
             f"({include}/cutlass/gemm/collective/collective_builder.hpp)",
             hint=f"install the pinned tilelang, or point CUTLASS_PATH at a CUTLASS 3.5+ checkout, {_CUDA_HINT}",
         )

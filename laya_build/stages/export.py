@@ -14,7 +14,9 @@ with ``export.native_residual.<target>`` the residual adds after those calls mov
 the exported program (:func:`laya_build.model.native_linear.take_residuals`).  With
 ``export.native_geglu.<target>`` each encoder MLP's first GEMM and gated GELU call the library's
 ``geglu_linear`` (:mod:`laya_build.model.native_geglu`), for CUDA a CUTLASS kernel nvcc compiles
-into the library.
+into the library; with ``export.native_cutlass.<target>`` the named native layers' calls at large
+row counts run the library's CUTLASS stream-K GEMM; ``export.cutlass_configs`` says which launch
+configuration at which row count, checked against the library.
 """
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ def test_without_nvcc_the_build_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setattr(native, "tool_path", lambda role: None if role == "nvcc" else shutil.which("g++"))
     with pytest.raises(StageError, match="no nvcc was found on PATH") as caught:
         native.build(tmp_path, cuda_kernels=True)
-    assert "export.native_geglu.cuda to false" in caught.value.hint
+    assert "turn export.native_geglu.cuda off and empty export.native_cutlass.cuda" in caught.value.hint
     assert not (tmp_path / "liblaya_native.so").exists()
 
 

@@ -124,12 +124,11 @@ def compile_packages(job: dict) -> dict:
         "no_timed_padding": determinism.no_timed_padding(job["inductor_configs"] or {}),
     }
     if (library := job.get("library")) is not None:  # before torch.export.load: the programs call its ops
-        from laya_build.model import native_geglu, native_linear
+        from laya_build.model.native_linear import register_fake
         from laya_build.runtime.serving import load_library
 
         load_library(library["path"], library["sha256"], what="export record")
-        native_linear.register_fake()
-        native_geglu.register_fake()
+        register_fake()
     seeded = job.get("tuning") or {}
     package_tuning.seed(cache_dir, seeded)
     programs = [compile_program(p, job) for p in job["programs"]]
