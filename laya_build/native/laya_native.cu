@@ -23,9 +23,12 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <tuple>
+#include <utility>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -156,7 +159,8 @@ using Config2 = Kernel<Shape<_64, _128, _64>, Shape<_1, _1, _1>, Pingpong>;
 using Config3 = Kernel<Shape<_256, _128, _64>, Shape<_1, _2, _1>, Cooperative>;
 using Config4 = Kernel<Shape<_64, _256, _64>, Shape<_2, _1, _1>, Pingpong>;
 using Config5 = Kernel<Shape<_64, _64, _64>, Shape<_1, _1, _1>, Pingpong>;
-constexpr int kConfigs = 6;
+using GegluConfigs = std::tuple<Config0, Config1, Config2, Config3, Config4, Config5>;
+constexpr int kConfigs = std::tuple_size_v<GegluConfigs>;
 const char* const kConfigNames[kConfigs] = {
     "cooperative 128x256x64 cluster 2x1",
     "cooperative 128x128x64 cluster 2x1",
@@ -253,8 +257,11 @@ int run(const void* x, const void* weight, void* out, int m, int n, int k, int d
 
 using Runner = int (*)(const void*, const void*, void*, int, int, int, int, void*, size_t, cudaStream_t, size_t*, char*,
                       size_t);
-const Runner kRunners[kConfigs] = {run<Config0>, run<Config1>, run<Config2>,
-                                   run<Config3>, run<Config4>, run<Config5>};
+template <size_t... I>
+constexpr std::array<Runner, sizeof...(I)> runners(std::index_sequence<I...>) {
+  return {run<std::tuple_element_t<I, GegluConfigs>>...};
+}
+const std::array<Runner, kConfigs> kRunners = runners(std::make_index_sequence<kConfigs>{});
 
 int dispatch(int config, const void* x, const void* weight, void* out, int m, int n, int k, int device,
              void* workspace, size_t workspace_size, void* stream, size_t* needed, char* message, size_t size) {

@@ -291,3 +291,72 @@ def test_the_record_names_the_configurations_an_export_calls(monkeypatch):
     }
     assert cutlass_configs(cfg, ["linear"], cuda_kernels=False) == {"linear": [256, -1, -1, 1], "names": {}}
     assert cutlass_configs(cfg, [], cuda_kernels=True) is None
+
+
+LAYOUT_CHECK = """
+#include "{source}"
+#include <cstdio>
+
+// Every thread's accumulator fragment, as the epilogue reads it: values i and i + 1 (i even) must
+// be one row's columns n and n + 1, n even, the input and gate products of one output column.
+template <class Config>
+int check(int index) {
+  using namespace cute;
+  using TiledMma = typename Config::Mainloop::TiledMma;
+  using Tile = typename Config::Mainloop::TileShape;
+  TiledMma mma;
+  int bad = 0, pairs = 0;
+  for (int t = 0; t < int(size(mma)); ++t) {
+    auto c = mma.get_thread_slice(t).partition_C(make_identity_tensor(make_shape(size<0>(Tile{}), size<1>(Tile{}))));
+    for (int i = 0; i + 1 < int(size(c)); i += 2, ++pairs) {
+      auto a = c(i);
+      auto b = c(i + 1);
+      bad += get<0>(a) != get<0>(b) || get<1>(b) != get<1>(a) + 1 || get<1>(a) % 2 != 0;
+    }
+  }
+  printf("%d %d %d %d\\n", index, int(size(mma)), pairs, bad);
+  return bad;
+}
+
+template <size_t... I>
+int check_all(std::index_sequence<I...>) {
+  return (check<std::tuple_element_t<I, laya_cuda::GegluConfigs>>(I) + ...);
+}
+
+int main() { return check_all(std::make_index_sequence<laya_cuda::kConfigs>{}) != 0; }
+"""
+
+
+def test_every_thread_holds_each_columns_input_and_gate_side_by_side(tmp_path):
+    """The GEGLU epilogue's premise, for every launch configuration and every thread: CuTe's own
+    partition of the tile (host code, no GPU needed) puts an output column's two products at
+    fragment values i and i + 1."""
+    if (reason := _cuda_toolchain()) is not None:
+        pytest.skip(f"the CUDA kernels cannot be compiled here: {reason}")
+    program = tmp_path / "layout_check.cu"
+    program.write_text(LAYOUT_CHECK.replace("{source}", str(native.CUDA_SOURCE)))
+    include = native.cutlass_include()
+    exe = tmp_path / "layout_check"
+    subprocess.run(
+        [
+            native.nvcc(),
+            *native.NVCC_FLAGS,
+            f"-isystem={include}",
+            f"-isystem={include.parent / 'tools' / 'util' / 'include'}",
+            str(program),
+            "-o",
+            str(exe),
+            f"-L{native.cuda_library_dir()}",
+            *native.CUDA_LIBRARIES,
+            "-ldl",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    rows = [list(map(int, line.split())) for line in proc.stdout.splitlines()]
+    assert proc.returncode == 0, proc.stdout
+    assert [r[0] for r in rows] == list(range(len(rows))) and len(rows) >= 2
+    for index, threads, pairs, bad in rows:
+        assert threads in (128, 256) and pairs > 0 and bad == 0, (index, threads, pairs, bad)
