@@ -31,7 +31,9 @@ and with the residual added (``+ residual``, as ``export.native_residual`` calls
 - ``module``: the configurations an export gives a ``native_cutlass`` layer by default
   (``export.cutlass_configs.linear``).
 
-Results are written after each row, so a run stopped early keeps what it measured.
+``suggested_cutlass_configs``: the fastest configuration of each op at each M, as
+``export.cutlass_configs`` takes it (:func:`suggest`). Results are written after each row, so a run
+stopped early keeps what it measured.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def rows_at(torch, result, save, weights, interleaved, pointwise, names, M: int)
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
     xs = [torch.randn(M, HIDDEN, **bf16) for _ in range(LAYERS)]
     ys = [torch.empty(M, 2 * GLU, **bf16) for _ in range(LAYERS)]
-    head = {"M": M, "N": 2 * GLU, "K": HIDDEN}
+    head = {"op": "geglu", "M": M, "N": 2 * GLU, "K": HIDDEN}
     op = torch.ops.laya_native.geglu_linear
 
     def gemm(i):
@@ -94,7 +96,7 @@ def rows_at(torch, result, save, weights, interleaved, pointwise, names, M: int)
     for index, name in enumerate(names):
         calls = [lambda i=i, c=index: op(xs[i], interleaved[i], None, [-1, c]) for i in range(LAYERS)]
         output = lambda c=index: op(xs[0], interleaved[0], None, [-1, c])  # noqa: E731
-        row = {**head, "name": f"cutlass #{index} {name}"}
+        row = {**head, "name": f"cutlass #{index} {name}", "config": index}
         timed_row(torch, result, save, row, calls, LAYERS, output, reference, "cublas_geglu")
     configs = list(defaults()["geglu"])
     calls = [lambda i=i: op(xs[i], interleaved[i], None, configs) for i in range(LAYERS)]
@@ -124,7 +126,7 @@ def linear_rows_at(torch, result, save, names, M: int) -> None:
         xs = [torch.randn(M, k, **bf16) for _ in range(LAYERS)]
         rs = [torch.randn(M, n, **bf16) for _ in range(LAYERS)]
         for residual in (False, True):
-            head = {"gemm": gemm, "M": M, "N": n, "K": k, "residual": residual}
+            head = {"op": "linear", "gemm": gemm, "M": M, "N": n, "K": k, "residual": residual}
             suffix = " + residual" if residual else ""
 
             def ref(i, residual=residual, xs=xs, ws=ws, rs=rs):
@@ -137,14 +139,45 @@ def linear_rows_at(torch, result, save, names, M: int) -> None:
             reference = ref(0).clone()
             calls = [lambda i=i: ref(i) for i in range(LAYERS)]
             timed_row(torch, result, save, {**head, "name": "cublas" + suffix}, calls, LAYERS)
-            rows = [("cublaslt", None)]
-            rows += [(f"cutlass #{i} {name}", [-1, i]) for i, name in enumerate(names)]
-            rows += [("module", list(defaults()["linear"]))]
-            for name, cutlass in rows:
+            rows = [("cublaslt", None, -1)]
+            rows += [(f"cutlass #{i} {name}", [-1, i], i) for i, name in enumerate(names)]
+            rows += [("module", list(defaults()["linear"]), None)]
+            for name, cutlass, config in rows:
                 calls = [lambda i=i, c=cutlass: mine(i, c) for i in range(LAYERS)]
                 output = lambda c=cutlass: mine(0, c)  # noqa: E731
-                row = {**head, "name": name + suffix}
+                row = {**head, "name": name + suffix, **({} if config is None else {"config": config})}
                 timed_row(torch, result, save, row, calls, LAYERS, output, reference, "cublas")
+
+
+SMALL = 256  # the m_max of the small row counts' group: the serving shapes of 128 rows and fewer
+
+
+def suggest(rows: list[dict]) -> dict:
+    """``export.cutlass_configs`` from the rows: for each op, the configuration with the least time
+    at each M (for ``linear`` summed over both GEMMs, with and without the residual; -1, cuBLASLt,
+    competes), as ``[SMALL, best at the smallest M, -1, best at the largest]``; an op whose rows do
+    not cover every configuration at both M is left out."""
+    suggested = {}
+    for op in ("geglu", "linear"):
+        mine = [r for r in rows if r.get("op") == op and "config" in r]
+        sizes = sorted({r["M"] for r in mine})
+        if len(sizes) < 2:
+            continue
+        best = []
+        for m in (sizes[0], sizes[-1]):
+            per = {}  # configuration: its rows at m (for linear: each GEMM, with and without the residual)
+            for r in mine:
+                if r["M"] == m:
+                    per.setdefault(r["config"], []).append(r)
+            full = max(len(v) for v in per.values())
+            complete = {c: v for c, v in per.items() if len(v) == full and all("us" in r for r in v)}
+            totals = {c: sum(r["us"] for r in v) for c, v in complete.items()}
+            if not totals:
+                break
+            best.append(min(totals, key=totals.get))
+        if len(best) == 2:
+            suggested[op] = [SMALL, best[0], -1, best[1]]
+    return suggested
 
 
 def main() -> int:
@@ -178,6 +211,7 @@ def main() -> int:
     if args.only in (None, "linear"):
         for M in ROWS:
             linear_rows_at(torch, result, save, result["configs"]["linear"], M)
+    result["suggested_cutlass_configs"] = suggest(result["rows"])
     return finish(result, save, start)
 
 

@@ -360,3 +360,26 @@ def test_every_thread_holds_each_columns_input_and_gate_side_by_side(tmp_path):
     assert [r[0] for r in rows] == list(range(len(rows))) and len(rows) >= 2
     for index, threads, pairs, bad in rows:
         assert threads in (128, 256) and pairs > 0 and bad == 0, (index, threads, pairs, bad)
+
+
+def test_the_probe_suggests_the_fastest_configuration_of_each_op_at_each_row_count():
+    from benchmarks.native_cutlass_probe import SMALL, suggest
+
+    def row(op, m, config, us=None, **more):
+        return {"op": op, "M": m, "config": config, **({"us": us} if us is not None else {"error": "x"}), **more}
+
+    rows = [
+        {"op": "geglu", "M": 128, "name": "cublas, geglu", "us": 1.0},  # no configuration: not a candidate
+        row("geglu", 128, 0, 9.0),
+        row("geglu", 128, 2, 7.5),
+        row("geglu", 1792, 0, 30.0),
+        row("geglu", 1792, 2, 31.0),
+        row("geglu", 1792, 4),  # failed: a row without a time does not win
+    ]
+    for m, times in ((128, {-1: 4.0, 0: 6.0}), (1792, {-1: 10.0, 0: 8.0, 1: 8.5})):
+        for gemm in ("attn_out", "mlp_out"):
+            for residual in (False, True):
+                rows += [row("linear", m, c, us, gemm=gemm, residual=residual) for c, us in times.items()]
+    rows.append(row("linear", 1792, 3, 1.0, gemm="attn_out", residual=False))  # timed for one GEMM only
+    assert suggest(rows) == {"geglu": [SMALL, 2, -1, 0], "linear": [SMALL, -1, -1, 0]}
+    assert suggest([r for r in rows if r["op"] == "linear" and r["M"] == 128]) == {}
