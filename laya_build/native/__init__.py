@@ -285,6 +285,16 @@ def build(out_dir, *, cuda_kernels: bool = False) -> dict:
     }
 
 
+def cutlass_identity() -> str | None:
+    """The version of the CUTLASS an export would compile against (:func:`cutlass_include`), or
+    None where there is none: part of the up-to-date check of an export that compiles the CUDA
+    kernels, so that another CUTLASS (another TileLang, or ``CUTLASS_PATH``) builds it again."""
+    try:
+        return cutlass_version(cutlass_include())
+    except (StageError, OSError):
+        return None
+
+
 def cutlass_version(include: Path) -> str:
     """CUTLASS's version (``major.minor.patch``), from its ``cutlass/version.h``."""
     import re

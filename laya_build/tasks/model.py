@@ -17,6 +17,7 @@ from laya_build.errors import ManifestMismatch
 from laya_build.layout import build_name, record_name
 from laya_build.native import CUDA_SOURCE as NATIVE_CUDA_SOURCE
 from laya_build.native import SOURCE as NATIVE_SOURCE
+from laya_build.native import cutlass_identity as native_cutlass_identity
 from laya_build.stage import Stage
 from laya_build.stages.common import verify_spec
 from laya_build.tasks.build import doit_task, failure, stage_env, version_stage
@@ -131,6 +132,7 @@ def export_tasks(p):
                 doc="torch.export of the decision model",
                 inputs=[v.model_record, v.inputs, *native, *([p.root / algorithms] if algorithms else [])],
                 tools=("cxx", *(("nvcc",) if cuda_kernels else ())) if native else (),  # the native library's compilers
+                config={"cutlass": native_cutlass_identity()} if cuda_kernels else None,  # the headers of its kernels
                 schemas=("model",),
             ),
         )

@@ -643,3 +643,17 @@ def test_a_cutlass_layer_the_kernels_cannot_run_is_refused_before_the_library_is
     with pytest.raises(ValueError, match=re.escape(says)):
         native_linear.check_cutlass(model, ["mlp.Wo"], cutlass, "cuda", zero_bias)
     native_linear.check_cutlass(model, ["mlp.Wo"], ["mlp.Wo"], "cpu", zero_bias)  # the CPU runs at::linear
+
+
+def test_another_cutlass_reruns_the_cuda_export_that_compiles_the_kernels_and_no_other(released, tmp_path):
+    """The CUDA kernels' headers are part of the CUDA export's up-to-date check (its CUTLASS
+    version): another CUTLASS, here through CUTLASS_PATH, builds that export again; the CPU
+    export, which compiles no CUDA, stays as it is."""
+    other = tmp_path / "cutlass" / "include" / "cutlass"
+    (other / "gemm" / "collective").mkdir(parents=True)
+    (other / "gemm" / "collective" / "collective_builder.hpp").write_text("// stand-in\n")
+    (other / "version.h").write_text("#define CUTLASS_MAJOR 3\n#define CUTLASS_MINOR 9\n#define CUTLASS_PATCH 2\n")
+    status = released.status(env={"CUTLASS_PATH": str(tmp_path / "cutlass")})
+    assert status["export:cuda-bfloat16"] == "R", status
+    assert status[f"export:{BUILD}"] == "U", status
+    assert released.status()["export:cuda-bfloat16"] == "U", "the same CUTLASS: up to date"
