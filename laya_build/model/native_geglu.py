@@ -6,11 +6,11 @@ kernel that reads them all back and writes half as many.  On the H100 at 7 x 256
 8.8 µs a layer beside the GEMM's 26.7 µs (docs/measurements/runtime-h200.md).
 
 Here each layer's MLP calls ``laya_native::geglu_linear(x, weight, bias, configs)`` instead, with
-``Wi``'s weight (and bias) rows interleaved in place (:func:`interleave`: row ``2c`` is the input
-half's row ``c``, row ``2c + 1`` the gate half's).  On CUDA the op is one CUTLASS kernel for
-Hopper (laya_build/native/laya_native.cu): a warp-specialized GEMM whose accumulator holds each
-column's input and gate products side by side in one thread's registers, and whose epilogue rounds
-both to bf16 (as the GEMM's output would be) and writes ``gelu(input) * gate``.  ``configs``
+``Wi``'s weight (and bias) rows interleaved in place in blocks of :data:`BLOCK` (:func:`interleave`:
+the input half's rows 0-7, the gate half's rows 0-7, the input half's rows 8-15, ...).  On CUDA the
+op is one CUTLASS kernel for Hopper (laya_build/native/laya_native.cu): a warp-specialized GEMM in
+whose accumulator each thread holds two adjacent outputs' input and gate products, and whose
+epilogue rounds them to bf16 (as the GEMM's output would be) and writes ``gelu(input) * gate``.  ``configs``
 (``export.cutlass_configs.geglu``) names its launch configuration by row count.  On the CPU the op puts the rows
 back in order and computes the module's own arithmetic: the same bits as the layers it replaces.
 
@@ -28,19 +28,24 @@ import torch
 from laya_build.model.native_linear import check_bfloat16, register_fake
 
 ACTIVATIONS = ("gelu",)  # transformers' hidden_activation names the kernel computes
+# Rows a block of the interleaving: on Hopper's warpgroup MMA a thread's accumulator holds two
+# adjacent columns, then the two 8 columns on (laya_native.cu's kBlock).
+BLOCK = 8
 
 
 def interleave(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s rows (a ``[2H, ...]`` weight or ``[2H]`` bias: the input half, then the gate half)
-    interleaved: row ``2c`` the input half's row ``c``, row ``2c + 1`` the gate half's."""
-    half = t.shape[0] // 2
-    return torch.stack((t[:half], t[half:]), dim=1).reshape(t.shape)
+    """``t``'s rows (a ``[2H, ...]`` weight or ``[2H]`` bias: the input half, then the gate half;
+    ``H`` a multiple of :data:`BLOCK`) interleaved in blocks of :data:`BLOCK`: the input half's
+    first block, the gate half's first block, the input half's second block, ..."""
+    blocks = t.shape[0] // (2 * BLOCK)
+    inputs, gates = t.reshape(2, blocks, BLOCK, *t.shape[1:]).unbind(0)
+    return torch.stack((inputs, gates), dim=1).reshape(t.shape)
 
 
 def halves(t: torch.Tensor) -> torch.Tensor:
     """The inverse of :func:`interleave`: the input half's rows, then the gate half's."""
-    half = t.shape[0] // 2
-    return t.reshape(half, 2, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+    blocks = t.shape[0] // (2 * BLOCK)
+    return t.reshape(blocks, 2, BLOCK, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
 
 
 def check(model: torch.nn.Module, target: str) -> None:
@@ -51,6 +56,12 @@ def check(model: torch.nn.Module, target: str) -> None:
         raise ValueError(
             f"export.native_geglu computes {' or '.join(ACTIVATIONS)} and this model's hidden_activation is "
             f"{activation!r}: set export.native_geglu.{target} to false"
+        )
+    intermediate = model.encoder.layers[0].mlp.Wi.weight.shape[0] // 2
+    if intermediate % BLOCK:
+        raise ValueError(
+            f"export.native_geglu interleaves Wi's rows in blocks of {BLOCK} and this model's intermediate_size "
+            f"is {intermediate}: set export.native_geglu.{target} to false"
         )
     if target != "cuda":
         return

@@ -27,8 +27,8 @@
 //
 // laya_native::geglu_linear(x, weight, bias, configs) computes an encoder MLP's first GEMM and its
 // gated GELU, gelu(input) * gate of the GEMM's two halves, from Wi's weight with its rows
-// interleaved (row 2c: the input half's row c, row 2c+1: the gate half's; see
-// laya_build/model/native_geglu.py).
+// interleaved in blocks of 8 (the input half's rows 0-7, the gate half's rows 0-7, the input
+// half's 8-15, ...; see laya_build/model/native_geglu.py).
 //
 // * CPU: the rows put back in order, at::linear, chunk, at::gelu and the product: the module's
 //   own arithmetic (the same bits as the layers it replaces).
@@ -498,11 +498,14 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
 
 // ------------------------------------------------------------------ geglu_linear
 
+constexpr int64_t BLOCK = 8;  // Wi's rows interleave in blocks of 8 (laya_native.cu's kBlock)
+
 // The output's shape (x's, its last size half the weight's rows), after the checks every device makes.
 std::vector<int64_t> geglu_shape(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(weight.dim() == 2 && weight.size(0) % 2 == 0 && x.dim() >= 1 && x.size(-1) == weight.size(1),
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) % (2 * BLOCK) == 0 && x.dim() >= 1 && x.size(-1) == weight.size(1),
               "laya_native::geglu_linear: x ", x.sizes(), " and weight ", weight.sizes(),
-              " do not fit (weight must be [2 x intermediate, K] with its rows interleaved, x [..., K])");
+              " do not fit (weight must be [2 x intermediate, K], intermediate a multiple of ", BLOCK,
+              ", its rows interleaved in blocks of ", BLOCK, "; x [..., K])");
   TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "laya_native::geglu_linear: x is ", x.scalar_type(),
               " and weight ", weight.scalar_type(), ": give both one dtype");
   if (bias.has_value() && bias->defined()) {
@@ -515,16 +518,17 @@ std::vector<int64_t> geglu_shape(const at::Tensor& x, const at::Tensor& weight, 
   return shape;
 }
 
-// Interleaved rows (2c: input c, 2c+1: gate c) back in the module's order: the input half, then the gate half.
+// Interleaved rows (blocks of BLOCK: inputs, their gates, the next inputs, ...) back in the
+// module's order: the input half, then the gate half.
 at::Tensor in_halves(const at::Tensor& t) {
-  const int64_t half = t.size(0) / 2;
-  std::vector<int64_t> pairs{half, 2};
+  const int64_t blocks = t.size(0) / (2 * BLOCK);
+  std::vector<int64_t> grouped{blocks, 2, BLOCK};
   std::vector<int64_t> shape{t.size(0)};
   if (t.dim() == 2) {
-    pairs.push_back(t.size(1));
+    grouped.push_back(t.size(1));
     shape.push_back(t.size(1));
   }
-  return t.reshape(pairs).transpose(0, 1).contiguous().reshape(shape);
+  return t.reshape(grouped).transpose(0, 1).contiguous().reshape(shape);
 }
 
 at::Tensor geglu_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,

@@ -6,13 +6,14 @@
 //
 // laya_native::geglu_linear: an encoder MLP's first GEMM and its gated GELU in one kernel.
 // ModernBERT's MLP computes  input, gate = Wi(x).chunk(2, -1);  act(input) * gate.  Here Wi's
-// weight comes with its rows interleaved (row 2c is the input half's row c, row 2c+1 the gate
-// half's row c: laya_build/model/native_geglu.py), so a warp-specialized GEMM's accumulator holds
-// each column's input and gate products side by side in one thread's registers: on Hopper's
-// warpgroup MMA every thread's accumulator values come in pairs of adjacent columns.  The
-// epilogue (GegluEpilogue, stores from registers) rounds both to bf16, as the GEMM's output would
-// be, and writes bf16(gelu(input) * gate) (in fp32, erf's form, as torch's gelu): the
-// 2 x intermediate columns never reach memory, and no pointwise kernel reads them back.  The
+// weight comes with its rows interleaved in blocks of 8 (8 rows of the input half, the same 8
+// rows of the gate half, the next 8 of the input half, ...: laya_build/model/native_geglu.py).
+// On Hopper's warpgroup MMA every thread's accumulator holds pairs of adjacent columns, the next
+// pair 8 columns on, so each thread holds two adjacent outputs' input and gate products.  The
+// epilogue (GegluEpilogue, stores from registers) rounds them to bf16, as the GEMM's output would
+// be, and writes bf16(gelu(input) * gate) (in fp32, erf's form, as torch's gelu), two outputs in
+// one 4-byte store: the 2 x intermediate columns never reach memory, and no pointwise kernel
+// reads them back.  The
 // mainloop is CUTLASS's (TMA loads, warp-specialized, persistent).
 //
 // laya_native::linear's CUTLASS path: x @ W.T (+ a residual, added to the fp32 product before the
@@ -48,7 +49,9 @@ using namespace cute;
 using Element = cutlass::bfloat16_t;
 using StrideOut = cute::Stride<int64_t, cute::Int<1>, int64_t>;  // row-major [M, N/2]
 
-// The epilogue: accumulator pairs (input, gate) of adjacent columns to one output each.
+constexpr int kBlock = 8;  // Wi's rows interleave in blocks of 8: 8 inputs, their 8 gates, the next 8 inputs, ...
+
+// The epilogue: an input block's and its gate block's accumulator values to one output each.
 class GegluEpilogue {
  public:
   using EpilogueSchedule = cutlass::gemm::EpilogueDefault;
@@ -89,7 +92,7 @@ class GegluEpilogue {
   }
   template <class ProblemShape>
   static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
-    return get<1>(problem_shape) % 2 == 0 && args.ptr_D != nullptr;
+    return get<1>(problem_shape) % (2 * kBlock) == 0 && args.ptr_D != nullptr;
   }
 
   CUTLASS_HOST_DEVICE
@@ -105,8 +108,13 @@ class GegluEpilogue {
                                  ResidueMNK, int thread_idx, char*) {
     static_assert(is_static<BlockShapeMNK>::value, "the tile shape must be static");
     static_assert(is_static<FrgLayout>::value, "the accumulator layout must be static");
-    // the warpgroup MMA's accumulator: its first value mode is two adjacent columns
-    static_assert(decltype(size<0, 0>(FrgLayout{}))::value == 2, "accumulator values must pair adjacent columns");
+    // The warpgroup MMA's accumulator: its first mode ((2, 2, N/8)) holds, for value (c, r, j), row
+    // 8r's column 8j + c of the thread's.  With Wi's rows interleaved in blocks of kBlock (8), the
+    // columns of block j even are inputs and those of block j + 1 the same outputs' gates: values
+    // i, i + 1 (inputs of two adjacent outputs) and i + 4, i + 5 (their gates).
+    static_assert(decltype(size<0, 0>(FrgLayout{}))::value == 2 && decltype(size<0, 1>(FrgLayout{}))::value == 2 &&
+                      decltype(size<0, 2>(FrgLayout{}))::value % 2 == 0,
+                  "accumulator values must come as pairs of adjacent columns, blocks of 8 columns apart");
     const int M = get<0>(problem_shape_mnkl);
     const int N = get<1>(problem_shape_mnkl);  // the interleaved width: 2 x the output's
     auto m_coord = get<0>(blk_coord_mnkl);
@@ -118,17 +126,25 @@ class GegluEpilogue {
     ElementD* out = params.ptr_D;
     const int64_t ldd = params.ldd;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(accumulators); i += 2) {
-      const int m = get<0>(tCcD(i));
-      const int n = get<1>(tCcD(i));  // even: the pair's input column; n + 1 its gate
-      if (m < M && n < N) {
-        const float a = float(ElementD(accumulators(i)));
-        const float g = float(ElementD(accumulators(i + 1)));
-        const float act = (a * 0.5f) * (1.0f + erff(a * 0.70710678118654752f));
-        out[m * ldd + (n >> 1)] = ElementD(act * g);
+    for (int i = 0; i < size(accumulators); i += 8) {  // value (0, 0, j even) of each block pair
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 4; r += 2) {  // the pair's two rows
+        const int m = get<0>(tCcD(i + r));
+        const int n = get<1>(tCcD(i + r));  // in an input block: n % 16 < 8, and even
+        if (m < M && n < N) {
+          const float a0 = float(ElementD(accumulators(i + r))), a1 = float(ElementD(accumulators(i + r + 1)));
+          const float g0 = float(ElementD(accumulators(i + r + 4))), g1 = float(ElementD(accumulators(i + r + 5)));
+          const ElementD lo(gelu(a0) * g0), hi(gelu(a1) * g1);
+          const uint32_t both = uint32_t(lo.raw()) | (uint32_t(hi.raw()) << 16);
+          // output columns (n / 16) * 8 + n % 8 and the next: 4 bytes, aligned (ldd is a multiple of 8)
+          *reinterpret_cast<uint32_t*>(out + m * ldd + (n >> 4) * kBlock + (n & (kBlock - 1))) = both;
+        }
       }
     }
   }
+
+  // torch's gelu (approximate="none") in fp32: x/2 (1 + erf(x / sqrt 2))
+  CUTLASS_DEVICE static float gelu(float x) { return (x * 0.5f) * (1.0f + erff(x * 0.70710678118654752f)); }
 
  private:
   Params params;
@@ -243,7 +259,10 @@ int run(const void* x, const void* weight, void* out, int m, int n, int k, int d
   using Gemm = typename Config::Gemm;
   using StrideA = typename Gemm::GemmKernel::StrideA;
   using StrideB = typename Gemm::GemmKernel::StrideB;
-  if (n % 2 != 0) return fail(message, size, "the interleaved weight has an odd number of rows", nullptr);
+  if (n % (2 * kBlock) != 0) {
+    return fail(message, size, "the interleaved weight's rows are not a multiple of 16 (blocks of 8 inputs and 8 gates)",
+                nullptr);
+  }
   cutlass::KernelHardwareInfo hw{device, sm_count(device)};
   typename Gemm::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
@@ -403,7 +422,8 @@ int laya_native_geglu_workspace(int config, int m, int n, int k, int device, siz
                               message, size);
 }
 
-// out[M, N/2] = gelu(x @ W[0::2].T) * (x @ W[1::2].T), x [M, K] and W [N, K] row-major bf16, queued
+// out[M, N/2] = gelu(x @ inputs.T) * (x @ gates.T), x [M, K] and W [N, K] row-major bf16 (its rows
+// interleaved in blocks of 8: inputs 0-7, gates 0-7, inputs 8-15, ...), queued
 // on ``stream``; 0, or 1 with ``message`` saying why nothing was queued.
 int laya_native_geglu(int config, const void* x, const void* weight, void* out, int m, int n, int k, int device,
                       void* workspace, size_t workspace_size, void* stream, char* message, size_t size) {

@@ -26,13 +26,14 @@ from laya_build.model import native_geglu
 from laya_build.records import sha256_file
 
 
-def test_interleave_puts_each_input_row_before_its_gate_row_and_halves_undoes_it():
-    w = torch.arange(6 * 3).reshape(6, 3)
+def test_interleave_alternates_blocks_of_eight_input_and_gate_rows_and_halves_undoes_it():
+    w = torch.arange(32 * 3).reshape(32, 3)  # 16 input rows, then 16 gate rows
     mixed = native_geglu.interleave(w)
-    assert mixed[:, 0].tolist() == [0, 9, 3, 12, 6, 15]  # input 0, gate 0, input 1, gate 1, ...
+    rows = mixed[:, 0].div(3, rounding_mode="floor").tolist()
+    assert rows == [*range(0, 8), *range(16, 24), *range(8, 16), *range(24, 32)]
     assert torch.equal(native_geglu.halves(mixed), w)
-    b = torch.arange(8)
-    assert native_geglu.interleave(b).tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+    b = torch.arange(32)
+    assert torch.equal(native_geglu.interleave(b), torch.tensor(rows))
     assert torch.equal(native_geglu.halves(native_geglu.interleave(b)), b)
 
 
@@ -85,7 +86,7 @@ def test_the_op_on_the_cpu_is_the_mlp_bit_for_bit_and_refuses_what_does_not_fit(
     got = json.loads(_fresh(CPU_OP, str(cpu_library)))
     assert got["same"] == [True] * 4
     odd, other_dtype, form = got["refusals"]
-    assert "weight must be [2 x intermediate, K] with its rows interleaved" in odd
+    assert "weight must be [2 x intermediate, K], intermediate a multiple of 8, its rows interleaved" in odd
     assert "x is BFloat16 and weight Float: give both one dtype" in other_dtype
     assert "groups of 2" in form
 
@@ -126,8 +127,9 @@ def test_a_library_without_cuda_kernels_holds_none_of_their_symbols(cpu_library)
     assert names == "[[], []]"
 
 
-def _model(activation="gelu", dtype=torch.bfloat16, bias=False, layers=2):
-    mlp = SimpleNamespace(Wi=SimpleNamespace(bias=torch.zeros(4) if bias else None))
+def _model(activation="gelu", dtype=torch.bfloat16, bias=False, layers=2, intermediate=16):
+    wi = torch.zeros(2 * intermediate, 4)
+    mlp = SimpleNamespace(Wi=SimpleNamespace(weight=wi, bias=torch.zeros(2 * intermediate) if bias else None))
     return SimpleNamespace(
         encoder=SimpleNamespace(
             config=SimpleNamespace(hidden_activation=activation),
@@ -141,6 +143,7 @@ def _model(activation="gelu", dtype=torch.bfloat16, bias=False, layers=2):
     ("model", "target", "says"),
     [
         (_model(activation="silu"), "cpu", "hidden_activation is 'silu': set export.native_geglu.cpu to false"),
+        (_model(intermediate=12), "cpu", "in blocks of 8 and this model's intermediate_size is 12"),
         (_model(dtype=torch.float16), "cuda", "CUDA kernel is bfloat16 and this export is float16"),
         (_model(bias=True), "cuda", "adds no bias and this model's MLPs have one"),
     ],
@@ -297,8 +300,9 @@ LAYOUT_CHECK = """
 #include "{source}"
 #include <cstdio>
 
-// Every thread's accumulator fragment, as the epilogue reads it: values i and i + 1 (i even) must
-// be one row's columns n and n + 1, n even, the input and gate products of one output column.
+// Every thread's accumulator fragment, as the epilogue reads it: for i a multiple of 8 and r 0 or
+// 2, values i + r, i + r + 1 must be one row's columns n, n + 1 of an input block (n % 16 < 8, n
+// even) and values i + r + 4, i + r + 5 the same row's columns n + 8, n + 9: their gates.
 template <class Config>
 int check(int index) {
   using namespace cute;
@@ -308,10 +312,17 @@ int check(int index) {
   int bad = 0, pairs = 0;
   for (int t = 0; t < int(size(mma)); ++t) {
     auto c = mma.get_thread_slice(t).partition_C(make_identity_tensor(make_shape(size<0>(Tile{}), size<1>(Tile{}))));
-    for (int i = 0; i + 1 < int(size(c)); i += 2, ++pairs) {
-      auto a = c(i);
-      auto b = c(i + 1);
-      bad += get<0>(a) != get<0>(b) || get<1>(b) != get<1>(a) + 1 || get<1>(a) % 2 != 0;
+    for (int i = 0; i < int(size(c)); i += 8) {
+      for (int r = 0; r < 4; r += 2, ++pairs) {
+        auto a = c(i + r);  // an input block's column n (n % 16 < 8, even), n + 1, their gates 8 on
+        bool ok = get<1>(a) % 16 < 8 && get<1>(a) % 2 == 0;
+        for (int v = 1; v < 6; ++v) {
+          if (v == 2 || v == 3) continue;
+          auto b = c(i + r + v);
+          ok = ok && get<0>(b) == get<0>(a) && get<1>(b) == get<1>(a) + (v % 4) + (v >= 4 ? 8 : 0);
+        }
+        bad += !ok;
+      }
     }
   }
   printf("%d %d %d %d\\n", index, int(size(mma)), pairs, bad);
@@ -327,10 +338,10 @@ int main() { return check_all(std::make_index_sequence<laya_cuda::kConfigs>{}) !
 """
 
 
-def test_every_thread_holds_each_columns_input_and_gate_side_by_side(tmp_path):
+def test_every_thread_holds_two_adjacent_outputs_inputs_and_gates_where_the_epilogue_reads_them(tmp_path):
     """The GEGLU epilogue's premise, for every launch configuration and every thread: CuTe's own
-    partition of the tile (host code, no GPU needed) puts an output column's two products at
-    fragment values i and i + 1."""
+    partition of the tile (host code, no GPU needed) puts two adjacent outputs' input products at
+    fragment values i + r, i + r + 1 and their gates at i + r + 4, i + r + 5."""
     if (reason := _cuda_toolchain()) is not None:
         pytest.skip(f"the CUDA kernels cannot be compiled here: {reason}")
     program = tmp_path / "layout_check.cu"
