@@ -10,9 +10,10 @@ Here each layer's MLP calls ``laya_native::geglu_linear(x, weight, bias, configs
 the input half's rows 0-7, the gate half's rows 0-7, the input half's rows 8-15, ...).  On CUDA the
 op is one CUTLASS kernel for Hopper (laya_build/native/laya_native.cu): a warp-specialized GEMM in
 whose accumulator each thread holds two adjacent outputs' input and gate products, and whose
-epilogue rounds them to bf16 (as the GEMM's output would be) and writes ``gelu(input) * gate``.  ``configs``
-(``export.cutlass_configs.geglu``) names its launch configuration by row count.  On the CPU the op puts the rows
-back in order and computes the module's own arithmetic: the same bits as the layers it replaces.
+epilogue rounds them to bf16 (as the GEMM's output would be) and writes ``gelu(input) * gate``.
+``configs`` (``export.cutlass_configs.geglu``) names its launch configuration by row count.  On
+the CPU the op puts the rows back in order and computes the module's own arithmetic: the same bits
+as the layers it replaces.
 
 The op lives in the project's native op library (:mod:`laya_build.native`), built with its CUDA
 kernels by nvcc when ``export.native_geglu.cuda`` is on; the package calls it through torch's
@@ -28,7 +29,7 @@ import torch
 from laya_build.model.native_linear import check_bfloat16, register_fake
 
 ACTIVATIONS = ("gelu",)  # transformers' hidden_activation names the kernel computes
-# Rows a block of the interleaving: on Hopper's warpgroup MMA a thread's accumulator holds two
+# The interleaving's block, in rows: on Hopper's warpgroup MMA a thread's accumulator holds two
 # adjacent columns, then the two 8 columns on (laya_native.cu's kBlock).
 BLOCK = 8
 
