@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from laya_build.records import sha256_file
+from tests.stages.cuda_graphs import replayed, replays
 
 pytestmark = [
     pytest.mark.skipif(
@@ -97,17 +98,7 @@ def test_a_graph_replay_is_the_plain_call(built):
     op, _, _ = built
     x, _, wi = operands(1792, seed=3)
     plain = op(x, wi, None, None)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        op(x, wi, None, None)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        out = op(x, wi, None, None)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, plain)
+    assert torch.equal(replayed(lambda: op(x, wi, None, None)), plain)
 
 
 def test_refusals_name_what_is_wrong(built):
@@ -162,17 +153,7 @@ def test_a_cutlass_graph_replay_is_the_plain_call(built):
         return torch.ops.laya_native.linear(x, w, None, None, r, cutlass=[-1, 0])
 
     plain = call()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        out = call()
-    for _ in range(3):  # the stream-K workspace's flags are reset on every replay
-        graph.replay()
-        torch.cuda.synchronize()
+    for out in replays(call, times=3):  # the stream-K workspace's flags are reset on every replay
         assert torch.equal(out, plain)
 
 

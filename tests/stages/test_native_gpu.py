@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from laya_build.records import sha256_file
+from tests.stages.cuda_graphs import replayed
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -75,22 +76,6 @@ def test_a_graph_replay_is_the_plain_call(op):
     w = torch.randn(5248, 1024, device="cuda", dtype=torch.bfloat16) * 1024**-0.5
     plain = op(x, w, None, None)
     assert torch.equal(replayed(lambda: op(x, w, None, None)), plain)
-
-
-def replayed(call):
-    """``call()``'s output as a CUDA graph of it replays it (the call warmed up on the capture
-    stream first, as the runtime captures)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        out = call()
-    graph.replay()
-    torch.cuda.synchronize()
-    return out
 
 
 def cublaslt_version(lt) -> int:
