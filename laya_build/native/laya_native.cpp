@@ -134,7 +134,6 @@ struct Lt {
   Status (*matmul)(Handle, Desc, const void*, const void*, Layout, const void*, Layout, const void*, const void*,
                    Layout, void*, Layout, const Algo*, void*, size_t, Stream);
   size_t (*version)();
-  int32_t (*current_stream)(int32_t, void**);  // torch's aoti_torch_get_current_cuda_stream
 };
 
 void* loaded(const std::vector<const char*>& names) {
@@ -177,7 +176,6 @@ const Lt& lt() {
     bind(cublaslt, "cublasLtMatmulAlgoCapGetAttribute", t.cap);
     bind(cublaslt, "cublasLtMatmul", t.matmul);
     bind(cublaslt, "cublasLtGetVersion", t.version);
-    bind(torch_cuda, "aoti_torch_get_current_cuda_stream", t.current_stream);
     return t;
   }();
   return table;
@@ -365,7 +363,8 @@ int64_t configuration(at::OptionalIntArrayRef configs, int64_t m, int64_t otherw
   return otherwise;
 }
 
-// TMA reads rows from 16-byte aligned addresses: a view at another offset is copied.
+// cuBLASLt's kernels for these types and TMA read operands aligned to at least 16 bytes: a view at
+// another offset is copied (a new tensor of the caching allocator is aligned to far more).
 at::Tensor aligned_16(const at::Tensor& t) {
   at::Tensor c = t.contiguous();
   return alignment(c.data_ptr()) >= 16 ? c : c.clone();
@@ -374,6 +373,30 @@ at::Tensor aligned_16(const at::Tensor& t) {
 // The workspace a kernel asked for, on the tensor's device (none: undefined).
 at::Tensor workspace_of(size_t bytes, const at::Tensor& like) {
   return bytes > 0 ? at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte)) : at::Tensor();
+}
+
+// Size and queue one of laya_native.cu's kernels on torch's current stream: ``size(&needed, ...)``
+// says the workspace it needs, ``queue(workspace, bytes, stream, ...)`` queues it; both return 0 or
+// write why not.  ``what`` names the call in the errors.
+template <class Size, class Queue>
+void run_cutlass(const char* op, const std::string& what, const at::Tensor& like, Size size, Queue queue) {
+  char message[512] = {0};
+  size_t needed = 0;
+  TORCH_CHECK(size(&needed, message, sizeof(message)) == 0, op, ": ", what, ": ", message);
+  const at::Tensor workspace = workspace_of(needed, like);
+  void* stream = nullptr;
+  TORCH_CHECK(current_stream_fn()(like.device().index(), &stream) == 0, op, ": torch gave no current CUDA stream");
+  void* space = workspace.defined() ? workspace.data_ptr() : nullptr;
+  TORCH_CHECK(queue(space, needed, stream, message, sizeof(message)) == 0, op, ": ", what, ": ", message);
+}
+
+// M, N and K as the kernels take them (32-bit), with the call's description for errors.
+std::string sizes_32(const char* op, int64_t m, int64_t n, int64_t k, const char* config_kind, int64_t config) {
+  std::ostringstream what;
+  what << "M=" << m << " N=" << n << " K=" << k << ", " << config_kind << " " << config;
+  TORCH_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX, op, ": ", what.str(),
+              " is beyond the CUTLASS kernels' 32-bit sizes");
+  return what.str();
 }
 
 // out = x @ weight.T (+ residual) through laya_native.cu's stream-K GEMM at configuration ``config``.
@@ -387,25 +410,20 @@ void linear_cutlass(int64_t config, const at::Tensor& x, const at::Tensor& weigh
               " is not one of the library's ", laya_native_linear_configs());
   TORCH_CHECK(x.scalar_type() == at::kBFloat16, "laya_native::linear: its CUTLASS kernels run bfloat16, not ",
               x.scalar_type());
-  TORCH_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX, "laya_native::linear: M=", m, " N=", n, " K=", k,
-              " is beyond the CUTLASS kernels' 32-bit sizes");
+  const std::string what = sizes_32("laya_native::linear", m, n, k, "CUTLASS configuration", config);
   const at::Tensor a = aligned_16(x), w = aligned_16(weight);
   const at::Tensor r = residual.defined() ? aligned_16(residual) : at::Tensor();
+  const int c = static_cast<int>(config), mm = static_cast<int>(m), nn = static_cast<int>(n), kk = static_cast<int>(k);
   const int device = x.device().index();
-  char message[512] = {0};
-  size_t needed = 0;
-  const int c = static_cast<int>(config);
-  TORCH_CHECK(laya_native_linear_workspace(c, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                                           r.defined() ? 1 : 0, device, &needed, message, sizeof(message)) == 0,
-              "laya_native::linear: ", message);
-  at::Tensor workspace = workspace_of(needed, x);
-  void* stream = nullptr;
-  TORCH_CHECK(current_stream_fn()(device, &stream) == 0, "laya_native::linear: torch gave no current CUDA stream");
-  TORCH_CHECK(laya_native_linear(c, a.data_ptr(), w.data_ptr(), r.defined() ? r.data_ptr() : nullptr, out.data_ptr(),
-                                 static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), device,
-                                 workspace.defined() ? workspace.data_ptr() : nullptr, needed, stream, message,
-                                 sizeof(message)) == 0,
-              "laya_native::linear: M=", m, " N=", n, " K=", k, ", CUTLASS configuration ", config, ": ", message);
+  run_cutlass(
+      "laya_native::linear", what, x,
+      [&](size_t* needed, char* message, size_t size) {
+        return laya_native_linear_workspace(c, mm, nn, kk, r.defined() ? 1 : 0, device, needed, message, size);
+      },
+      [&](void* workspace, size_t bytes, void* stream, char* message, size_t size) {
+        return laya_native_linear(c, a.data_ptr(), w.data_ptr(), r.defined() ? r.data_ptr() : nullptr, out.data_ptr(),
+                                  mm, nn, kk, device, workspace, bytes, stream, message, size);
+      });
 }
 
 at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -456,15 +474,9 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
     linear_cutlass(config, x, weight, has_residual ? *residual : at::Tensor(), out, m, n, k);
     return out;
   }
-  // cuBLASLt's kernels for these types read operands aligned to at least 16 bytes; a view at
-  // another offset is copied (a new tensor of the caching allocator is aligned to far more).
-  auto at_least_16 = [](const at::Tensor& t) {
-    at::Tensor c = t.contiguous();
-    return alignment(c.data_ptr()) >= 16 ? c : c.clone();
-  };
-  at::Tensor a = at_least_16(weight), b = at_least_16(x);
-  at::Tensor c = has_bias ? at_least_16(*bias) : at::Tensor();
-  at::Tensor r = has_residual ? at_least_16(*residual) : at::Tensor();
+  at::Tensor a = aligned_16(weight), b = aligned_16(x);
+  at::Tensor c = has_bias ? aligned_16(*bias) : at::Tensor();
+  at::Tensor r = has_residual ? aligned_16(*residual) : at::Tensor();
   const void* bias_pointer = has_bias ? c.data_ptr() : nullptr;
   const void* residual_pointer = has_residual ? r.data_ptr() : nullptr;
   const Alignments aligned{alignment(a.data_ptr()), alignment(b.data_ptr()), alignment(out.data_ptr()),
@@ -474,12 +486,9 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
   const Lt& t = lt();
   Plan& plan = plan_for(device, m, n, k, type, bias_pointer, has_residual, aligned,
                         algorithm.has_value() ? chosen(*algorithm, m, t.version()) : std::vector<int64_t>{});
-  at::Tensor workspace;
-  if (plan.workspace > 0) {
-    workspace = at::empty({static_cast<int64_t>(plan.workspace)}, x.options().dtype(at::kByte));
-  }
+  at::Tensor workspace = workspace_of(plan.workspace, x);
   void* stream = nullptr;
-  TORCH_CHECK(t.current_stream(device, &stream) == 0, "laya_native::linear: torch gave no current CUDA stream");
+  TORCH_CHECK(current_stream_fn()(device, &stream) == 0, "laya_native::linear: torch gave no current CUDA stream");
   const float alpha = 1.0f, beta = has_residual ? 1.0f : 0.0f;
   std::lock_guard<std::mutex> serial(plans_mutex);  // the bias pointer is the plan's until the call is queued
   if (has_bias) {
@@ -561,29 +570,25 @@ at::Tensor geglu_linear_cuda(const at::Tensor& x, const at::Tensor& weight, cons
   const int64_t n = weight.size(0), k = weight.size(1);
   const int64_t m = k == 0 ? 0 : x.numel() / k;
   if (k == 0 || m == 0 || n == 0) return at::zeros(shape, x.options());  // gelu(0) * 0, or nothing
-  TORCH_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX, "laya_native::geglu_linear: M=", m, " N=", n,
-              " K=", k, " is beyond the kernel's 32-bit sizes");
   const int64_t chosen_config = configuration(configs, m, 0);
   TORCH_CHECK(chosen_config >= 0 && chosen_config < laya_native_geglu_configs(),
               "laya_native::geglu_linear: configuration ", chosen_config, " is not one of the library's ",
               laya_native_geglu_configs());
-  const int config = static_cast<int>(chosen_config);
+  const std::string what = sizes_32("laya_native::geglu_linear", m, n, k, "configuration", chosen_config);
+  const int c = static_cast<int>(chosen_config), mm = static_cast<int>(m), nn = static_cast<int>(n);
+  const int kk = static_cast<int>(k);
   const at::Tensor a = aligned_16(x), w = aligned_16(weight);
   at::Tensor out = at::empty(shape, x.options());
   const int device = x.device().index();
-  char message[512] = {0};
-  size_t needed = 0;
-  TORCH_CHECK(laya_native_geglu_workspace(config, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                                          device, &needed, message, sizeof(message)) == 0,
-              "laya_native::geglu_linear: ", message);
-  at::Tensor workspace = workspace_of(needed, x);
-  void* stream = nullptr;
-  TORCH_CHECK(current_stream_fn()(device, &stream) == 0, "laya_native::geglu_linear: torch gave no current CUDA stream");
-  TORCH_CHECK(laya_native_geglu(config, a.data_ptr(), w.data_ptr(), out.data_ptr(), static_cast<int>(m),
-                                static_cast<int>(n), static_cast<int>(k), device,
-                                workspace.defined() ? workspace.data_ptr() : nullptr, needed, stream, message,
-                                sizeof(message)) == 0,
-              "laya_native::geglu_linear: M=", m, " N=", n, " K=", k, ", configuration ", config, ": ", message);
+  run_cutlass(
+      "laya_native::geglu_linear", what, x,
+      [&](size_t* needed, char* message, size_t size) {
+        return laya_native_geglu_workspace(c, mm, nn, kk, device, needed, message, size);
+      },
+      [&](void* workspace, size_t bytes, void* stream, char* message, size_t size) {
+        return laya_native_geglu(c, a.data_ptr(), w.data_ptr(), out.data_ptr(), mm, nn, kk, device, workspace, bytes,
+                                 stream, message, size);
+      });
   return out;
 }
 

@@ -260,8 +260,8 @@ int run(const void* x, const void* weight, void* out, int m, int n, int k, int d
   using StrideA = typename Gemm::GemmKernel::StrideA;
   using StrideB = typename Gemm::GemmKernel::StrideB;
   if (n % (2 * kBlock) != 0) {
-    return fail(message, size, "the interleaved weight's rows are not a multiple of 16 (blocks of 8 inputs and 8 gates)",
-                nullptr);
+    return fail(message, size, "the interleaved weight's rows are not a multiple of 16",
+                " (blocks of 8 inputs and 8 gates)");
   }
   cutlass::KernelHardwareInfo hw{device, sm_count(device)};
   typename Gemm::Arguments args{
@@ -335,10 +335,11 @@ int run_linear(LinearConfig const& config, const void* x, const void* weight, co
                char* message, size_t size) {
   using Gemm = typename Kernel::Gemm;
   using GemmKernel = typename Gemm::GemmKernel;
-  typename GemmKernel::StrideA stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, make_shape(m, k, 1));
-  typename GemmKernel::StrideB stride_b = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, make_shape(n, k, 1));
-  typename GemmKernel::StrideC stride_c = cutlass::make_cute_packed_stride(typename GemmKernel::StrideC{}, make_shape(m, n, 1));
-  typename GemmKernel::StrideD stride_d = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, make_shape(m, n, 1));
+  using cutlass::make_cute_packed_stride;
+  const auto stride_a = make_cute_packed_stride(typename GemmKernel::StrideA{}, make_shape(m, k, 1));
+  const auto stride_b = make_cute_packed_stride(typename GemmKernel::StrideB{}, make_shape(n, k, 1));
+  const auto stride_c = make_cute_packed_stride(typename GemmKernel::StrideC{}, make_shape(m, n, 1));
+  const auto stride_d = make_cute_packed_stride(typename GemmKernel::StrideD{}, make_shape(m, n, 1));
   typename Gemm::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
   args.problem_shape = {m, n, k, 1};
