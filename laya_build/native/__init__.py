@@ -62,7 +62,7 @@ NVCC_FLAGS = (
     "-frandom-seed=laya_native",
     "-Xcompiler=-fPIC",
 )
-CUDA_LIBRARIES = ("-lcudart_static", "-lrt", "-lpthread")
+CUDA_LINK = ("-lcudart_static", "-lrt", "-lpthread", "-s")  # and -s: nvcc's temporary file names go
 NAMESPACE = "laya_native"
 STANDARD = "-std=c++20"
 FLAGS = (STANDARD, "-O2", "-fPIC", "-shared", "-w")  # and the ABI define, the prefix maps, the include folders
@@ -84,7 +84,7 @@ def compile_command(out: Path, cuda_object: Path | None = None) -> list[str]:
             hint="install g++ (or name a compiler in CXX), or leave export.native_linears of this target empty",
         )
     torch_root = Path(torch.__file__).resolve().parent
-    cuda = [] if cuda_object is None else [str(cuda_object), f"-L{cuda_library_dir()}", *CUDA_LIBRARIES, "-s"]
+    cuda = [] if cuda_object is None else [str(cuda_object), f"-L{cuda_library_dir()}", *CUDA_LINK]
     return [
         cxx,
         *FLAGS,
@@ -261,7 +261,7 @@ def build(out_dir, *, cuda_kernels: bool = False) -> dict:
             cuda = {
                 "cuda_source": {"path": CUDA_SOURCE_REL, "sha256": sha256_file(CUDA_SOURCE)},
                 "cuda_compiler": tool_line("nvcc"),
-                "cuda_flags": [*NVCC_FLAGS, *CUDA_LIBRARIES, "-s"],
+                "cuda_flags": [*NVCC_FLAGS, *CUDA_LINK],
                 "cutlass": cutlass_version(include),
             }
         commands.append(compile_command(tmp, obj if cuda_kernels else None))
