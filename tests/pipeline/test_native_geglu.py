@@ -358,7 +358,7 @@ def test_every_thread_holds_two_adjacent_outputs_inputs_and_gates_where_the_epil
             "-o",
             str(exe),
             f"-L{native.cuda_library_dir()}",
-            *native.CUDA_LINK,
+            *(flag for flag in native.CUDA_LINK if flag.startswith("-l")),  # the libraries, for nvcc
             "-ldl",
         ],
         check=True,
