@@ -175,7 +175,11 @@ using Config2 = Kernel<Shape<_64, _128, _64>, Shape<_1, _1, _1>, Pingpong>;
 using Config3 = Kernel<Shape<_256, _128, _64>, Shape<_1, _2, _1>, Cooperative>;
 using Config4 = Kernel<Shape<_64, _256, _64>, Shape<_2, _1, _1>, Pingpong>;
 using Config5 = Kernel<Shape<_64, _64, _64>, Shape<_1, _1, _1>, Pingpong>;
-using GegluConfigs = std::tuple<Config0, Config1, Config2, Config3, Config4, Config5>;
+// 192 columns: 5,248 interleaved columns at 1,792 rows make 14 x 28 = 392 tiles, 2.97 waves of 132
+// multiprocessors (128 x 128: 4.35 waves, the fifth one a third full; 128 x 256: 2.23).
+using Config6 = Kernel<Shape<_128, _192, _64>, Shape<_2, _1, _1>, Cooperative>;
+using Config7 = Kernel<Shape<_128, _192, _64>, Shape<_1, _1, _1>, Cooperative>;
+using GegluConfigs = std::tuple<Config0, Config1, Config2, Config3, Config4, Config5, Config6, Config7>;
 constexpr int kConfigs = std::tuple_size_v<GegluConfigs>;
 const char* const kConfigNames[kConfigs] = {
     "cooperative 128x256x64 cluster 2x1",
@@ -184,6 +188,8 @@ const char* const kConfigNames[kConfigs] = {
     "cooperative 256x128x64 cluster 1x2",
     "pingpong 64x256x64 cluster 2x1",
     "pingpong 64x64x64 cluster 1x1",
+    "cooperative 128x192x64 cluster 2x1",
+    "cooperative 128x192x64 cluster 1x1",
 };
 
 // The kernels run on compute capability 9.0 only (sm_90a code, no PTX): "" or why not.
