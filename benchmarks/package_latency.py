@@ -1,11 +1,13 @@
-"""Latency of CUDA packages of one export side by side, in one process, interleaved.
+"""Latency of CUDA packages of one export side by side, interleaved, each in a process of its own.
 
     python benchmarks/package_latency.py EXPORT_DIR INPUTS_PT NAME=PACKAGE.pt2 ... [--out FILE]
 
-Each package is loaded through the project's runtime (``laya_build.runtime.load_package``,
-single-threaded) behind a :class:`laya_build.runtime.DecisionRunner` with CUDA-graph buckets at
-the measured shapes (default 1x128x3 and 7x256x4: rows x tokens x slots).  Then, ROUNDS times,
-for each shape and each package in turn: the graph replay (``replay_before_plain``, after the
+Each package is loaded, in a process of its own (a process holds one build of the native op
+library, and two packages may ship different ones), through the project's runtime
+(``laya_build.runtime.load_package``, single-threaded) behind a
+:class:`laya_build.runtime.DecisionRunner` with CUDA-graph buckets at the measured shapes
+(default 1x128x3 and 7x256x4: rows x tokens x slots); one process runs at a time.  Then, ROUNDS
+times, for each shape and each package in turn: the graph replay (``replay_before_plain``, after the
 package before it), the plain padded call, and the graph replay again (``replay``, right after the
 plain call: on the H200 a graph of this model replays faster there, see
 docs/measurements/runtime-h200.md, "two replay speeds"), each timed with
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -69,79 +72,173 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     import torch
-    from runtime_bench import parse_shapes, synthetic_call
+    from runtime_bench import parse_shapes
 
-    from laya_build import runtime
-    from laya_build.runtime.timing import time_calls
-
-    runtime.preload_modules([m for m in args.preload.split(",") if m])
-    exp = json.loads((Path(args.export_dir) / "export.json").read_text())
     shapes = parse_shapes(args.shapes)
     timing = json.loads(args.timing)
-    buckets = [{"rows": r, "tokens": t, "slots": s} for r, t, s in shapes]
-    runners = {}
     result = {
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "torch": torch.__version__,
         "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "timing": timing,
         "rounds": args.rounds,
+        "process": os.getpid(),
         "packages": {},
     }
     blas = dict(spec.split("=", 1) for spec in args.blas)
-    default_blas = torch.backends.cuda.preferred_blas_library()
-    for spec in args.packages:
-        name, _, path = spec.partition("=")
-        with open(path, "rb") as fh:
-            sha = hashlib.file_digest(fh, "sha256").hexdigest()
-        torch.backends.cuda.preferred_blas_library(blas.get(name, default_blas))
-        try:  # the graphs are captured here, with the GEMM kernels of that library
-            runners[name] = runtime.DecisionRunner(
-                runtime.load_package(path, sha, library=runtime.library_beside(path)), dims=exp["dims"], buckets=buckets
-            )
-        finally:
-            torch.backends.cuda.preferred_blas_library(default_blas)
-        result["packages"][name] = {"path": path, "sha256": sha, "blas_at_capture": str(blas.get(name, default_blas))}
-    inputs = torch.load(args.inputs, weights_only=True)
-    device = str(next(iter(runners.values())).device)
-    rows, replays = {}, {}
-    for r, t, s in shapes:
-        shape = f"{r}x{t}x{s}"
-        call = tuple(x.to(device) for x in synthetic_call(inputs, r, t, s))
-        outs, cases = {}, {}
-        for name, runner in runners.items():
-            bucket = runner.bucket_for(r, t, s)
-            padded = runner.padded_inputs(call)
-            with torch.inference_mode():
-                outs[name] = [o.float().cpu() for o in runner(*call)]
-            cases[name] = {"plain": (runner.plain, padded)}
-            if bucket in runner.graphs:  # timed before the plain call and right after it
-                replay = (runner.graphs[bucket].replay, ())
-                cases[name] = {"replay_before_plain": replay, **cases[name], "replay": replay}
+    setup = {"export_dir": args.export_dir, "inputs": args.inputs, "shapes": shapes, "timing": timing}
+    setup["preload"] = [m for m in args.preload.split(",") if m]
+    workers = {}
+    try:
+        for spec in args.packages:  # loaded side by side, each in its own process
+            name, _, path = spec.partition("=")
+            workers[name] = Worker(name, {**setup, "path": path, "blas": blas.get(name)})
+        for name, worker in workers.items():
+            ready = worker.answer()
+            result["packages"][name] = {"path": worker.path, **ready["package"]}
+            worker.outputs = ready["outputs"]
+        run_rounds(torch, args, result, workers)
+    finally:
+        for worker in workers.values():
+            worker.stop()
+    return 0
+
+
+def run_rounds(torch, args, result: dict, workers: dict) -> None:
+    """For each shape, every package's outputs against the first one's, then ``args.rounds``
+    rounds, each timing every package's modes in turn; then the launch times and the profiles."""
+    rows = {}
+    for shape in next(iter(workers.values())).outputs:
+        outs = {name: w.outputs[shape]["out"] for name, w in workers.items()}
+        modes = {name: w.outputs[shape]["modes"] for name, w in workers.items()}
         first = next(iter(outs.values()))
         rows[shape] = {
             "outputs_equal_to_first": {n: all(torch.equal(a, b) for a, b in zip(first, o)) for n, o in outs.items()},
             "max_abs_vs_first": {n: max(float((a - b).abs().max()) for a, b in zip(first, o)) for n, o in outs.items()},
-            "ms": {n: {m: [] for m in cases[n]} for n in runners},
+            "ms": {n: {m: [] for m in modes[n]} for n in workers},
         }
         for _ in range(args.rounds):
-            for name in runners:
-                for mode, (fn, fn_args) in cases[name].items():
-                    rows[shape]["ms"][name][mode].append(time_calls(fn, fn_args, timing, device)["median_ms"])
-        replays[shape] = {n: cases[n]["replay"][0] for n in runners if "replay" in cases[n]}
+            for name, worker in workers.items():
+                for mode in modes[name]:
+                    rows[shape]["ms"][name][mode].append(worker.ask("time", shape, mode))
         rows[shape]["median_ms"] = {
-            n: {m: statistics.median(v) for m, v in modes.items()} for n, modes in rows[shape]["ms"].items()
+            n: {m: statistics.median(v) for m, v in by_mode.items()} for n, by_mode in rows[shape]["ms"].items()
         }
         result["shapes"] = rows
         Path(args.out).write_text(json.dumps(result, indent=1))
         print(shape, json.dumps(rows[shape]["median_ms"]), rows[shape]["outputs_equal_to_first"], flush=True)
-    for shape, graphed in replays.items() if args.launch else ():
-        rows[shape]["launch"] = {n: launch_times(torch, replay, args.launch) for n, replay in graphed.items()}
-        Path(args.out).write_text(json.dumps(result, indent=1))
-    for shape, graphed in replays.items() if args.profile else ():  # after every timing: no profiler state in them
-        rows[shape]["profile"] = {n: kernel_profile(torch, replay, args.profile) for n, replay in graphed.items()}
-        Path(args.out).write_text(json.dumps(result, indent=1))
-    return 0
+    for what, calls in (("launch", args.launch), ("profile", args.profile)):  # the profiler after every timing
+        for shape in rows if calls else ():
+            graphed = [n for n, w in workers.items() if "replay" in w.outputs[shape]["modes"]]
+            rows[shape][what] = {n: workers[n].ask(what, shape, calls) for n in graphed}
+            Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+class Worker:
+    """One package in a process of its own (a process holds one build of the native op library,
+    laya_build.runtime.serving.load_library, and packages of one export may ship different ones),
+    timed on request; only one worker runs at a time, so the timings stay side by side."""
+
+    def __init__(self, name: str, setup: dict):
+        import multiprocessing
+
+        self.name, self.path, self.outputs = name, setup["path"], None
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=serve, args=(child, setup), name=f"latency-{name}", daemon=True)
+        self.process.start()
+        child.close()
+
+    def answer(self):
+        try:
+            kind, value = self.conn.recv()
+        except EOFError:
+            raise SystemExit(f"{self.name}: its process ended (exit code {self.process.exitcode})") from None
+        if kind == "error":
+            raise SystemExit(f"{self.name} ({self.path}) failed in its process:\n{value}")
+        return value
+
+    def ask(self, *request):
+        self.conn.send(request)
+        return self.answer()
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            try:
+                self.conn.send(("stop",))
+            except OSError:
+                pass
+            self.process.join(30)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+
+def serve(conn, setup: dict) -> None:
+    """A worker: load the package behind a DecisionRunner, send its outputs and what it can time
+    at each shape, then answer ``("time", shape, mode)``, ``("launch", shape, calls)`` and
+    ``("profile", shape, calls)`` until ``("stop",)``."""
+    import traceback
+
+    sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+    try:
+        import torch
+        from runtime_bench import synthetic_call
+
+        from laya_build import runtime
+        from laya_build.runtime.timing import time_calls
+
+        runtime.preload_modules(setup["preload"])
+        exp = json.loads((Path(setup["export_dir"]) / "export.json").read_text())
+        path = setup["path"]
+        with open(path, "rb") as fh:
+            sha = hashlib.file_digest(fh, "sha256").hexdigest()
+        buckets = [{"rows": r, "tokens": t, "slots": s} for r, t, s in setup["shapes"]]
+        library = runtime.library_beside(path)
+        default_blas = torch.backends.cuda.preferred_blas_library()
+        torch.backends.cuda.preferred_blas_library(setup["blas"] or default_blas)
+        try:  # the graphs are captured here, with the GEMM kernels of that library
+            runner = runtime.DecisionRunner(
+                runtime.load_package(path, sha, library=library), dims=exp["dims"], buckets=buckets
+            )
+        finally:
+            torch.backends.cuda.preferred_blas_library(default_blas)
+        inputs = torch.load(setup["inputs"], weights_only=True)
+        cases, outputs = {}, {}
+        for r, t, s in setup["shapes"]:
+            shape = f"{r}x{t}x{s}"
+            call = tuple(x.to(runner.device) for x in synthetic_call(inputs, r, t, s))
+            bucket = runner.bucket_for(r, t, s)
+            padded = runner.padded_inputs(call)
+            with torch.inference_mode():
+                out = [o.float().cpu() for o in runner(*call)]
+            cases[shape] = {"plain": (runner.plain, padded)}
+            if bucket in runner.graphs:  # timed before the plain call and right after it
+                replay = (runner.graphs[bucket].replay, ())
+                cases[shape] = {"replay_before_plain": replay, **cases[shape], "replay": replay}
+            outputs[shape] = {"out": out, "modes": list(cases[shape])}
+        package = {
+            "sha256": sha,
+            "blas_at_capture": str(setup["blas"] or default_blas),
+            "native_library": library and library["sha256"],
+            "process": os.getpid(),
+        }
+        conn.send(("ready", {"package": package, "outputs": outputs}))
+        device = str(runner.device)
+        while True:
+            request = conn.recv()
+            if request[0] == "stop":
+                return
+            what, shape, arg = request
+            if what == "time":
+                fn, fn_args = cases[shape][arg]
+                conn.send(("ok", time_calls(fn, fn_args, setup["timing"], device)["median_ms"]))
+            else:
+                measure = launch_times if what == "launch" else kernel_profile
+                conn.send(("ok", measure(torch, cases[shape]["replay"][0], arg)))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        raise
 
 
 def launch_times(torch, replay, calls: int) -> dict:

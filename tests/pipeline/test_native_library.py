@@ -657,3 +657,56 @@ def test_another_cutlass_reruns_the_cuda_export_that_compiles_the_kernels_and_no
     assert status["export:cuda-bfloat16"] == "R", status
     assert status[f"export:{BUILD}"] == "U", status
     assert released.status()["export:cuda-bfloat16"] == "U", "the same CUTLASS: up to date"
+
+
+def test_packages_shipping_different_library_builds_are_timed_side_by_side_each_in_its_own_process(
+    released, tmp_path
+):
+    """``benchmarks/package_latency.py`` over two packages whose records name different builds of
+    the native op library (a process can hold only one): each is loaded and timed in a process of
+    its own, both answer, and their outputs are compared."""
+    vdir = released.version_dir()
+    folder = vdir / f"aoti_package/{BUILD}"
+    other = tmp_path / "other"
+    shutil.copytree(folder, other)
+    library = other / NATIVE_LIBRARY_NAME
+    library.write_bytes(library.read_bytes() + b"\0" * 16)  # other bytes, the same ELF
+    record_path = other / "aoti_package.json"
+    record = json.loads(record_path.read_text())
+    record["native_library"]["sha256"] = sha256_file(library)
+    record_path.write_text(json.dumps(record))
+    out = tmp_path / "latency.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks/package_latency.py"),
+            str(vdir / f"export/{BUILD}"),
+            str(vdir / "model/inputs.pt"),
+            f"released={folder / 'decision.pt2'}",
+            f"other={other / 'decision.pt2'}",
+            "--shapes=1x32x2,2x64x2",
+            "--rounds=2",
+            '--timing={"warmup": 1, "min_run_time_s": 0.01}',
+            "--preload=",
+            f"--out={out}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    packages = result["packages"]
+    assert packages["released"]["native_library"] == sha256_file(folder / NATIVE_LIBRARY_NAME)
+    assert packages["other"]["native_library"] == sha256_file(library)
+    processes = {packages["released"]["process"], packages["other"]["process"], result["process"]}
+    assert len(processes) == 3  # two workers, neither of them the process that compares them
+    for shape in ("1x32x2", "2x64x2"):
+        row = result["shapes"][shape]
+        assert row["outputs_equal_to_first"] == {"released": True, "other": True}
+        for name in packages:
+            assert len(row["ms"][name]["plain"]) == 2 and all(ms > 0 for ms in row["ms"][name]["plain"])
+    for name in packages:  # the workers are gone
+        assert not Path(f"/proc/{packages[name]['process']}").exists()
