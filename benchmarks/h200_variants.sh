@@ -25,8 +25,8 @@
 #      repeats, default 1), to $OUT/states.json;
 #   3. `doit verify:cuda-bfloat16` of the variants named in VERIFY (default: all but the first;
 #      none: no verification);
-#   4. the GPU tests named in TESTS (pytest node ids; pytest is not needed: each test function
-#      is called in a fresh interpreter).
+#   4. the GPU tests named in TESTS (pytest node ids, FILE.py::FUNCTION; none: none; pytest is not
+#      needed: each test function is called in a fresh interpreter).
 # With ALGORITHMS=FILE (a path in the project, e.g. tuning/h200-cublaslt.json), first of all
 # benchmarks/cublaslt_probe.py writes the fastest cuBLASLt algorithm of each encoder GEMM there
 # (ALGOS candidates each, default 8; with SEARCH=ROUNDS, its search beyond them, SEARCH_S seconds
@@ -146,12 +146,7 @@ for n in ${VERIFY:-${built[@]:1}}; do
   cp "$WORK/$n/artifacts/$VERSION/verify/$BUILD/verify.json" "$OUT/$n-verify.json" 2>/dev/null
 done
 
-for t in ${TESTS:-}; do
-  late 20 "$t" && continue
-  file=${t%%::*} func=${t#*::}
-  mod=$(echo "${file%.py}" | tr / .)
-  "$PY" -c "import $mod as m; m.$func(); print('PASSED $t')" >> "$log" 2>&1 || say "FAILED $t"
-done
+run_tests ${TESTS:-}
 
 logs=$(cd "$WORK" && ls ./*.log 2>/dev/null)
 [ -n "$logs" ] && tar -C "$WORK" -czf "$OUT/logs.tgz" $logs

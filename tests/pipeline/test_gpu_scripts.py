@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -91,3 +92,20 @@ def test_a_step_that_would_run_past_the_deadline_is_skipped_and_said(tmp_path, d
     assert run.stdout.splitlines()[-1] == ("skip" if skipped else "run")
     log = tmp_path / "run.log"
     assert (log.exists() and "deadline: the step skipped" in log.read_text()) == skipped
+
+
+def test_named_test_functions_run_each_in_a_fresh_interpreter_and_anything_else_is_said_not_run(tmp_path):
+    (tmp_path / "gpu_checks.py").write_text("def passes():\n    pass\n\ndef fails():\n    raise AssertionError('no')\n")
+    run, _ = run_helpers(
+        tmp_path,
+        "run_tests none no gpu_checks.py::passes gpu_checks.py::fails; echo done",
+        PY=sys.executable,
+        PYTHONPATH=str(tmp_path),
+        DEADLINE_S="600",
+    )
+    assert run.returncode == 0, run.stderr
+    log = (tmp_path / "run.log").read_text()
+    assert "tests: no is not a test's node id (FILE.py::FUNCTION); not run" in log
+    assert "none" not in log.replace("not run", "")
+    assert "PASSED gpu_checks.py::passes" in log
+    assert "FAILED gpu_checks.py::fails" in log and "AssertionError: no" in log
