@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Variants of the CUDA package of pipeline.h200.yaml built at the same time on one GPU machine,
-# then timed side by side in one process (docs/measurements/runtime-h200.md).
+# then timed side by side, one process a package, in turn (docs/measurements/runtime-h200.md).
 #
 #   VARIANTS='computed={"export":{"rotary":"computed"}} table={"package":{"tuning":{}}}' \
 #     benchmarks/h200_variants.sh

@@ -55,10 +55,10 @@ def released(tmp_path_factory):
     return project
 
 
-def fresh(code: str, *args: str) -> dict:
-    """Run ``code`` in a fresh interpreter (as a serving process starts); its last stdout line, as JSON."""
+def python(*args: str) -> subprocess.CompletedProcess:
+    """``python *args`` in a fresh interpreter from the project root, offline; it must exit 0."""
     proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *args],
+        [sys.executable, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -66,7 +66,12 @@ def fresh(code: str, *args: str) -> dict:
         env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return proc
+
+
+def fresh(code: str, *args: str) -> dict:
+    """Run ``code`` in a fresh interpreter (as a serving process starts); its last stdout line, as JSON."""
+    return json.loads(python("-c", textwrap.dedent(code), *args).stdout.strip().splitlines()[-1])
 
 
 OPEN = """
@@ -216,7 +221,7 @@ def test_the_exported_program_adds_each_mlp_residual_inside_the_op(released):
     assert got["with_residual"] == ENCODER_LAYERS and got["adds_of_calls"] == 0
     # export.native_cutlass: mlp.Wo's calls carry the CUTLASS configurations, also once they take the residual
     linear = read_record(vdir / f"export/{BUILD}/export.json")["cutlass_configs"]["linear"]
-    assert linear == [256, -1, -1, 0]  # the default
+    assert linear == [256, -1, -1, 2]  # the default
     assert got["cutlass_with_residual"] == [linear] * ENCODER_LAYERS, got
     assert got["cutlass"].count(None) == ENCODER_LAYERS, "attn.Wqkv's calls stay as they were"
     assert got["same"] and max(got["same"]) <= 1e-5, got
@@ -659,9 +664,7 @@ def test_another_cutlass_reruns_the_cuda_export_that_compiles_the_kernels_and_no
     assert released.status()["export:cuda-bfloat16"] == "U", "the same CUTLASS: up to date"
 
 
-def test_packages_shipping_different_library_builds_are_timed_side_by_side_each_in_its_own_process(
-    released, tmp_path
-):
+def test_packages_shipping_different_library_builds_are_timed_side_by_side_each_in_its_own_process(released, tmp_path):
     """``benchmarks/package_latency.py`` over two packages whose records name different builds of
     the native op library (a process can hold only one): each is loaded and timed in a process of
     its own, both answer, and their outputs are compared."""
@@ -676,27 +679,18 @@ def test_packages_shipping_different_library_builds_are_timed_side_by_side_each_
     record["native_library"]["sha256"] = sha256_file(library)
     record_path.write_text(json.dumps(record))
     out = tmp_path / "latency.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks/package_latency.py"),
-            str(vdir / f"export/{BUILD}"),
-            str(vdir / "model/inputs.pt"),
-            f"released={folder / 'decision.pt2'}",
-            f"other={other / 'decision.pt2'}",
-            "--shapes=1x32x2,2x64x2",
-            "--rounds=2",
-            '--timing={"warmup": 1, "min_run_time_s": 0.01}',
-            "--preload=",
-            f"--out={out}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
+    python(
+        str(ROOT / "benchmarks/package_latency.py"),
+        str(vdir / f"export/{BUILD}"),
+        str(vdir / "model/inputs.pt"),
+        f"released={folder / 'decision.pt2'}",
+        f"other={other / 'decision.pt2'}",
+        "--shapes=1x32x2,2x64x2",
+        "--rounds=2",
+        '--timing={"warmup": 1, "min_run_time_s": 0.01}',
+        "--preload=",
+        f"--out={out}",
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     packages = result["packages"]
     assert packages["released"]["native_library"] == sha256_file(folder / NATIVE_LIBRARY_NAME)

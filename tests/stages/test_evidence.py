@@ -1183,3 +1183,68 @@ def test_h100_the_gemm_with_its_gated_gelu_in_one_triton_kernel_was_slower_and_i
     assert "FAILED tests/stages/test_geglu_linear.py::test_on_the_gpu_the_kernel_is_cublas_s_gemm" in log
     assert [d[:8] for d in digests(log)["gg"]] == ["f6d21369"]
     assert "geglu_linear" not in h200_config()["export"]
+
+
+CUTLASS_H100 = "2026-12-05-h100-cutlass"
+
+
+def probe_us(name: str) -> dict[tuple, float]:
+    """``native_cutlass_probe.py``'s rows: µs a call by (op, GEMM, M, residual, row name)."""
+    probe = load(f"{CUTLASS_H100}/{name}")
+    assert probe["gpu"] == "NVIDIA H100 80GB HBM3" and not probe["errors"]
+    return {(r["op"], r.get("gemm"), r["M"], r.get("residual"), r["name"]): r["us"] for r in probe["rows"]}
+
+
+def test_h100_the_128x192_geglu_tiles_were_the_fastest_at_1792_rows_and_are_the_default():
+    """The GeGLU rows quoted; #7 the fastest at 1,792 rows, 8.6 µs under the pair; ping-pong 64x128
+    the fastest at 128; the defaults name those two; every output near the pair's; the GPU tests passed."""
+    from laya_build.config.sections import section
+
+    first, second = probe_us("native-cutlass-probe-1.json"), probe_us("native-cutlass-probe-2.json")
+    for us, m, pair, best, best_us in (
+        (first, 128, 9.36, "cutlass #2 pingpong 64x128x64 cluster 1x1", 8.69),
+        (first, 1792, 45.69, "cutlass #4 pingpong 64x256x64 cluster 2x1", 43.29),
+        (second, 128, 9.35, "cutlass #2 pingpong 64x128x64 cluster 1x1", 8.73),
+        (second, 1792, 48.55, "cutlass #7 cooperative 128x192x64 cluster 1x1", 39.95),
+    ):
+        rows = {k[4]: v for k, v in us.items() if k[0] == "geglu" and k[2] == m}
+        assert rows["cublas, geglu"] == pair
+        kernels = {name: v for name, v in rows.items() if name.startswith("cutlass #")}
+        assert min(kernels.values()) == kernels[best] == best_us
+    assert round(48.55 - 39.95, 2) == 8.6
+    probe = load(f"{CUTLASS_H100}/native-cutlass-probe-2.json")
+    assert probe["suggested_cutlass_configs"] == {"geglu": [256, 2, -1, 7]}
+    assert section("export", None)["cutlass_configs"]["geglu"] == [256, 2, -1, 7]
+    for row in probe["rows"]:
+        if "max_abs_vs_cublas_geglu" in row:
+            assert row["max_abs_vs_cublas_geglu"] <= (2e-6 if row["M"] == 128 else 1.3e-4)
+    assert "20 passed" in (EVIDENCE / CUTLASS_H100 / "cutlass-gpu-tests-1.log").read_text()
+
+
+def test_h100_stream_k_was_slower_than_the_data_parallel_schedule_and_cublas_and_is_off():
+    """At 1,792 rows both 1,024-column GEMMs: stream-K slower than CUTLASS's data-parallel schedule
+    of the same tile, which is the fastest CUTLASS configuration and the default, and slower than
+    cuBLAS (without the residual) and cuBLASLt (with it); native_cutlass off in pipeline.h200.yaml."""
+    from laya_build.config.sections import section
+
+    us = probe_us("native-cutlass-probe-1.json")
+    for gemm in ("attn_out", "mlp_out"):
+        for residual, reference in ((False, "cublas"), (True, "cublaslt + residual")):
+            tail = " + residual" if residual else ""
+            rows = {k[4]: v for k, v in us.items() if k[:4] == ("linear", gemm, 1792, residual)}
+            kernels = {name: v for name, v in rows.items() if name.startswith("cutlass #")}
+            fastest = min(kernels, key=kernels.get)
+            assert fastest == f"cutlass #2 cooperative 128x128x64 data-parallel{tail}", (gemm, residual)
+            assert rows[f"cutlass #0 cooperative 128x128x64 stream-K{tail}"] > kernels[fastest] + 3
+            assert kernels[fastest] > rows[reference]
+    assert section("export", None)["cutlass_configs"]["linear"] == [256, -1, -1, 2]
+    assert not h200_config()["export"].get("native_cutlass", {}).get("cuda")
+
+
+def test_h100_the_geglu_package_verified_and_one_process_could_not_time_it_beside_another_library():
+    """g6 built to the bytes quoted and verified with the deltas quoted; its latency step was refused
+    for holding two native library builds in one process."""
+    log = (EVIDENCE / CUTLASS_H100 / "variants-2.log").read_text()
+    assert {k: [d[:8] for d in v] for k, v in digests(log).items()} == {"cur": ["7adc600c"], "g6": ["e5c83ba0"]}
+    assert "latency (cur g6) rc 1" in log and "NativeLibraryError" in log and "already loaded another build" in log
+    verified_as_quoted(f"{CUTLASS_H100}/g6-verify-2.json", {"decision": (0.023, 0.0045), "act": (0.049, 0.0129)})
