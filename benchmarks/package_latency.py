@@ -16,10 +16,10 @@ the median over rounds of each round's median, every round's figure, and whether
 of the packages are equal.  Interleaving keeps clock and thermal drift out of the comparison.
 ``--profile N`` then, after all timing, records per package and shape N graph replays under
 torch.profiler: the GPU work of one forward (kernels, memsets and copies: count, GPU time, the
-span from the first one's start to the last one's end) and every kernel by name, the most time
-first.  ``--launch N`` times N replays of each package and shape without a profiler: the host's
-time in each ``replay()`` call alone, and N replays back to back by CUDA events and by the wall
-clock.
+span from the first one's start to the last one's end), every kernel by name, the most time
+first, and the first replay's events in order with the idle time before each.  ``--launch N``
+times N replays of each package and shape without a profiler: the host's time in each
+``replay()`` call alone, and N replays back to back by CUDA events and by the wall clock.
 """
 
 from __future__ import annotations
@@ -296,6 +296,8 @@ def kernel_profile(torch, replay, calls: int, top: int | None = None) -> dict:
     busy = sum(float(e["dur"]) for e in gpu)
     span = max(e["ts"] + e["dur"] for e in gpu) - min(e["ts"] for e in gpu)
     ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]  # top None: every kernel
+    gpu.sort(key=lambda e: e["ts"])
+    first = gpu[: round(len(gpu) / calls)]  # the first replay's events, in the order they ran
     return {
         "calls": calls,
         "events_per_forward": round(len(gpu) / calls, 2),
@@ -305,6 +307,16 @@ def kernel_profile(torch, replay, calls: int, top: int | None = None) -> dict:
         "top": [
             {"name": name, "per_forward": round(len(us) / calls, 2), "us_per_forward": round(sum(us) / calls, 2)}
             for name, us in ranked
+        ],
+        # one forward in order: [kind: name, µs idle before it, µs it ran, bytes (memsets and copies)]
+        "forward": [
+            [
+                f"{e['cat']}: {e['name'][:80]}",
+                round(float(e["ts"]) - float(first[i - 1]["ts"] + first[i - 1]["dur"]), 2) if i else 0.0,
+                round(float(e["dur"]), 2),
+                (e.get("args") or {}).get("bytes"),
+            ]
+            for i, e in enumerate(first)
         ],
     }
 
