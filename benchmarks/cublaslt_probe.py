@@ -437,14 +437,24 @@ def words_of(result: HeuristicResult) -> list[str]:
     return [f"0x{int(w):016x}" for w in result.algo]
 
 
-def algorithms_file(result: dict, version: int) -> dict:
+def algorithms_file(result: dict, version: int, max_workspace: int | None = None) -> dict:
     """The fastest ``lt`` algorithm of each GEMM at each M, as an algorithms file: the smallest M
-    bounds the rows it serves, the largest serves every M above."""
+    bounds the rows it serves, the largest serves every M above.  With ``max_workspace`` only
+    algorithms whose workspace is at most that many bytes compete."""
     from laya_build.model.native_linear import ALGORITHMS_FORMAT
+
+    def fits(row) -> bool:
+        return max_workspace is None or (row.get("config") or {}).get("workspace", 0) <= max_workspace
 
     best = {}
     for row in result["rows"]:  # an algorithm whose timing or output check failed is never chosen
-        if row["name"].startswith(("lt #", "lt search #")) and "us" in row and "words" in row and "error" not in row:
+        if (
+            row["name"].startswith(("lt #", "lt search #"))
+            and "us" in row
+            and "words" in row
+            and "error" not in row
+            and fits(row)
+        ):
             key = (row["N"], row["K"], row["M"])
             if key not in best or row["us"] < best[key]["us"]:
                 best[key] = row
@@ -468,9 +478,11 @@ def algorithms_file(result: dict, version: int) -> dict:
                 "config": row.get("config"),
             }
         )
+    chosen = {} if max_workspace is None else {"max_workspace": max_workspace}
     return {
         "format": ALGORITHMS_FORMAT,
         "written_by": "benchmarks/cublaslt_probe.py",
+        **chosen,
         "date": result.get("date"),
         "gpu": result.get("gpu"),
         "torch": result.get("torch"),
@@ -500,6 +512,37 @@ def native_rows(torch, result: dict, save, library: Path, algorithms: dict) -> N
             timed_row(torch, result, save, row, calls, LAYERS, calls[0], F.linear(xs[0], weights[0]), versus="cublas")
 
 
+def write_from_rows(rows: Path, path: Path, max_workspace: int | None, version: int | None) -> int:
+    """The algorithms file of an earlier run's rows (its ``--out``), with the cuBLASLt version that
+    run recorded (or ``version``, for rows that do not record it); refused, naming what is missing."""
+    try:
+        result = json.loads(rows.read_text())
+        rows_list = result["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"--from-rows {rows}: not a probe result ({exc!r}); give the --out of a probe run", file=sys.stderr)
+        return 2
+    recorded = result.get("cublaslt_version")
+    if recorded is not None and version is not None and int(recorded) != version:
+        print(f"--from-rows {rows}: its rows were timed with cuBLASLt {recorded}, not {version}", file=sys.stderr)
+        return 2
+    version = recorded if recorded is not None else version
+    if version is None or not isinstance(rows_list, list):
+        print(
+            f"--from-rows {rows}: the rows do not say which cuBLASLt timed them; give --cublaslt-version",
+            file=sys.stderr,
+        )
+        return 2
+    algorithms = algorithms_file(result, int(version), max_workspace)
+    if not algorithms["entries"]:
+        print(f"--from-rows {rows}: no algorithm row fits (--max-workspace {max_workspace})", file=sys.stderr)
+        return 2
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(algorithms, indent=1) + "\n")
+    tmp.replace(path)
+    print(f"wrote {path}: {len(algorithms['entries'])} entries", flush=True)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -507,6 +550,21 @@ def main() -> int:
     parser.add_argument("--workspace-mib", type=int, default=32)
     parser.add_argument("--write-algorithms", type=Path, help="the algorithms file to write (the fastest of each)")
     parser.add_argument("--library", type=Path, help="the native op library to time with those algorithms")
+    parser.add_argument(
+        "--max-workspace",
+        type=int,
+        metavar="BYTES",
+        help="write only algorithms needing at most this much workspace (0: none, so no memset before the GEMM)",
+    )
+    parser.add_argument(
+        "--from-rows",
+        type=Path,
+        metavar="PROBE_JSON",
+        help="write the algorithms file from the rows of an earlier run's --out instead of timing (no GPU)",
+    )
+    parser.add_argument(
+        "--cublaslt-version", type=int, help="with --from-rows: the cuBLASLt that timed rows which do not record it"
+    )
     parser.add_argument(
         "--search", type=int, default=0, metavar="ROUNDS", help="rounds of variations beyond the heuristic's list"
     )
@@ -523,6 +581,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.library and not args.write_algorithms:
         parser.error("--library times the algorithms --write-algorithms writes: give both")
+    if args.from_rows:
+        if not args.write_algorithms or args.library:
+            parser.error("--from-rows writes the algorithms file of stored rows: give --write-algorithms, no --library")
+        return write_from_rows(args.from_rows, args.write_algorithms, args.max_workspace, args.cublaslt_version)
     start = time.monotonic()
 
     import torch
@@ -538,8 +600,9 @@ def main() -> int:
         search=args.search,
         rounds=args.rounds,
     )
-    save = saver(result, args.out)
     lt.lib.cublasLtGetVersion.restype = ctypes.c_size_t
+    result["cublaslt_version"] = int(lt.lib.cublasLtGetVersion())  # what --from-rows writes the file with
+    save = saver(result, args.out)
     algorithms = None
     search = (args.search, args.keep, args.search_s) if args.search else None
     for name, (N, K) in GEMMS.items():
@@ -547,7 +610,7 @@ def main() -> int:
         for M in ROWS:
             probe_shape(torch, lt, result, save, name, M, weights, args.algos, search, args.rounds)
             if args.write_algorithms:  # after every shape: a probe stopped part way leaves the shapes it timed
-                algorithms = algorithms_file(result, int(lt.lib.cublasLtGetVersion()))
+                algorithms = algorithms_file(result, int(lt.lib.cublasLtGetVersion()), args.max_workspace)
                 args.write_algorithms.write_text(json.dumps(algorithms, indent=1) + "\n")
     if algorithms is not None:
         print(f"wrote {args.write_algorithms}: {len(algorithms['entries'])} entries", flush=True)
