@@ -2,7 +2,9 @@
 
     python benchmarks/cublaslt_probe.py --out cublaslt.json [--algos 24] [--workspace-mib 32]
         [--search ROUNDS [--keep 4] [--search-s 40]] [--rounds 3] [--write-algorithms FILE]
-        [--library liblaya_native.so]
+        [--max-workspace BYTES] [--library liblaya_native.so]
+    python benchmarks/cublaslt_probe.py --from-rows cublaslt.json --write-algorithms FILE
+        [--max-workspace BYTES] [--cublaslt-version V]
 
 The package's GEMMs (``aten.mm`` through AOTInductor) go to cuBLAS, which picks one kernel by its
 own heuristic; cuBLASLt's heuristic returns a ranked list of algorithms for the same problem.  This
@@ -36,7 +38,10 @@ round-robin over the rows, and makes its ``us`` the median of all (``us_timings`
 algorithms file (:data:`laya_build.model.native_linear.ALGORITHMS_FORMAT`; M = 128 as
 ``m_max`` 128, the largest M as no bound), what ``export.native_algorithms.cuda-bfloat16``
 names.  ``--library`` then times the project's op (``laya_native::linear``, the library an
-export built) with those algorithms beside the rows above: ``native`` rows.
+export built) with those algorithms beside the rows above: ``native`` rows.  ``--max-workspace
+BYTES`` lets only algorithms needing at most that much workspace into the file (0: none; cuBLASLt
+clears a small workspace before each call, a memset node in a CUDA graph).  ``--from-rows`` writes
+the file from an earlier run's ``--out`` without a GPU.
 """
 
 from __future__ import annotations
@@ -545,7 +550,7 @@ def write_from_rows(rows: Path, path: Path, max_workspace: int | None, version: 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, help="the probe's rows (JSON); not with --from-rows")
     parser.add_argument("--algos", type=int, default=24)
     parser.add_argument("--workspace-mib", type=int, default=32)
     parser.add_argument("--write-algorithms", type=Path, help="the algorithms file to write (the fastest of each)")
@@ -585,6 +590,8 @@ def main() -> int:
         if not args.write_algorithms or args.library:
             parser.error("--from-rows writes the algorithms file of stored rows: give --write-algorithms, no --library")
         return write_from_rows(args.from_rows, args.write_algorithms, args.max_workspace, args.cublaslt_version)
+    if not args.out:
+        parser.error("--out is required: the file the probe's rows go to")
     start = time.monotonic()
 
     import torch

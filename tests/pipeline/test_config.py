@@ -251,9 +251,11 @@ def test_h200_config_is_valid_and_differs_only_where_documented(tmp_path):
     expected["export"]["zero_bias"]["cuda"] = ["mlp.Wo"]  # the MLP's output GEMM through cuBLASLt
     # the scorer's last layer as a reduction fused with the GELU before it
     expected["export"]["fused_linears"]["cuda"] = ["scorer.3"]
-    # three of an encoder layer's GEMMs through the native op, with the algorithms chosen on the H200
-    expected["export"]["native_linears"]["cuda"] = ["attn.Wqkv", "attn.Wo", "mlp.Wi"]
+    # the attention's GEMMs through the native op, with the algorithms chosen on the H200
+    expected["export"]["native_linears"]["cuda"] = ["attn.Wqkv", "attn.Wo"]
     expected["export"]["native_algorithms"] = {"cuda-bfloat16": "tuning/h200-cublaslt.json"}
+    # the MLP's first GEMM and its gated GELU as one CUTLASS kernel of the native library
+    expected["export"]["native_geglu"]["cuda"] = True
     # the residual stored at every layer norm
     expected["package"]["inductor_configs"]["realize_reads_threshold"] = 1
     # a 7-row batch (rows 1..7) and CUDA-graph buckets at the serving shapes and saved batches

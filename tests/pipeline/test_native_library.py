@@ -481,6 +481,76 @@ def test_the_probe_writes_the_fastest_algorithm_of_each_gemm_as_a_file_the_expor
     ]
 
 
+def test_the_probe_writes_from_stored_rows_only_algorithms_within_the_workspace_given(tmp_path):
+    """--from-rows writes the file of an earlier run's rows without a GPU; --max-workspace keeps out every
+    algorithm needing more workspace, whatever its speed; rows that cannot give a file are refused with
+    what is missing, and nothing is written."""
+
+    def lt(m, us, word, workspace):
+        config = {"workspace": workspace, "id": 66}
+        words = [f"0x{word:016x}"] * 8
+        return {
+            "gemm": "Wi",
+            "N": 5248,
+            "K": 1024,
+            "M": m,
+            "name": f"lt #{word}",
+            "us": us,
+            "words": words,
+            "config": config,
+        }
+
+    rows = [
+        lt(128, 6.0, 1, 4),
+        lt(128, 6.2, 2, 0),
+        lt(1792, 33.0, 3, 4),
+        lt(1792, 35.0, 4, 1 << 20),
+        lt(1792, 36.0, 5, 0),
+    ]
+    stored = tmp_path / "probe.json"
+    stored.write_text(json.dumps({"rows": rows, "gpu": "NVIDIA H200", "date": "d", "torch": "t"}))
+
+    def write(*args):
+        return subprocess.run(
+            [sys.executable, "benchmarks/cublaslt_probe.py", "--from-rows", str(stored), *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+
+    chosen = {}
+    for limit, version in ((None, "130100"), ("0", "130100"), ("4", "130100")):
+        out = tmp_path / f"algorithms-{limit}.json"
+        run = write(
+            "--write-algorithms",
+            str(out),
+            "--cublaslt-version",
+            version,
+            *(["--max-workspace", limit] if limit else []),
+        )
+        assert run.returncode == 0, run.stderr
+        doc = json.loads(out.read_text())
+        assert doc["cublaslt_version"] == 130100 and doc.get("max_workspace") == (int(limit) if limit else None)
+        entries = native_linear.read_algorithms(out, "export.native_algorithms.cuda-bfloat16")
+        chosen[limit] = [(e["m_max"], int(e["algorithm"][0], 16)) for e in entries]
+    assert chosen == {None: [(128, 1), (None, 3)], "0": [(128, 2), (None, 5)], "4": [(128, 1), (None, 3)]}
+
+    out = tmp_path / "refused.json"
+    run = write("--write-algorithms", str(out))  # the rows do not say which cuBLASLt timed them
+    assert run.returncode == 2 and "give --cublaslt-version" in run.stderr and not out.exists()
+    stored.write_text(json.dumps({"rows": rows, "cublaslt_version": 130200}))
+    run = write("--write-algorithms", str(out), "--cublaslt-version", "130100")
+    assert run.returncode == 2 and "timed with cuBLASLt 130200, not 130100" in run.stderr and not out.exists()
+    run = write("--write-algorithms", str(out), "--max-workspace", "-1")
+    assert run.returncode == 2 and "no algorithm row fits (--max-workspace -1)" in run.stderr and not out.exists()
+    stored.write_text("not json")
+    run = write("--write-algorithms", str(out), "--cublaslt-version", "130100")
+    assert run.returncode == 2 and "not a probe result" in run.stderr and not out.exists()
+    run = write()  # nothing to write to
+    assert run.returncode == 2 and "give --write-algorithms" in run.stderr
+
+
 def test_the_probe_search_starts_from_the_fastest_and_tries_other_algorithm_ids_once(monkeypatch):
     """The search loop over a stand-in cuBLASLt: an algorithm is its 8 words, its time the first
     word; each variation is one step away; the other ids come in after the first round."""

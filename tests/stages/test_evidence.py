@@ -1248,3 +1248,144 @@ def test_h100_the_geglu_package_verified_and_one_process_could_not_time_it_besid
     assert {k: [d[:8] for d in v] for k, v in digests(log).items()} == {"cur": ["7adc600c"], "g6": ["e5c83ba0"]}
     assert "latency (cur g6) rc 1" in log and "NativeLibraryError" in log and "already loaded another build" in log
     verified_as_quoted(f"{CUTLASS_H100}/g6-verify-2.json", {"decision": (0.023, 0.0045), "act": (0.049, 0.0129)})
+
+
+GEGLU_PACKAGE = "2026-12-06-h100-geglu-package"
+
+
+def test_h100_the_geglu_kernel_in_the_package_was_faster_at_7x256_in_every_round_and_is_committed():
+    """Run 1: every g7 round faster than every cur round at 7x256 (both timings), every one slower at
+    1x128; the medians and back-to-back figures the section quotes; g7 verified with the deltas quoted;
+    pipeline.h200.yaml runs the kernel with mlp.Wi out of the native linears."""
+    name = f"{GEGLU_PACKAGE}/latency-1.json"
+    shapes = load(name)["shapes"]
+    assert load(name)["device_name"] == "NVIDIA H100 80GB HBM3"
+    for mode in ("replay", "replay_before_plain"):
+        rounds = {s: v["ms"] for s, v in shapes.items()}
+        assert max(rounds["7x256x4"]["g7"][mode]) < min(rounds["7x256x4"]["cur"][mode])
+        assert min(rounds["1x128x3"]["g7"][mode]) > max(rounds["1x128x3"]["cur"][mode])
+    assert replay_medians(name) == {
+        ("1x128x3", "cur"): 1.0,
+        ("1x128x3", "g7"): 1.007,
+        ("1x128x3", "g7r"): 1.02,
+        ("7x256x4", "cur"): 3.231,
+        ("7x256x4", "g7"): 3.158,
+        ("7x256x4", "g7r"): 3.138,
+    }
+    assert {k: v for k, v in replay_medians(name, "replay_before_plain").items() if k[0] == "7x256x4"} == {
+        ("7x256x4", "cur"): 3.228,
+        ("7x256x4", "g7"): 3.156,
+        ("7x256x4", "g7r"): 3.137,
+    }
+    assert back_to_back(name) == {
+        ("1x128x3", "cur"): 1.003,
+        ("1x128x3", "g7"): 1.01,
+        ("1x128x3", "g7r"): 1.022,
+        ("7x256x4", "cur"): 3.262,
+        ("7x256x4", "g7"): 3.158,
+        ("7x256x4", "g7r"): 3.117,
+    }
+    verified_as_quoted(f"{GEGLU_PACKAGE}/g7-verify-1.json", {"decision": (0.023, 0.0045), "act": (0.049, 0.0129)})
+    export = h200_config()["export"]
+    assert export["native_geglu"]["cuda"] is True and export["native_linears"]["cuda"] == ["attn.Wqkv", "attn.Wo"]
+    assert not export["native_residual"]["cuda"]
+    assert export["cutlass_configs"] == {"geglu": [256, 2, -1, 7], "linear": [256, -1, -1, 2]}  # #2, then #7
+
+
+def test_h100_the_geglu_package_dropped_the_memsets_before_wi_and_the_forward_profile_is_as_quoted():
+    """The profile table: per forward, the memsets (28 of 4 bytes, each between a layer norm and Wi's
+    GEMM, in cur; none of those in g7), Wi and the gated GELU, the layer norms, all GPU work, the idle
+    time between events and the span; and the host's launch of the 7x256 graph."""
+    shape = load(f"{GEGLU_PACKAGE}/latency-1.json")["shapes"]["7x256x4"]
+    profiles = shape["profile"]
+
+    def top(package: str, prefix: str) -> float:
+        return round(sum(r["us_per_forward"] for r in profiles[package]["top"] if r["name"].startswith(prefix)), 1)
+
+    forward = profiles["cur"]["forward"]
+    before_wi = [
+        i for i, e in enumerate(forward) if e[0].startswith("gpu_memset") and e[3] == 4 and i + 1 < len(forward)
+    ]
+    assert len(before_wi) == 28
+    assert all(forward[i + 1][0].startswith("kernel: nvjet_sm90_tst_144x128") for i in before_wi)
+    assert all("layer_norm" in forward[i - 1][0] for i in before_wi)
+    for package in ("g7", "g7r"):
+        assert not any(e[0].startswith("gpu_memset") and e[3] == 4 for e in profiles[package]["forward"])
+    figures = {
+        p: (
+            round(profiles[p]["gpu_us_per_forward"]),
+            round(sum(e[1] for e in profiles[p]["forward"])),
+            round(profiles[p]["span_us_per_forward"]),
+            len(profiles[p]["forward"]),
+            top(p, "gpu_memset"),
+            top(p, "kernel: triton_per_fused_add_linear_native_layer_norm")
+            + top(p, "kernel: triton_per_fused_add_geglu_linear_native_layer_norm")
+            + top(p, "kernel: triton_per_fused_geglu_linear_native_layer_norm"),
+        )
+        for p in ("cur", "g7", "g7r")
+    }
+    assert figures == {
+        "cur": (3088, 163, 3253, 288, 24.6, 292.3),
+        "g7": (3039, 28, 3071, 232, 0.7, 271.8),
+        "g7r": (2982, 26, 3012, 232, 0.9, 205.7),
+    }
+    assert (top("cur", "kernel: nvjet_sm90_tst_144x128"), top("cur", "kernel: triton_poi_fused_gelu_mul_split")) == (
+        746.2,
+        245.3,
+    )
+    assert top("g7", "kernel: void cutlass::device_kernel") == 1000.4
+    assert top("g7r", "kernel: void cutlass::device_kernel") == 981.6
+    assert {p: v["host_launch_us_median"] for p, v in shape["launch"].items()} == {
+        "cur": 37.11,
+        "g7": 5.93,
+        "g7r": 5.98,
+    }
+
+
+def test_h100_wi_without_workspace_launched_faster_and_replayed_slower_with_the_same_outputs():
+    """w0's algorithms file is what the probe writes from the H200 rows with --max-workspace 0 (Wi above
+    128 rows the only algorithm that changes); in run 3 every w0 round was slower at 7x256, its outputs
+    cur's bit for bit, its graph launched in 6 µs against 43; it verified."""
+    from benchmarks.cublaslt_probe import algorithms_file
+
+    written = load(f"{GEGLU_PACKAGE}/w0-algorithms.json")
+    assert algorithms_file(load(f"{NATIVE}/cublaslt.json"), 130100, 0) == written
+    committed = json.loads((ROOT / h200_config()["export"]["native_algorithms"]["cuda-bfloat16"]).read_text())
+    old = {(e["gemm"], e["m_max"]): e for e in committed["entries"]}
+    new = {(e["gemm"], e["m_max"]): e for e in written["entries"]}
+    assert all(e["config"]["workspace"] == 0 for e in new.values())
+    changed = {k for k in new if new[k]["algorithm"] != old.get(k, {}).get("algorithm")}
+    assert changed == {("Wi", None)} and old[("Wi", None)]["config"]["workspace"] == 4
+    assert set(old) - set(new) == {("mlp_out", 128)}  # split-K with workspace; the larger entry serves every M
+    assert (new[("Wi", None)]["us"], old[("Wi", None)]["us"]) == (35.35, 33.99)
+    name = f"{GEGLU_PACKAGE}/latency-3.json"
+    shapes = load(name)["shapes"]
+    assert max(shapes["7x256x4"]["ms"]["cur"]["replay"]) < min(shapes["7x256x4"]["ms"]["w0"]["replay"])
+    assert all(v["max_abs_vs_first"]["w0"] == 0.0 for v in shapes.values())
+    assert replay_medians(name) == {
+        ("1x128x3", "cur"): 0.999,
+        ("1x128x3", "w0"): 1.001,
+        ("7x256x4", "cur"): 3.217,
+        ("7x256x4", "w0"): 3.275,
+    }
+    assert back_to_back(name)[("7x256x4", "cur")] == 3.17 and back_to_back(name)[("7x256x4", "w0")] == 3.255
+    launch = shapes["7x256x4"]["launch"]
+    assert (launch["cur"]["host_launch_us_median"], launch["w0"]["host_launch_us_median"]) == (42.98, 6.29)
+    assert verified_today(f"{GEGLU_PACKAGE}/w0-verify-2.json")["programs"][0]["package"]["sha256"].startswith(
+        "7f2190a4"
+    )
+
+
+def test_h100_the_geglu_packages_bytes_and_the_configuration_before_rebuilt_on_two_machines():
+    """cur built the bytes of the day before on both machines; g7's bytes are those verified; every
+    build's tuning file is the committed empty file."""
+    logs = {n: digests((EVIDENCE / GEGLU_PACKAGE / f"variants-{n}.log").read_text()) for n in (1, 2)}
+    before = digests((EVIDENCE / CUTLASS_H100 / "variants-2.log").read_text())["cur"]
+    assert logs[1]["cur"] == logs[2]["cur"] == before and next(iter(before)).startswith("7adc600c")
+    assert logs[1]["g7"] == {load(f"{GEGLU_PACKAGE}/g7-verify-1.json")["programs"][0]["package"]["sha256"]}
+    assert (
+        "w0r: doit aoti_package:cuda-bfloat16 stopped at its limit"
+        in (EVIDENCE / GEGLU_PACKAGE / "variants-2.log").read_text()
+    )
+    for name in ("cur-tuning-1", "g7-tuning-1", "g7r-tuning-1", "w0-tuning-2"):
+        assert (EVIDENCE / GEGLU_PACKAGE / f"{name}.json").read_bytes() == committed_tuning()
