@@ -179,7 +179,12 @@ using Config5 = Kernel<Shape<_64, _64, _64>, Shape<_1, _1, _1>, Pingpong>;
 // multiprocessors (128 x 128: 4.35 waves, the fifth one a third full; 128 x 256: 2.23).
 using Config6 = Kernel<Shape<_128, _192, _64>, Shape<_2, _1, _1>, Cooperative>;
 using Config7 = Kernel<Shape<_128, _192, _64>, Shape<_1, _1, _1>, Cooperative>;
-using GegluConfigs = std::tuple<Config0, Config1, Config2, Config3, Config4, Config5, Config6, Config7>;
+// Ping-pong 64 x 192: 28 x 28 = 784 tiles at 1,792 rows, 5.94 waves, and one consumer warpgroup's
+// epilogue (the erf, the stores) runs while the other's mainloop does; 96 accumulators a thread.
+using Config8 = Kernel<Shape<_64, _192, _64>, Shape<_2, _1, _1>, Pingpong>;
+using Config9 = Kernel<Shape<_64, _192, _64>, Shape<_1, _1, _1>, Pingpong>;
+using GegluConfigs =
+    std::tuple<Config0, Config1, Config2, Config3, Config4, Config5, Config6, Config7, Config8, Config9>;
 constexpr int kConfigs = std::tuple_size_v<GegluConfigs>;
 const char* const kConfigNames[kConfigs] = {
     "cooperative 128x256x64 cluster 2x1",
@@ -190,6 +195,8 @@ const char* const kConfigNames[kConfigs] = {
     "pingpong 64x64x64 cluster 1x1",
     "cooperative 128x192x64 cluster 2x1",
     "cooperative 128x192x64 cluster 1x1",
+    "pingpong 64x192x64 cluster 2x1",
+    "pingpong 64x192x64 cluster 1x1",
 };
 
 // The kernels run on compute capability 9.0 only (sm_90a code, no PTX): "" or why not.
