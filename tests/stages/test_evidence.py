@@ -1264,27 +1264,14 @@ def test_h100_the_geglu_kernel_in_the_package_was_faster_at_7x256_in_every_round
         rounds = {s: v["ms"] for s, v in shapes.items()}
         assert max(rounds["7x256x4"]["g7"][mode]) < min(rounds["7x256x4"]["cur"][mode])
         assert min(rounds["1x128x3"]["g7"][mode]) > max(rounds["1x128x3"]["cur"][mode])
-    assert replay_medians(name) == {
-        ("1x128x3", "cur"): 1.0,
-        ("1x128x3", "g7"): 1.007,
-        ("1x128x3", "g7r"): 1.02,
-        ("7x256x4", "cur"): 3.231,
-        ("7x256x4", "g7"): 3.158,
-        ("7x256x4", "g7r"): 3.138,
-    }
-    assert {k: v for k, v in replay_medians(name, "replay_before_plain").items() if k[0] == "7x256x4"} == {
-        ("7x256x4", "cur"): 3.228,
-        ("7x256x4", "g7"): 3.156,
-        ("7x256x4", "g7r"): 3.137,
-    }
-    assert back_to_back(name) == {
-        ("1x128x3", "cur"): 1.003,
-        ("1x128x3", "g7"): 1.01,
-        ("1x128x3", "g7r"): 1.022,
-        ("7x256x4", "cur"): 3.262,
-        ("7x256x4", "g7"): 3.158,
-        ("7x256x4", "g7r"): 3.117,
-    }
+    # package: 1x128 and 7x256 medians of the rounds, then back to back, ms
+    quoted = {"cur": (1.0, 3.231, 1.003, 3.262), "g7": (1.007, 3.158, 1.01, 3.158), "g7r": (1.02, 3.138, 1.022, 3.117)}
+    medians, events = replay_medians(name), back_to_back(name)
+    assert {
+        p: (medians["1x128x3", p], medians["7x256x4", p], events["1x128x3", p], events["7x256x4", p]) for p in quoted
+    } == quoted
+    before = replay_medians(name, "replay_before_plain")
+    assert {p: before["7x256x4", p] for p in quoted} == {"cur": 3.228, "g7": 3.156, "g7r": 3.137}
     verified_as_quoted(f"{GEGLU_PACKAGE}/g7-verify-1.json", {"decision": (0.023, 0.0045), "act": (0.049, 0.0129)})
     export = h200_config()["export"]
     assert export["native_geglu"]["cuda"] is True and export["native_linears"]["cuda"] == ["attn.Wqkv", "attn.Wo"]
