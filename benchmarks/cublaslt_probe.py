@@ -445,11 +445,12 @@ def words_of(result: HeuristicResult) -> list[str]:
 def algorithms_file(result: dict, version: int, max_workspace: int | None = None) -> dict:
     """The fastest ``lt`` algorithm of each GEMM at each M, as an algorithms file: the smallest M
     bounds the rows it serves, the largest serves every M above.  With ``max_workspace`` only
-    algorithms whose workspace is at most that many bytes compete."""
+    algorithms whose recorded workspace is at most that many bytes compete."""
     from laya_build.model.native_linear import ALGORITHMS_FORMAT
 
-    def fits(row) -> bool:
-        return max_workspace is None or (row.get("config") or {}).get("workspace", 0) <= max_workspace
+    def fits(row) -> bool:  # a row that does not say its workspace does not fit a limit
+        needs = (row.get("config") or {}).get("workspace")
+        return max_workspace is None or (needs is not None and needs <= max_workspace)
 
     best = {}
     for row in result["rows"]:  # an algorithm whose timing or output check failed is never chosen

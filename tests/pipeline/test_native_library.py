@@ -506,6 +506,7 @@ def test_the_probe_writes_from_stored_rows_only_algorithms_within_the_workspace_
         lt(1792, 33.0, 3, 4),
         lt(1792, 35.0, 4, 1 << 20),
         lt(1792, 36.0, 5, 0),
+        {**lt(1792, 30.0, 6, 0), "config": {}},  # its workspace unknown: under no limit
     ]
     stored = tmp_path / "probe.json"
     stored.write_text(json.dumps({"rows": rows, "gpu": "NVIDIA H200", "date": "d", "torch": "t"}))
@@ -534,7 +535,7 @@ def test_the_probe_writes_from_stored_rows_only_algorithms_within_the_workspace_
         assert doc["cublaslt_version"] == 130100 and doc.get("max_workspace") == (int(limit) if limit else None)
         entries = native_linear.read_algorithms(out, "export.native_algorithms.cuda-bfloat16")
         chosen[limit] = [(e["m_max"], int(e["algorithm"][0], 16)) for e in entries]
-    assert chosen == {None: [(128, 1), (None, 3)], "0": [(128, 2), (None, 5)], "4": [(128, 1), (None, 3)]}
+    assert chosen == {None: [(128, 1), (None, 6)], "0": [(128, 2), (None, 5)], "4": [(128, 1), (None, 3)]}
 
     out = tmp_path / "refused.json"
     run = write("--write-algorithms", str(out))  # the rows do not say which cuBLASLt timed them
