@@ -287,6 +287,13 @@ def kernel_profile(torch, replay, calls: int, top: int | None = None) -> dict:
         trace = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(trace))
         events = json.loads(trace.read_text())["traceEvents"]
+    return trace_summary(events, calls, top)
+
+
+def trace_summary(events: list[dict], calls: int, top: int | None = None) -> dict:
+    """What :func:`kernel_profile` records of a Chrome trace's ``events`` for ``calls`` replays:
+    the GPU events' count, time and span a forward, the kernels by name (the ``top`` most time
+    first; None: all), and the first replay's events in order (``forward``)."""
     gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")]
     if not gpu:
         return {"calls": calls, "events_per_forward": 0}

@@ -109,3 +109,31 @@ def test_named_test_functions_run_each_in_a_fresh_interpreter_and_anything_else_
     assert "none" not in log.replace("not run", "")
     assert "PASSED gpu_checks.py::passes" in log
     assert "FAILED gpu_checks.py::fails" in log and "AssertionError: no" in log
+
+
+def test_a_profile_summary_lists_one_forward_in_order_with_the_idle_time_before_each_event():
+    """package_latency's profile of a trace: GPU events only (kernels, memsets, copies), per forward;
+    the kernels by name, the most time first; the first replay's events in the order they ran, each
+    with the idle time since the one before and a memset's bytes, whatever order the trace lists them in."""
+    from benchmarks.package_latency import trace_summary
+
+    def event(cat, name, ts, dur, **args):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, **({"args": args} if args else {})}
+
+    replay = [
+        event("kernel", "gemm", 0.0, 10.0),
+        event("gpu_memset", "Memset (Unknown)", 12.0, 1.0, bytes=4),
+        event("kernel", "norm", 16.0, 5.0),
+    ]
+    second = [{**e, "ts": e["ts"] + 100.0} for e in replay]
+    events = [*reversed(second), event("cpu_op", "aten::mm", 1.0, 50.0), *reversed(replay)]
+    summary = trace_summary(events, calls=2)
+    assert summary["events_per_forward"] == 3 and summary["kernels_per_forward"] == 2
+    assert summary["gpu_us_per_forward"] == 16.0 and summary["span_us_per_forward"] == 60.5
+    assert [t["name"] for t in summary["top"]] == ["kernel: gemm", "kernel: norm", "gpu_memset: Memset (Unknown)"]
+    assert summary["forward"] == [
+        ["kernel: gemm", 0.0, 10.0, None],
+        ["gpu_memset: Memset (Unknown)", 2.0, 1.0, 4],
+        ["kernel: norm", 3.0, 5.0, None],
+    ]
+    assert trace_summary([event("cpu_op", "aten::mm", 0.0, 1.0)], calls=2) == {"calls": 2, "events_per_forward": 0}
