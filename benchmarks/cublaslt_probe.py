@@ -518,12 +518,20 @@ def native_rows(torch, result: dict, save, library: Path, algorithms: dict) -> N
             timed_row(torch, result, save, row, calls, LAYERS, calls[0], F.linear(xs[0], weights[0]), versus="cublas")
 
 
+def write_algorithms(path: Path, algorithms: dict) -> None:
+    """The algorithms file, written whole under a temporary name, then renamed."""
+    from laya_build.atomic import write_text
+
+    write_text(path, json.dumps(algorithms, indent=1) + "\n")
+
+
 def write_from_rows(rows: Path, path: Path, max_workspace: int | None, version: int | None) -> int:
     """The algorithms file of an earlier run's rows (its ``--out``), with the cuBLASLt version that
     run recorded (or ``version``, for rows that do not record it); refused, naming what is missing."""
     try:
         result = json.loads(rows.read_text())
-        rows_list = result["rows"]
+        if not isinstance(result["rows"], list):
+            raise TypeError("its rows are not a list")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"--from-rows {rows}: not a probe result ({exc!r}); give the --out of a probe run", file=sys.stderr)
         return 2
@@ -532,7 +540,7 @@ def write_from_rows(rows: Path, path: Path, max_workspace: int | None, version: 
         print(f"--from-rows {rows}: its rows were timed with cuBLASLt {recorded}, not {version}", file=sys.stderr)
         return 2
     version = recorded if recorded is not None else version
-    if version is None or not isinstance(rows_list, list):
+    if version is None:
         print(
             f"--from-rows {rows}: the rows do not say which cuBLASLt timed them; give --cublaslt-version",
             file=sys.stderr,
@@ -542,9 +550,7 @@ def write_from_rows(rows: Path, path: Path, max_workspace: int | None, version: 
     if not algorithms["entries"]:
         print(f"--from-rows {rows}: no algorithm row fits (--max-workspace {max_workspace})", file=sys.stderr)
         return 2
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(algorithms, indent=1) + "\n")
-    tmp.replace(path)
+    write_algorithms(path, algorithms)
     print(f"wrote {path}: {len(algorithms['entries'])} entries", flush=True)
     return 0
 
@@ -619,7 +625,7 @@ def main() -> int:
             probe_shape(torch, lt, result, save, name, M, weights, args.algos, search, args.rounds)
             if args.write_algorithms:  # after every shape: a probe stopped part way leaves the shapes it timed
                 algorithms = algorithms_file(result, int(lt.lib.cublasLtGetVersion()), args.max_workspace)
-                args.write_algorithms.write_text(json.dumps(algorithms, indent=1) + "\n")
+                write_algorithms(args.write_algorithms, algorithms)
     if algorithms is not None:
         print(f"wrote {args.write_algorithms}: {len(algorithms['entries'])} entries", flush=True)
         if args.library:

@@ -1258,8 +1258,9 @@ def test_h100_the_geglu_kernel_in_the_package_was_faster_at_7x256_in_every_round
     1x128; the medians and back-to-back figures the section quotes; g7 verified with the deltas quoted;
     pipeline.h200.yaml runs the kernel with mlp.Wi out of the native linears."""
     name = f"{GEGLU_PACKAGE}/latency-1.json"
-    shapes = load(name)["shapes"]
-    assert load(name)["device_name"] == "NVIDIA H100 80GB HBM3"
+    run = load(name)
+    shapes = run["shapes"]
+    assert run["device_name"] == "NVIDIA H100 80GB HBM3"
     for mode in ("replay", "replay_before_plain"):
         rounds = {s: v["ms"] for s, v in shapes.items()}
         assert max(rounds["7x256x4"]["g7"][mode]) < min(rounds["7x256x4"]["cur"][mode])
