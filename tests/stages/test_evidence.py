@@ -1377,3 +1377,101 @@ def test_h100_the_geglu_packages_bytes_and_the_configuration_before_rebuilt_on_t
     )
     for name in ("cur-tuning-1", "g7-tuning-1", "g7r-tuning-1", "w0-tuning-2"):
         assert (EVIDENCE / GEGLU_PACKAGE / f"{name}.json").read_bytes() == committed_tuning()
+
+
+GEGLU_TILES = "2026-12-06-h100-geglu-tiles"
+
+
+def test_h100_the_committed_geglu_configuration_beat_the_one_before_and_the_64x192_ping_pong_tile_again():
+    """Run 1: cur faster than before at 7x256 in every round and slower at 1x128; g8 (#8 above 256 rows)
+    slower than cur at 7x256 in every round with cur's outputs bit for bit; the medians, back-to-back
+    figures and host launches the section quotes."""
+    name = f"{GEGLU_TILES}/latency-1.json"
+    run = load(name)
+    assert run["device_name"] == "NVIDIA H100 80GB HBM3"
+    shapes = {s: v["ms"] for s, v in run["shapes"].items()}
+    for mode in ("replay", "replay_before_plain"):
+        assert max(shapes["7x256x4"]["cur"][mode]) < min(shapes["7x256x4"]["before"][mode])
+        assert max(shapes["7x256x4"]["cur"][mode]) < min(shapes["7x256x4"]["g8"][mode])
+        assert min(shapes["1x128x3"]["cur"][mode]) > max(shapes["1x128x3"]["before"][mode])
+    assert all(v["max_abs_vs_first"]["g8"] == 0.0 for v in run["shapes"].values())
+    quoted = {
+        "cur": (1.016, 3.203, 1.017, 3.227),
+        "before": (1.007, 3.286, 1.008, 3.255),
+        "g8": (1.016, 3.276, 1.018, 3.251),
+    }
+    medians, events = replay_medians(name), back_to_back(name)
+    assert {
+        p: (medians["1x128x3", p], medians["7x256x4", p], events["1x128x3", p], events["7x256x4", p]) for p in quoted
+    } == quoted
+    before = replay_medians(name, "replay_before_plain")
+    assert {p: before["7x256x4", p] for p in quoted} == {"cur": 3.206, "before": 3.283, "g8": 3.276}
+    launch = run["shapes"]["7x256x4"]["launch"]
+    assert (launch["before"]["host_launch_us_median"], launch["cur"]["host_launch_us_median"]) == (35.06, 5.84)
+
+
+def test_h100_geglu_probes_keep_the_defaults_and_the_gpu_tests_passed_with_ten_and_twelve_configurations():
+    """The probe table of both runs (µs a call), the suggestion of both (the committed defaults), the
+    number of configurations each library held, and the GPU tests' logs."""
+    rows = {}
+    for run in (1, 2):
+        probe = load(f"{GEGLU_TILES}/native-cutlass-probe-{run}.json")
+        assert probe["gpu"] == "NVIDIA H100 80GB HBM3" and probe["errors"] == []
+        assert probe["suggested_cutlass_configs"] == {"geglu": [256, 2, -1, 7]}
+        assert len(probe["configs"]["geglu"]) == (10, 12)[run - 1]
+        for r in probe["rows"]:
+            label = r["config"] if "config" in r else r["name"]
+            rows.setdefault((label, r["M"]), []).append(r["us"])
+    quoted = {
+        "cublas": ([7.48, 7.41], [34.76, 35.24]),
+        "cublas, geglu": ([9.39, 9.43], [48.17, 46.15]),
+        2: ([8.78, 8.49], [45.46, 43.76]),
+        7: ([13.91, 14.13], [40.7, 40.7]),
+        8: ([10.78, 10.42], [42.52, 40.94]),
+        9: ([10.43, 10.11], [60.36, 58.54]),
+        10: ([17.63], [42.14]),
+        11: ([17.85], [42.21]),
+    }
+    assert {k: (rows[k, 128], rows[k, 1792]) for k in quoted} == quoted
+    for run in (1, 2):
+        log = (EVIDENCE / GEGLU_TILES / f"gpu-tests-{run}.log").read_text()
+        assert "20 passed" in log and "test rc 0" in log and "failed" not in log
+
+
+def test_h100_the_leaner_epilogue_replayed_slower_with_the_same_outputs_and_verified():
+    """Run 3: every prev (committed source) round faster than the revision's at 7x256, 1x128 even to a
+    few µs; the revision's outputs prev's bit for bit and its verification g7's figures; g10 not built."""
+    name = f"{GEGLU_TILES}/latency-3.json"
+    run = load(name)
+    shapes = {s: v["ms"] for s, v in run["shapes"].items()}
+    assert max(shapes["7x256x4"]["prev"]["replay"]) < min(shapes["7x256x4"]["cur"]["replay"])
+    assert all(v["max_abs_vs_first"]["cur"] == 0.0 for v in run["shapes"].values())
+    assert replay_medians(name) == {
+        ("1x128x3", "prev"): 1.005,
+        ("1x128x3", "cur"): 1.004,
+        ("7x256x4", "prev"): 3.148,
+        ("7x256x4", "cur"): 3.199,
+    }
+    assert back_to_back(name) == {
+        ("1x128x3", "prev"): 1.008,
+        ("1x128x3", "cur"): 1.007,
+        ("7x256x4", "prev"): 3.19,
+        ("7x256x4", "cur"): 3.204,
+    }
+    verified_as_quoted(f"{GEGLU_TILES}/epilogue-verify-3.json", {"decision": (0.023, 0.0045), "act": (0.049, 0.0129)})
+    log = (EVIDENCE / GEGLU_TILES / "variants-2.log").read_text()
+    assert "g10: doit aoti_package:cuda-bfloat16 stopped at its limit of 544 s" in log
+
+
+def test_h100_the_committed_geglu_package_rebuilt_to_its_bytes_on_two_more_machines():
+    """cur of run 1, prev and cur of run 2: the bytes g7 built and verified the run before, whatever the
+    kernels' source; every build's tuning file is the committed empty file."""
+    first = {load(f"{GEGLU_PACKAGE}/g7-verify-1.json")["programs"][0]["package"]["sha256"]}
+    runs = {n: digests((EVIDENCE / GEGLU_TILES / f"variants-{n}.log").read_text()) for n in (1, 2)}
+    assert runs[1]["cur"] == runs[2]["prev"] == runs[2]["cur"] == first and next(iter(first)).startswith("51e9aeab")
+    assert runs[1]["before"] == digests((EVIDENCE / GEGLU_PACKAGE / "variants-1.log").read_text())["cur"]
+    assert load(f"{GEGLU_TILES}/epilogue-verify-3.json")["programs"][0]["package"]["sha256"] in first
+    libraries = [load(f"{GEGLU_TILES}/native-cutlass-probe-{n}.json")["library"]["sha256"] for n in (1, 2)]
+    assert libraries[0].startswith("3ebe10fc") and libraries[1].startswith("8da34f62")
+    for name in ("cur-tuning-1", "before-tuning-1", "g8-tuning-1", "prev-tuning-2", "cur-tuning-2"):
+        assert (EVIDENCE / GEGLU_TILES / f"{name}.json").read_bytes() == committed_tuning()
