@@ -1,7 +1,7 @@
 """The native library's CUTLASS kernels against cuBLAS, cuBLASLt and Inductor's kernel, on the encoder's shapes.
 
     python benchmarks/native_cutlass_probe.py --out native_cutlass.json [--library liblaya_native.so]
-        [--only geglu|linear]
+        [--only geglu|linear|wi]
 
 Builds the project's native op library with its CUDA kernels (``laya_build.native.build(...,
 cuda_kernels=True)``: nvcc and CUTLASS's headers, ``CUTLASS_PATH`` or TileLang's copy) unless
@@ -30,6 +30,11 @@ and with the residual added (``+ residual``, as ``export.native_residual`` calls
 - ``cutlass #i <name>``: the op's CUTLASS path at configuration ``i`` (stream-K and the others);
 - ``module``: the configurations an export gives a ``native_cutlass`` layer by default
   (``export.cutlass_configs.linear``).
+
+The MLP's first GEMM alone (``op`` ``wi``: 5,248 columns, the GEGLU kernel's GEMM without its gated
+GELU) through the same rows as the output GEMMs, without the residual: where the GEGLU kernel's
+time goes, its tiles' mainloops (the linear op's 128 x 128 and 128 x 256 tiles) without its
+epilogue beside cuBLAS's GEMM. These rows suggest nothing.
 
 ``suggested_cutlass_configs``: the fastest configuration of each op at each M, as
 ``export.cutlass_configs`` takes it (:func:`suggest`). Results are written after each row, so a run
@@ -113,20 +118,22 @@ def rows_at(torch, result, save, weights, interleaved, pointwise, names, M: int)
 
 
 OUTPUT_GEMMS = {"attn_out": (HIDDEN, HIDDEN), "mlp_out": (HIDDEN, GLU)}  # name: (N, K)
+WI = {"Wi": (2 * GLU, HIDDEN)}  # the GEMM of the GEGLU kernel, without its gated GELU
 
 
-def linear_rows_at(torch, result, save, names, M: int) -> None:
-    """The output GEMMs' rows at M positions."""
+def linear_rows_at(torch, result, save, names, M: int, gemms=None, op_name="linear", residuals=(False, True)) -> None:
+    """The rows of ``gemms`` (default: the output GEMMs) at M positions, each without and with the
+    residual of ``residuals``, labelled ``op_name``."""
     import torch.nn.functional as F
 
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
     op = torch.ops.laya_native.linear
-    for gemm, (n, k) in OUTPUT_GEMMS.items():
+    for gemm, (n, k) in (gemms or OUTPUT_GEMMS).items():
         ws = [torch.randn(n, k, **bf16) * k**-0.5 for _ in range(LAYERS)]
         xs = [torch.randn(M, k, **bf16) for _ in range(LAYERS)]
         rs = [torch.randn(M, n, **bf16) for _ in range(LAYERS)]
-        for residual in (False, True):
-            head = {"op": "linear", "gemm": gemm, "M": M, "N": n, "K": k, "residual": residual}
+        for residual in residuals:
+            head = {"op": op_name, "gemm": gemm, "M": M, "N": n, "K": k, "residual": residual}
             suffix = " + residual" if residual else ""
 
             def ref(i, residual=residual, xs=xs, ws=ws, rs=rs):
@@ -184,7 +191,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--library", type=Path, help="a native library built with its CUDA kernels")
-    parser.add_argument("--only", choices=("geglu", "linear"), help="one op's rows only")
+    parser.add_argument("--only", choices=("geglu", "linear", "wi"), help="one op's rows only")
     args = parser.parse_args()
     start = time.monotonic()
 
@@ -211,6 +218,9 @@ def main() -> int:
     if args.only in (None, "linear"):
         for M in ROWS:
             linear_rows_at(torch, result, save, result["configs"]["linear"], M)
+    if args.only in (None, "wi"):
+        for M in ROWS:
+            linear_rows_at(torch, result, save, result["configs"]["linear"], M, WI, "wi", (False,))
     result["suggested_cutlass_configs"] = suggest(result["rows"])
     return finish(result, save, start)
 

@@ -392,5 +392,6 @@ def test_the_probe_suggests_the_fastest_configuration_of_each_op_at_each_row_cou
             for residual in (False, True):
                 rows += [row("linear", m, c, us, gemm=gemm, residual=residual) for c, us in times.items()]
     rows.append(row("linear", 1792, 3, 1.0, gemm="attn_out", residual=False))  # timed for one GEMM only
+    rows += [row("wi", m, c, 0.5, gemm="Wi", residual=False) for m in (128, 1792) for c in (1, 2)]  # no op's
     assert suggest(rows) == {"geglu": [SMALL, 2, -1, 0], "linear": [SMALL, -1, -1, 0]}
     assert suggest([r for r in rows if r["op"] == "linear" and r["M"] == 128]) == {}
