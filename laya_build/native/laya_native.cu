@@ -22,6 +22,9 @@
 // 112 tiles of 128 x 128 on 132 multiprocessors, one partial wave.  Partial tiles are summed in a
 // fixed order (ReductionMode::Deterministic): a call gives the same bits every time.
 
+// CuTe's warpgroup MMAs of every width (a multiple of 8), not only its usual ones: the 144 of #10, #11
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+
 #include <cuda_runtime.h>
 
 #include <array>
@@ -183,8 +186,13 @@ using Config7 = Kernel<Shape<_128, _192, _64>, Shape<_1, _1, _1>, Cooperative>;
 // epilogue (the erf, the stores) runs while the other's mainloop does; 96 accumulators a thread.
 using Config8 = Kernel<Shape<_64, _192, _64>, Shape<_2, _1, _1>, Pingpong>;
 using Config9 = Kernel<Shape<_64, _192, _64>, Shape<_1, _1, _1>, Pingpong>;
+// The tile of cuBLASLt's GEMM at 1,792 rows: 128 positions x 144 weight rows (37 tiles of 5,248 rows,
+// 3.92 waves), the CTA pair of a cluster sharing the weights' tile; 144 x 64 a stage leaves room for 6.
+using Config10 = Kernel<Shape<_128, _144, _64>, Shape<_2, _1, _1>, Cooperative>;
+using Config11 = Kernel<Shape<_128, _144, _64>, Shape<_1, _1, _1>, Cooperative>;
 using GegluConfigs =
-    std::tuple<Config0, Config1, Config2, Config3, Config4, Config5, Config6, Config7, Config8, Config9>;
+    std::tuple<Config0, Config1, Config2, Config3, Config4, Config5, Config6, Config7, Config8, Config9, Config10,
+               Config11>;
 constexpr int kConfigs = std::tuple_size_v<GegluConfigs>;
 const char* const kConfigNames[kConfigs] = {
     "cooperative 128x256x64 cluster 2x1",
@@ -197,6 +205,8 @@ const char* const kConfigNames[kConfigs] = {
     "cooperative 128x192x64 cluster 1x1",
     "pingpong 64x192x64 cluster 2x1",
     "pingpong 64x192x64 cluster 1x1",
+    "cooperative 128x144x64 cluster 2x1",
+    "cooperative 128x144x64 cluster 1x1",
 };
 
 // The kernels run on compute capability 9.0 only (sm_90a code, no PTX): "" or why not.

@@ -1475,3 +1475,49 @@ def test_h100_the_committed_geglu_package_rebuilt_to_its_bytes_on_two_more_machi
     assert libraries[0].startswith("3ebe10fc") and libraries[1].startswith("8da34f62")
     for name in ("cur-tuning-1", "before-tuning-1", "g8-tuning-1", "prev-tuning-2", "cur-tuning-2"):
         assert (EVIDENCE / GEGLU_TILES / f"{name}.json").read_bytes() == committed_tuning()
+
+
+def test_h100_wis_gemm_through_cutlass_without_the_gated_gelu_took_what_the_fused_kernel_took():
+    """Run 4 (one machine, nothing beside it): the Wi table of the section, and CUTLASS's plain GEMM
+    behind cuBLAS's by what the fused #7 is behind it."""
+    wi = load(f"{GEGLU_TILES}/native-cutlass-probe-wi-4.json")
+    geglu = load(f"{GEGLU_TILES}/native-cutlass-probe-4.json")
+    assert wi["gpu"] == geglu["gpu"] == "NVIDIA H100 80GB HBM3" and wi["errors"] == geglu["errors"] == []
+    assert all(r["op"] == "wi" and (r["N"], r["K"], r["residual"]) == (5248, 1024, False) for r in wi["rows"])
+    at = {(r["name"], r["M"]): r["us"] for r in wi["rows"]}
+    fused = {(r["name"], r["M"]): r["us"] for r in geglu["rows"]}
+    assert {
+        name: at[name, 1792]
+        for name in (
+            "cublas",
+            "cublaslt",
+            "cutlass #2 cooperative 128x128x64 data-parallel",
+            "cutlass #0 cooperative 128x128x64 stream-K",
+            "cutlass #4 cooperative 128x256x64 stream-K",
+        )
+    } == {
+        "cublas": 36.02,
+        "cublaslt": 37.8,
+        "cutlass #2 cooperative 128x128x64 data-parallel": 41.66,
+        "cutlass #0 cooperative 128x128x64 stream-K": 43.16,
+        "cutlass #4 cooperative 128x256x64 stream-K": 44.46,
+    }
+    assert {
+        name: fused[name, 1792]
+        for name in (
+            "cublas",
+            "cublas, geglu",
+            "cutlass #7 cooperative 128x192x64 cluster 1x1",
+            "cutlass #1 cooperative 128x128x64 cluster 2x1",
+        )
+    } == {
+        "cublas": 36.11,
+        "cublas, geglu": 47.34,
+        "cutlass #7 cooperative 128x192x64 cluster 1x1": 41.55,
+        "cutlass #1 cooperative 128x128x64 cluster 2x1": 46.42,
+    }
+    assert (fused["cutlass #2 pingpong 64x128x64 cluster 1x1", 128], fused["cublas", 128]) == (8.88, 7.53)
+    assert fused["cublas, geglu", 128] == 9.51
+    assert round(at["cutlass #2 cooperative 128x128x64 data-parallel", 1792] - at["cublas", 1792], 2) == 5.64
+    assert geglu["suggested_cutlass_configs"] == {"geglu": [256, 2, -1, 6]}  # #7 with the cluster, 0.23 µs ahead
+    assert fused["cutlass #6 cooperative 128x192x64 cluster 2x1", 1792] == 41.32
