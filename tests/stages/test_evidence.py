@@ -263,6 +263,15 @@ def back_to_back(name: str) -> dict[tuple[str, str], float]:
     }
 
 
+def latency_rows(name: str, packages) -> dict[str, tuple[float, float, float, float]]:
+    """Each package's row of a section's latency table: the 1x128 and 7x256 replay medians, then the
+    two back-to-back figures, ms to 3 places."""
+    medians, events = replay_medians(name), back_to_back(name)
+    return {
+        p: (medians["1x128x3", p], medians["7x256x4", p], events["1x128x3", p], events["7x256x4", p]) for p in packages
+    }
+
+
 def digests(log: str) -> dict[str, set[str]]:
     """``h200_variants.sh``'s ``<sha256>  <variant>`` lines: each variant's digests."""
     found: dict[str, set[str]] = {}
@@ -1267,10 +1276,7 @@ def test_h100_the_geglu_kernel_in_the_package_was_faster_at_7x256_in_every_round
         assert min(rounds["1x128x3"]["g7"][mode]) > max(rounds["1x128x3"]["cur"][mode])
     # package: 1x128 and 7x256 medians of the rounds, then back to back, ms
     quoted = {"cur": (1.0, 3.231, 1.003, 3.262), "g7": (1.007, 3.158, 1.01, 3.158), "g7r": (1.02, 3.138, 1.022, 3.117)}
-    medians, events = replay_medians(name), back_to_back(name)
-    assert {
-        p: (medians["1x128x3", p], medians["7x256x4", p], events["1x128x3", p], events["7x256x4", p]) for p in quoted
-    } == quoted
+    assert latency_rows(name, quoted) == quoted
     before = replay_medians(name, "replay_before_plain")
     assert {p: before["7x256x4", p] for p in quoted} == {"cur": 3.228, "g7": 3.156, "g7r": 3.137}
     verified_as_quoted(f"{GEGLU_PACKAGE}/g7-verify-1.json", {"decision": (0.023, 0.0045), "act": (0.049, 0.0129)})
@@ -1400,10 +1406,7 @@ def test_h100_the_committed_geglu_configuration_beat_the_one_before_and_the_64x1
         "before": (1.007, 3.286, 1.008, 3.255),
         "g8": (1.016, 3.276, 1.018, 3.251),
     }
-    medians, events = replay_medians(name), back_to_back(name)
-    assert {
-        p: (medians["1x128x3", p], medians["7x256x4", p], events["1x128x3", p], events["7x256x4", p]) for p in quoted
-    } == quoted
+    assert latency_rows(name, quoted) == quoted
     before = replay_medians(name, "replay_before_plain")
     assert {p: before["7x256x4", p] for p in quoted} == {"cur": 3.206, "before": 3.283, "g8": 3.276}
     launch = run["shapes"]["7x256x4"]["launch"]
