@@ -95,6 +95,11 @@ def distributions(imports: frozenset[str]) -> dict[str, str | None]:
     return dict(sorted(out.items()))
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, where the platform tells it)."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
 def tool_path(role: str) -> str | None:
     """The compiler of a role of :data:`TOOLS` (its environment variable, else the first of
     its names on PATH); None where there is none."""

@@ -24,14 +24,17 @@ the library also holds the CUDA kernels of ``laya_native::geglu_linear`` and of
 ``laya_native::linear``'s CUTLASS path: :data:`CUDA_SOURCE`, CUTLASS kernels for Hopper,
 compiled by nvcc (the ``nvcc`` role) for ``sm_90a`` against CUTLASS's headers (:func:`cutlass_include`:
 ``CUTLASS_PATH``, else the copy TileLang ships) and linked in with the static CUDA runtime, so the
-library still loads on a machine without CUDA.  nvcc names internal symbols after the absolute
-path of the file it compiles, so it compiles a copy of the source at a path fixed by the source's
-content (:func:`fixed_source`); the rest of its names come from a fixed seed
-(``-frandom-seed``), and its temporary file names go with the symbol table (``-s``): the same
-sources, compilers, CUTLASS and torch give the same bytes, wherever the checkout lives.
+library still loads on a machine without CUDA.  The CUDA source compiles in a fixed number of
+parts (its ``LAYA_PARTS``, :func:`cuda_parts`), one object each, all at the same time on the
+cores the process may use, then linked in the parts' order: the same objects whatever the number
+of cores.  nvcc names internal symbols after the absolute path of the file it compiles, so it
+compiles a copy of the source at a path fixed by the source's content (:func:`fixed_source`); the
+rest of its names come from a fixed seed, one a part (``-frandom-seed``), and its temporary file
+names go with the symbol table (``-s``): the same sources, compilers, CUTLASS and torch give the
+same bytes, wherever the checkout lives.
 
 The compile runs in a process of its own (:func:`laya_build.runner.run`): a timeout ends the
-compiler with it.
+compilers with it.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import time
 from pathlib import Path
 
 from laya_build.atomic import atomic_path
-from laya_build.environment import tool_line, tool_path
+from laya_build.environment import tool_line, tool_path, usable_cores
 from laya_build.errors import StageError
 from laya_build.layout import NATIVE_BUILD_LOG_NAME, NATIVE_LIBRARY_NAME
 from laya_build.records import file_entry, sha256_file
@@ -70,9 +73,9 @@ LIBRARIES = ("-lc10", "-ltorch_cpu", "-ldl")
 TIMEOUT_S = 600
 
 
-def compile_command(out: Path, cuda_object: Path | None = None) -> list[str]:
+def compile_command(out: Path, cuda_objects: list[Path] = ()) -> list[str]:
     """The compiler's command line that writes the library to ``out``, linking in the CUDA
-    kernels' object ``cuda_object`` (:func:`cuda_compile_command`) when given."""
+    kernels' objects ``cuda_objects`` (:func:`cuda_compile_command`), in their order, when given."""
     import torch
     from torch.utils import cpp_extension
 
@@ -84,7 +87,7 @@ def compile_command(out: Path, cuda_object: Path | None = None) -> list[str]:
             hint="install g++ (or name a compiler in CXX), or leave export.native_linears of this target empty",
         )
     torch_root = Path(torch.__file__).resolve().parent
-    cuda = [] if cuda_object is None else [str(cuda_object), f"-L{cuda_library_dir()}", *CUDA_LINK]
+    cuda = [*map(str, cuda_objects), f"-L{cuda_library_dir()}", *CUDA_LINK] if cuda_objects else []
     return [
         cxx,
         *FLAGS,
@@ -188,15 +191,32 @@ def fixed_source() -> Path:
     return copy
 
 
-def cuda_compile_command(out: Path) -> list[str]:
+def cuda_parts() -> int:
+    """How many parts :data:`CUDA_SOURCE` compiles in (its ``LAYA_PARTS``): one object each,
+    compiled at the same time."""
+    import re
+
+    found = re.search(r"^#define LAYA_PARTS (\d+)$", CUDA_SOURCE.read_text(), re.MULTILINE)
+    if found is None:
+        raise StageError(
+            f"{CUDA_SOURCE_REL} defines no LAYA_PARTS (how many parts its kernels compile in)",
+            hint="restore the file from the release of laya-build it came with",
+        )
+    return int(found.group(1))
+
+
+def cuda_compile_command(out: Path, part: int | None = None) -> list[str]:
     """nvcc's command line that compiles :data:`CUDA_SOURCE` (:func:`fixed_source`'s copy) into
-    the object ``out``."""
+    the object ``out``: its part ``part`` (``-DLAYA_PART``), or with None all of it."""
     exe = nvcc()
     include = cutlass_include()
     source = fixed_source()
+    flags = list(NVCC_FLAGS)
+    if part is not None:  # each part's own seed, and the part's define
+        flags = [f"{f}.{part}" if f.startswith("-frandom-seed=") else f for f in flags] + [f"-DLAYA_PART={part}"]
     return [
         exe,
-        *NVCC_FLAGS,
+        *flags,
         f"-Xcompiler=-ffile-prefix-map={source.parent}={Path(CUDA_SOURCE_REL).parent}",
         f"-Xcompiler=-ffile-prefix-map={include.parent.resolve()}=cutlass",
         f"-isystem={include}",
@@ -220,19 +240,52 @@ def loaded_cxx_runtime() -> list[str]:
     return []
 
 
-def compile_library(commands: list[list[str]], log: str) -> None:
-    """Run the compilers, one after the other (in the runner's child: its process group ends
-    with a timeout); their output, all of it, into ``log``."""
+def run_together(commands: list[list[str]], jobs: int) -> tuple[list[tuple[int | None, str, float]], int | None]:
+    """Run ``commands`` at the same time, ``jobs`` at most: each one's exit status (None: not
+    started), output and seconds, in their order, and the index of the first that failed, or None.
+    The first that fails ends the others, and those not started yet do not start."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    lock, running, failed = threading.Lock(), [], []
+
+    def one(i: int) -> tuple[int | None, str, float]:
+        with lock:
+            if failed:
+                return None, "not run: another compile of its step failed\n", 0.0
+            start = time.perf_counter()
+            proc = subprocess.Popen(commands[i], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            running.append(proc)
+        output, _ = proc.communicate()
+        with lock:
+            if proc.returncode != 0 and not failed:
+                failed.append(i)
+                for other in running:
+                    if other.poll() is None:
+                        other.terminate()
+        return proc.returncode, output, round(time.perf_counter() - start, 2)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(commands)))) as pool:
+        results = list(pool.map(one, range(len(commands))))
+    return results, (failed[0] if failed else None)
+
+
+def compile_library(steps: list[list[list[str]]], log: str, jobs: int = 1) -> None:
+    """Run the compilers, the commands of a step at the same time (:func:`run_together`) and the
+    steps one after the other (in the runner's child: its process group, every compiler with it,
+    ends with a timeout); their output, all of it, into ``log``, in the commands' order."""
     Path(log).write_text("")
-    for command in commands:
-        proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    for step in steps:
+        results, first = run_together(step, jobs)
         with open(log, "a") as f:
-            f.write(f"$ {' '.join(command)}\n{proc.stdout}{proc.stderr}")
-        if proc.returncode != 0:
+            for command, (code, output, seconds) in zip(step, results):
+                f.write(f"$ {' '.join(command)}\n{output}# exit status {code} in {seconds} s\n")
+        if first is not None:
+            command, (code, output, _) = step[first], results[first]
             source = CUDA_SOURCE_REL if Path(command[0]).name.startswith("nvcc") else SOURCE_REL
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            tail = "\n".join(output.strip().splitlines()[-15:])
             raise StageError(
-                f"compiling the native op library ({source}) failed with exit status {proc.returncode}:\n{tail}",
+                f"compiling the native op library ({source}) failed with exit status {code}:\n{tail}",
                 hint=f"{log} has the compilers' whole output",
             )
 
@@ -253,10 +306,10 @@ def build(out_dir, *, cuda_kernels: bool = False) -> dict:
     start = time.perf_counter()
     cuda = {}
     with atomic_path(final) as tmp, tempfile.TemporaryDirectory(dir=out, prefix=".cuda-") as objects:
-        commands = []
+        steps, objs = [], []
         if cuda_kernels:
-            obj = Path(objects) / "laya_native_cuda.o"
-            commands.append(cuda_compile_command(obj))
+            objs = [Path(objects) / f"laya_native_cuda.{part}.o" for part in range(cuda_parts())]
+            steps.append([cuda_compile_command(obj, part) for part, obj in enumerate(objs)])
             include = cutlass_include()
             cuda = {
                 "cuda_source": {"path": CUDA_SOURCE_REL, "sha256": sha256_file(CUDA_SOURCE)},
@@ -264,10 +317,10 @@ def build(out_dir, *, cuda_kernels: bool = False) -> dict:
                 "cuda_flags": [*NVCC_FLAGS, *CUDA_LINK],
                 "cutlass": cutlass_version(include),
             }
-        commands.append(compile_command(tmp, obj if cuda_kernels else None))
+        steps.append([compile_command(tmp, objs)])
         run(
             "laya_build.native:compile_library",
-            {"commands": commands, "log": str(out / NATIVE_BUILD_LOG_NAME)},
+            {"steps": steps, "log": str(out / NATIVE_BUILD_LOG_NAME), "jobs": usable_cores()},
             Child(
                 timeout=TIMEOUT_S,
                 reraise=True,

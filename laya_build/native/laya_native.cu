@@ -21,9 +21,11 @@
 // output tiles evenly over the multiprocessors: a GEMM of 1,024 output columns at 1,792 rows fills
 // 112 tiles of 128 x 128 on 132 multiprocessors, one partial wave.  Partial tiles are summed in a
 // fixed order (ReductionMode::Deterministic): a call gives the same bits every time.
-
-// CuTe's warpgroup MMAs of every width (a multiple of 8), not only its usual ones: the 144 of #10, #11
-#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+//
+// The file compiles in parts (LAYA_PARTS, at the end), one object each and all at once: a kernel's
+// device code is most of a compile, and one object of every kernel leaves all but one core idle.
+// nvcc -DLAYA_PART=p compiles part p's kernels; part 0 also holds the dispatch and the C entry
+// points.  Without LAYA_PART the file is the whole library in one object.
 
 #include <cuda_runtime.h>
 
@@ -186,13 +188,8 @@ using Config7 = Kernel<Shape<_128, _192, _64>, Shape<_1, _1, _1>, Cooperative>;
 // epilogue (the erf, the stores) runs while the other's mainloop does; 96 accumulators a thread.
 using Config8 = Kernel<Shape<_64, _192, _64>, Shape<_2, _1, _1>, Pingpong>;
 using Config9 = Kernel<Shape<_64, _192, _64>, Shape<_1, _1, _1>, Pingpong>;
-// The tile of cuBLASLt's GEMM at 1,792 rows: 128 positions x 144 weight rows (37 tiles of 5,248 rows,
-// 3.92 waves), the CTA pair of a cluster sharing the weights' tile; 144 x 64 a stage leaves room for 6.
-using Config10 = Kernel<Shape<_128, _144, _64>, Shape<_2, _1, _1>, Cooperative>;
-using Config11 = Kernel<Shape<_128, _144, _64>, Shape<_1, _1, _1>, Cooperative>;
 using GegluConfigs =
-    std::tuple<Config0, Config1, Config2, Config3, Config4, Config5, Config6, Config7, Config8, Config9, Config10,
-               Config11>;
+    std::tuple<Config0, Config1, Config2, Config3, Config4, Config5, Config6, Config7, Config8, Config9>;
 constexpr int kConfigs = std::tuple_size_v<GegluConfigs>;
 const char* const kConfigNames[kConfigs] = {
     "cooperative 128x256x64 cluster 2x1",
@@ -205,12 +202,10 @@ const char* const kConfigNames[kConfigs] = {
     "cooperative 128x192x64 cluster 1x1",
     "pingpong 64x192x64 cluster 2x1",
     "pingpong 64x192x64 cluster 1x1",
-    "cooperative 128x144x64 cluster 2x1",
-    "cooperative 128x144x64 cluster 1x1",
 };
 
 // The kernels run on compute capability 9.0 only (sm_90a code, no PTX): "" or why not.
-const char* wrong_device(int device) {
+inline const char* wrong_device(int device) {
   static int checked[64] = {0};  // 0 unknown, 1 fits, 2 does not
   static char why[64][160];
   if (device < 0 || device >= 64) return "no such device";
@@ -226,32 +221,50 @@ const char* wrong_device(int device) {
   return checked[device] == 1 ? "" : why[device];
 }
 
-int sm_count(int device) {
+inline int sm_count(int device) {
   static int counts[64] = {0};
   if (device < 0 || device >= 64) return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
   if (counts[device] == 0) counts[device] = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
   return counts[device];
 }
 
-int fail(char* message, size_t size, const char* what, const char* detail) {
+inline int fail(char* message, size_t size, const char* what, const char* detail) {
   if (message != nullptr && size > 0) snprintf(message, size, "%s%s", what, detail == nullptr ? "" : detail);
   return 1;
 }
 
-// Check, size or queue one GEMM: with ``needed``, only the workspace it needs, into *needed.
+// One call of an op: its operands, where it runs, and where a failure's message goes.  With
+// ``needed`` the call only sizes the workspace it needs, into *needed.
+struct Call {
+  const void* x;
+  const void* weight;
+  const void* residual;  // linear's, or nullptr
+  void* out;
+  int m, n, k, device;
+  void* workspace;
+  size_t workspace_size;
+  cudaStream_t stream;
+  size_t* needed;
+  char* message;
+  size_t size;
+
+  int fail(const char* what, const char* detail) const { return laya_cuda::fail(message, size, what, detail); }
+};
+
+// Check, size or queue one GEMM.
 template <class Gemm>
-int launch(typename Gemm::Arguments const& args, int device, void* workspace, size_t workspace_size,
-           cudaStream_t stream, size_t* needed, char* message, size_t size) {
+int launch(typename Gemm::Arguments const& args, Call const& c) {
   const size_t want = Gemm::get_workspace_size(args);
-  if (needed != nullptr) {
-    *needed = want;
+  if (c.needed != nullptr) {
+    *c.needed = want;
     return 0;
   }
-  if (const char* why = wrong_device(device); why[0] != '\0') return fail(message, size, why, nullptr);
-  if (want > workspace_size) return fail(message, size, "the kernel needs a larger workspace", nullptr);
+  const int device = c.device;
+  if (const char* why = wrong_device(device); why[0] != '\0') return c.fail(why, nullptr);
+  if (want > c.workspace_size) return c.fail("the kernel needs a larger workspace", nullptr);
   using GemmKernel = typename Gemm::GemmKernel;
   if (Gemm::can_implement(args) != cutlass::Status::kSuccess) {
-    return fail(message, size, "CUTLASS cannot run this problem", " (rows of 16-byte multiples needed)");
+    return c.fail("CUTLASS cannot run this problem", " (rows of 16-byte multiples needed)");
   }
   // The kernel's shared memory beyond 48 KiB, allowed once a device rather than on every call.
   static bool allowed[64] = {false};
@@ -259,57 +272,39 @@ int launch(typename Gemm::Arguments const& args, int device, void* workspace, si
   if (smem >= (48 << 10) && !allowed[device]) {
     if (cudaFuncSetAttribute(cutlass::device_kernel<GemmKernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              smem) != cudaSuccess) {
-      return fail(message, size, "allowing the kernel its shared memory failed: ",
+      return c.fail("allowing the kernel its shared memory failed: ",
                   cudaGetErrorString(cudaGetLastError()));
     }
     allowed[device] = true;
   }
-  cutlass::Status status = GemmKernel::initialize_workspace(args, workspace, stream);
+  cutlass::Status status = GemmKernel::initialize_workspace(args, c.workspace, c.stream);
   if (status != cutlass::Status::kSuccess) {
-    return fail(message, size, "initializing the kernel's workspace failed: ", cutlassGetStatusString(status));
+    return c.fail("initializing the kernel's workspace failed: ", cutlassGetStatusString(status));
   }
-  typename GemmKernel::Params params = GemmKernel::to_underlying_arguments(args, workspace);
-  status = Gemm::run(params, stream);
+  typename GemmKernel::Params params = GemmKernel::to_underlying_arguments(args, c.workspace);
+  status = Gemm::run(params, c.stream);
   if (status != cutlass::Status::kSuccess) {
-    return fail(message, size, "launching the kernel failed: ", cudaGetErrorString(cudaGetLastError()));
+    return c.fail("launching the kernel failed: ", cudaGetErrorString(cudaGetLastError()));
   }
   return 0;
 }
 
 template <class Config>
-int run(const void* x, const void* weight, void* out, int m, int n, int k, int device, void* workspace,
-        size_t workspace_size, cudaStream_t stream, size_t* needed, char* message, size_t size) {
+int run(Call const& c) {
   using Gemm = typename Config::Gemm;
   using StrideA = typename Gemm::GemmKernel::StrideA;
   using StrideB = typename Gemm::GemmKernel::StrideB;
-  if (n % (2 * kBlock) != 0) {
-    return fail(message, size, "the interleaved weight's rows are not a multiple of 16",
-                " (blocks of 8 inputs and 8 gates)");
+  if (c.n % (2 * kBlock) != 0) {
+    return c.fail("the interleaved weight's rows are not a multiple of 16", " (blocks of 8 inputs and 8 gates)");
   }
-  cutlass::KernelHardwareInfo hw{device, sm_count(device)};
   typename Gemm::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
-      {m, n, k, 1},
-      {static_cast<const Element*>(x), cutlass::make_cute_packed_stride(StrideA{}, make_shape(m, k, 1)),
-       static_cast<const Element*>(weight), cutlass::make_cute_packed_stride(StrideB{}, make_shape(n, k, 1))},
-      {static_cast<Element*>(out), static_cast<int64_t>(n / 2)},
-      hw};
-  return launch<Gemm>(args, device, workspace, workspace_size, stream, needed, message, size);
-}
-
-using Runner = int (*)(const void*, const void*, void*, int, int, int, int, void*, size_t, cudaStream_t, size_t*, char*,
-                      size_t);
-template <size_t... I>
-constexpr std::array<Runner, sizeof...(I)> runners(std::index_sequence<I...>) {
-  return {run<std::tuple_element_t<I, GegluConfigs>>...};
-}
-const std::array<Runner, kConfigs> kRunners = runners(std::make_index_sequence<kConfigs>{});
-
-int dispatch(int config, const void* x, const void* weight, void* out, int m, int n, int k, int device,
-             void* workspace, size_t workspace_size, void* stream, size_t* needed, char* message, size_t size) {
-  if (config < 0 || config >= kConfigs) return fail(message, size, "no such launch configuration", nullptr);
-  return kRunners[config](x, weight, out, m, n, k, device, workspace, workspace_size,
-                          static_cast<cudaStream_t>(stream), needed, message, size);
+      {c.m, c.n, c.k, 1},
+      {static_cast<const Element*>(c.x), cutlass::make_cute_packed_stride(StrideA{}, make_shape(c.m, c.k, 1)),
+       static_cast<const Element*>(c.weight), cutlass::make_cute_packed_stride(StrideB{}, make_shape(c.n, c.k, 1))},
+      {static_cast<Element*>(c.out), static_cast<int64_t>(c.n / 2)},
+      cutlass::KernelHardwareInfo{c.device, sm_count(c.device)}};
+  return launch<Gemm>(args, c);
 }
 
 // ------------------------------------------------------------------ linear, stream-K
@@ -353,62 +348,106 @@ const LinearConfig kLinear[kLinearConfigs] = {
 };
 
 template <class Kernel>
-int run_linear(LinearConfig const& config, const void* x, const void* weight, const void* residual, void* out, int m,
-               int n, int k, int device, void* workspace, size_t workspace_size, cudaStream_t stream, size_t* needed,
-               char* message, size_t size) {
+int run_linear(LinearConfig const& config, Call const& c) {
   using Gemm = typename Kernel::Gemm;
   using GemmKernel = typename Gemm::GemmKernel;
   using cutlass::make_cute_packed_stride;
-  const auto stride_a = make_cute_packed_stride(typename GemmKernel::StrideA{}, make_shape(m, k, 1));
-  const auto stride_b = make_cute_packed_stride(typename GemmKernel::StrideB{}, make_shape(n, k, 1));
-  const auto stride_c = make_cute_packed_stride(typename GemmKernel::StrideC{}, make_shape(m, n, 1));
-  const auto stride_d = make_cute_packed_stride(typename GemmKernel::StrideD{}, make_shape(m, n, 1));
   typename Gemm::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
-  args.problem_shape = {m, n, k, 1};
-  args.mainloop = {static_cast<const Element*>(x), stride_a, static_cast<const Element*>(weight), stride_b};
+  args.problem_shape = {c.m, c.n, c.k, 1};
+  args.mainloop = {static_cast<const Element*>(c.x),
+                   make_cute_packed_stride(typename GemmKernel::StrideA{}, make_shape(c.m, c.k, 1)),
+                   static_cast<const Element*>(c.weight),
+                   make_cute_packed_stride(typename GemmKernel::StrideB{}, make_shape(c.n, c.k, 1))};
   args.epilogue.thread.alpha = 1.0f;
-  args.epilogue.thread.beta = residual != nullptr ? 1.0f : 0.0f;
-  args.epilogue.ptr_C = static_cast<const typename GemmKernel::ElementC*>(residual);
-  args.epilogue.dC = stride_c;
-  args.epilogue.ptr_D = static_cast<Element*>(out);
-  args.epilogue.dD = stride_d;
-  args.hw_info = cutlass::KernelHardwareInfo{device, sm_count(device)};
+  args.epilogue.thread.beta = c.residual != nullptr ? 1.0f : 0.0f;
+  args.epilogue.ptr_C = static_cast<const typename GemmKernel::ElementC*>(c.residual);
+  args.epilogue.dC = make_cute_packed_stride(typename GemmKernel::StrideC{}, make_shape(c.m, c.n, 1));
+  args.epilogue.ptr_D = static_cast<Element*>(c.out);
+  args.epilogue.dD = make_cute_packed_stride(typename GemmKernel::StrideD{}, make_shape(c.m, c.n, 1));
+  args.hw_info = cutlass::KernelHardwareInfo{c.device, sm_count(c.device)};
   args.scheduler.splits = config.splits;
   args.scheduler.decomposition_mode = config.decomposition;
   args.scheduler.reduction_mode = Reduction::Deterministic;
-  return launch<Gemm>(args, device, workspace, workspace_size, stream, needed, message, size);
+  return launch<Gemm>(args, c);
 }
 
 using Tile0 = Shape<_128, _128, _64>;
 using Tile1 = Shape<_128, _256, _64>;
 using Cluster1 = Shape<_1, _1, _1>;
+using Linear0 = StreamK<void, Tile0, Cluster1>;
+using Linear0Residual = StreamK<Element, Tile0, Cluster1>;
+using Linear1 = StreamK<void, Tile1, Cluster1>;
+using Linear1Residual = StreamK<Element, Tile1, Cluster1>;
 
-int dispatch_linear(int index, const void* x, const void* weight, const void* residual, bool with_residual, void* out,
-                    int m, int n, int k, int device, void* workspace, size_t workspace_size, void* stream,
-                    size_t* needed, char* message, size_t size) {
-  if (index < 0 || index >= kLinearConfigs) return fail(message, size, "no such launch configuration", nullptr);
+// ------------------------------------------------------------------ the parts
+
+// The kernels by part (LAYA_PARTS of them; the file's head says why).  With LAYA_PART, each is
+// explicitly instantiated in its own part's object (``template``), and part 0, whose dispatch
+// names them all, declares the others' (``extern template``), which keeps them out of its object.
+#define LAYA_PARTS 6
+#define LAYA_PART_0(X) X(run_linear<Linear0>, LINEAR) X(run_linear<Linear0Residual>, LINEAR)
+#define LAYA_PART_1(X) X(run_linear<Linear1>, LINEAR) X(run_linear<Linear1Residual>, LINEAR)
+#define LAYA_PART_2(X) X(run<Config0>, GEGLU) X(run<Config1>, GEGLU) X(run<Config2>, GEGLU)
+#define LAYA_PART_3(X) X(run<Config3>, GEGLU) X(run<Config4>, GEGLU) X(run<Config5>, GEGLU)
+#define LAYA_PART_4(X) X(run<Config6>, GEGLU) X(run<Config7>, GEGLU)
+#define LAYA_PART_5(X) X(run<Config8>, GEGLU) X(run<Config9>, GEGLU)
+
+#define LAYA_PARAMS_GEGLU (Call const&)
+#define LAYA_PARAMS_LINEAR (LinearConfig const&, Call const&)
+#define LAYA_DEFINE(function, params) template int function LAYA_PARAMS_##params;
+#define LAYA_DECLARE(function, params) extern template int function LAYA_PARAMS_##params;
+#if !defined(LAYA_PART)
+// the whole library in one object: every kernel instantiated where the dispatch names it
+#elif LAYA_PART == 0
+LAYA_PART_0(LAYA_DEFINE)
+LAYA_PART_1(LAYA_DECLARE)
+LAYA_PART_2(LAYA_DECLARE)
+LAYA_PART_3(LAYA_DECLARE)
+LAYA_PART_4(LAYA_DECLARE)
+LAYA_PART_5(LAYA_DECLARE)
+#elif LAYA_PART == 1
+LAYA_PART_1(LAYA_DEFINE)
+#elif LAYA_PART == 2
+LAYA_PART_2(LAYA_DEFINE)
+#elif LAYA_PART == 3
+LAYA_PART_3(LAYA_DEFINE)
+#elif LAYA_PART == 4
+LAYA_PART_4(LAYA_DEFINE)
+#elif LAYA_PART == 5
+LAYA_PART_5(LAYA_DEFINE)
+#else
+#error "LAYA_PART names no part of the kernels (0 to LAYA_PARTS - 1)"
+#endif
+
+#if !defined(LAYA_PART) || LAYA_PART == 0  // the dispatch and the C entry points: part 0's
+
+using Runner = int (*)(Call const&);
+template <size_t... I>
+constexpr std::array<Runner, sizeof...(I)> runners(std::index_sequence<I...>) {
+  return {run<std::tuple_element_t<I, GegluConfigs>>...};
+}
+const std::array<Runner, kConfigs> kRunners = runners(std::make_index_sequence<kConfigs>{});
+
+int dispatch(int config, Call const& c) {
+  if (config < 0 || config >= kConfigs) return c.fail("no such launch configuration", nullptr);
+  return kRunners[config](c);
+}
+
+int dispatch_linear(int index, bool with_residual, Call const& c) {
+  if (index < 0 || index >= kLinearConfigs) return c.fail("no such launch configuration", nullptr);
   LinearConfig const& config = kLinear[index];
-  auto s = static_cast<cudaStream_t>(stream);
   if (with_residual) {
-    if (config.tile == 0) {
-      return run_linear<StreamK<Element, Tile0, Cluster1>>(config, x, weight, residual, out, m, n, k, device, workspace,
-                                                           workspace_size, s, needed, message, size);
-    }
-    return run_linear<StreamK<Element, Tile1, Cluster1>>(config, x, weight, residual, out, m, n, k, device, workspace,
-                                                         workspace_size, s, needed, message, size);
+    return config.tile == 0 ? run_linear<Linear0Residual>(config, c) : run_linear<Linear1Residual>(config, c);
   }
-  if (config.tile == 0) {
-    return run_linear<StreamK<void, Tile0, Cluster1>>(config, x, weight, nullptr, out, m, n, k, device, workspace,
-                                                      workspace_size, s, needed, message, size);
-  }
-  return run_linear<StreamK<void, Tile1, Cluster1>>(config, x, weight, nullptr, out, m, n, k, device, workspace,
-                                                    workspace_size, s, needed, message, size);
+  return config.tile == 0 ? run_linear<Linear0>(config, c) : run_linear<Linear1>(config, c);
 }
 
 }  // namespace laya_cuda
 
 extern "C" {
+
+using laya_cuda::Call;
 
 // laya_native::linear's CUTLASS path: its launch configurations and their names, as the GEGLU ones.
 int laya_native_linear_configs() { return laya_cuda::kLinearConfigs; }
@@ -419,8 +458,8 @@ const char* laya_native_linear_config_name(int config) {
 // The workspace (bytes) a configuration needs for the problem, with or without a residual.
 int laya_native_linear_workspace(int config, int m, int n, int k, int with_residual, int device, size_t* needed,
                                  char* message, size_t size) {
-  return laya_cuda::dispatch_linear(config, nullptr, nullptr, nullptr, with_residual != 0, nullptr, m, n, k, device,
-                                    nullptr, 0, nullptr, needed, message, size);
+  Call c{nullptr, nullptr, nullptr, nullptr, m, n, k, device, nullptr, 0, nullptr, needed, message, size};
+  return laya_cuda::dispatch_linear(config, with_residual != 0, c);
 }
 
 // out[M, N] = x @ W.T (+ residual[M, N]), x [M, K], W [N, K], row-major bf16, queued on ``stream``;
@@ -428,8 +467,9 @@ int laya_native_linear_workspace(int config, int m, int n, int k, int with_resid
 int laya_native_linear(int config, const void* x, const void* weight, const void* residual, void* out, int m, int n,
                        int k, int device, void* workspace, size_t workspace_size, void* stream, char* message,
                        size_t size) {
-  return laya_cuda::dispatch_linear(config, x, weight, residual, residual != nullptr, out, m, n, k, device, workspace,
-                                    workspace_size, stream, nullptr, message, size);
+  Call c{x,         weight, residual, out, m, n, k, device, workspace, workspace_size, static_cast<cudaStream_t>(stream),
+         nullptr, message, size};
+  return laya_cuda::dispatch_linear(config, residual != nullptr, c);
 }
 
 // How many launch configurations the library holds, and each one's name.
@@ -442,8 +482,8 @@ const char* laya_native_geglu_config_name(int config) {
 // error, described in ``message``).
 int laya_native_geglu_workspace(int config, int m, int n, int k, int device, size_t* needed, char* message,
                                 size_t size) {
-  return laya_cuda::dispatch(config, nullptr, nullptr, nullptr, m, n, k, device, nullptr, 0, nullptr, needed,
-                              message, size);
+  Call c{nullptr, nullptr, nullptr, nullptr, m, n, k, device, nullptr, 0, nullptr, needed, message, size};
+  return laya_cuda::dispatch(config, c);
 }
 
 // out[M, N/2] = gelu(x @ inputs.T) * (x @ gates.T), x [M, K] and W [N, K] row-major bf16 (its rows
@@ -451,8 +491,13 @@ int laya_native_geglu_workspace(int config, int m, int n, int k, int device, siz
 // on ``stream``; 0, or 1 with ``message`` saying why nothing was queued.
 int laya_native_geglu(int config, const void* x, const void* weight, void* out, int m, int n, int k, int device,
                       void* workspace, size_t workspace_size, void* stream, char* message, size_t size) {
-  return laya_cuda::dispatch(config, x, weight, out, m, n, k, device, workspace, workspace_size, stream, nullptr,
-                              message, size);
+  Call c{x,         weight, nullptr, out, m, n, k, device, workspace, workspace_size, static_cast<cudaStream_t>(stream),
+         nullptr, message, size};
+  return laya_cuda::dispatch(config, c);
 }
 
 }  // extern "C"
+
+#else
+}  // namespace laya_cuda
+#endif

@@ -11,7 +11,6 @@ transformers.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from doit import doit_cmd
 
 from laya_build import PROJECT_ROOT, filedigests
 from laya_build import config as config_mod
+from laya_build.environment import usable_cores
 from laya_build.locks import run_lock
 from laya_build.tasks import cache, dispatch, exits, run, state
 from laya_build.tasks.kernels import cuda_diff_tasks, cuda_source_tasks, lower_c_tasks, probe_c_tasks, tir_tasks
@@ -86,7 +86,7 @@ def typed_variables(variables: dict) -> list[tuple[str, str]] | None:
 
 def default_processes() -> int:
     """``doit -n`` when none is given: every core (stages are separate processes)."""
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    return usable_cores()
 
 
 def doit_config(p: config_mod.Pipeline) -> dict:

@@ -179,6 +179,75 @@ def test_the_kernels_source_is_compiled_from_a_path_fixed_by_its_content():
     assert first.read_bytes() == native.CUDA_SOURCE.read_bytes()
 
 
+# The compiles of one step (the CUDA source's parts) run at the same time: each of these two waits
+# for the file the other writes, which only two processes running at once get past.
+MEET = """
+import pathlib, sys, time
+pathlib.Path(sys.argv[1]).touch()
+start = time.monotonic()
+while not pathlib.Path(sys.argv[2]).exists():
+    if time.monotonic() - start > float(sys.argv[3]):
+        print("alone", sys.argv[1]); sys.exit(3)
+    time.sleep(0.01)
+print("met", sys.argv[1])
+"""
+
+
+def _meet(tmp_path, wait_s: float) -> list[list[str]]:
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    return [[sys.executable, "-c", MEET, a, b, str(wait_s)], [sys.executable, "-c", MEET, b, a, str(wait_s)]]
+
+
+def test_the_compiles_of_a_step_run_at_the_same_time_up_to_the_jobs_given(tmp_path):
+    results, first = native.run_together(_meet(tmp_path, 60), jobs=2)
+    assert first is None
+    assert [r[:2] for r in results] == [(0, f"met {tmp_path / 'a'}\n"), (0, f"met {tmp_path / 'b'}\n")]
+
+    (tmp_path / "a").unlink(), (tmp_path / "b").unlink()
+    results, first = native.run_together(_meet(tmp_path, 1), jobs=1)  # one at a time: the first waits alone
+    assert first == 0 and results[0][:2] == (3, f"alone {tmp_path / 'a'}\n") and results[0][2] >= 1
+    assert results[1][0] is None, "after a failure the compiles not started yet do not start"
+    assert not (tmp_path / "b").exists()
+
+
+def test_the_first_compile_that_fails_ends_the_others_of_its_step(tmp_path):
+    import signal
+    import time
+
+    slow = [sys.executable, "-c", "import time; time.sleep(120)"]
+    bad = [sys.executable, "-c", "import sys; print('no such kernel'); sys.exit(2)"]
+    start = time.monotonic()
+    results, first = native.run_together([slow, bad], jobs=2)
+    assert time.monotonic() - start < 60
+    assert first == 1 and results[1][:2] == (2, "no such kernel\n")
+    assert results[0][0] == -signal.SIGTERM
+
+
+def test_a_failed_compile_names_its_status_and_output_and_the_steps_after_it_do_not_run(tmp_path):
+    log, after = tmp_path / "native_build.log", tmp_path / "linked"
+    ok = [sys.executable, "-c", "print('part 0 compiled')"]
+    bad = [sys.executable, "-c", "import sys; print('error: part 1'); sys.exit(2)"]
+    link = [sys.executable, "-c", f"open({str(after)!r}, 'w')"]
+    with pytest.raises(StageError, match=r"failed with exit status 2:\nerror: part 1") as caught:
+        native.compile_library([[ok, bad], [link]], str(log), jobs=2)
+    assert str(log) in caught.value.hint
+    text = log.read_text()
+    assert text.index("part 0 compiled") < text.index("error: part 1"), "the log keeps the commands' order"
+    assert re.search(r"part 0 compiled\n# exit status 0 in [\d.]+ s\n", text)
+    assert not after.exists()
+
+
+def test_the_cuda_source_names_how_many_parts_it_compiles_in():
+    parts = native.cuda_parts()
+    assert parts >= 2
+    source = native.CUDA_SOURCE.read_text()
+    assert all(f"#elif LAYA_PART == {p}" in source for p in range(1, parts))
+    assert f"#elif LAYA_PART == {parts}" not in source
+    command = native.cuda_compile_command(Path("part.o"), 3) if shutil.which("nvcc") else None
+    if command is not None:
+        assert "-DLAYA_PART=3" in command and "-frandom-seed=laya_native.3" in command
+
+
 # ---------------------------------------------------------------------- with nvcc and CUTLASS here
 
 
@@ -220,7 +289,9 @@ def test_the_library_with_cuda_kernels_loads_without_a_gpu_and_names_its_configu
     assert got["linear"] and max(defaults["linear"][1::2]) < len(got["linear"])
 
 
-def test_the_library_with_cuda_kernels_is_the_same_bytes_from_another_checkout(cuda_library, tmp_path, monkeypatch):
+def test_the_library_with_cuda_kernels_is_the_same_bytes_from_another_checkout_and_on_one_core(
+    cuda_library, tmp_path, monkeypatch
+):
     path, _ = cuda_library
     elsewhere = tmp_path / "checkout" / "laya_build" / "native"
     elsewhere.mkdir(parents=True)
@@ -228,6 +299,7 @@ def test_the_library_with_cuda_kernels_is_the_same_bytes_from_another_checkout(c
         shutil.copy2(source, elsewhere / source.name)
     monkeypatch.setattr(native, "SOURCE", elsewhere / native.SOURCE.name)
     monkeypatch.setattr(native, "CUDA_SOURCE", elsewhere / native.CUDA_SOURCE.name)
+    monkeypatch.setattr(native, "usable_cores", lambda: 1)  # and on one core: the parts one after the other
     record = native.build(tmp_path / "out", cuda_kernels=True)
     assert record["sha256"] == sha256_file(path)
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith((".cuda-", ".lib"))]
@@ -256,7 +328,7 @@ def test_every_kernel_is_compiled_for_hopper_without_spills(cuda_library):
     for name, usage in kernels:
         assert "STACK:0 " in usage and "LOCAL:0" in usage, f"{name}: {usage}"
     elf = subprocess.run([cuobjdump, "-lelf", str(path)], capture_output=True, text=True, check=True).stdout
-    assert elf.count(".sm_90.cubin") == 1, elf
+    assert elf.count(".sm_90.cubin") == native.cuda_parts(), "one cubin a part, each kernel in one of them"
     sass = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
     for kernel in sass.split("Function : ")[1:]:  # Hopper's own: warpgroup MMA, TMA loads, register reallocation
         assert all(op in kernel for op in ("HGMMA", "UTMALDG", "USETMAXREG")), kernel[:200]
