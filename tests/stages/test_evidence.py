@@ -10,6 +10,7 @@ docs/measurements/aoti-h200.md quotes.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -1524,3 +1525,75 @@ def test_h100_wis_gemm_through_cutlass_without_the_gated_gelu_took_what_the_fuse
     assert round(at["cutlass #2 cooperative 128x128x64 data-parallel", 1792] - at["cublas", 1792], 2) == 5.64
     assert geglu["suggested_cutlass_configs"] == {"geglu": [256, 2, -1, 6]}  # #7 with the cluster, 0.23 µs ahead
     assert fused["cutlass #6 cooperative 128x192x64 cluster 2x1", 1792] == 41.32
+
+
+NATIVE_PARTS = "2026-12-06-native-parts"
+
+
+def test_h100_cublaslts_tile_in_the_geglu_kernel_was_slower_than_the_128x192_tiles():
+    """The H100 probe's table: #10 and #11 (128 x 144) behind #6 and #7 at 1,792 rows; the Wi figures;
+    and the library as it is now holds neither."""
+    probe = load(f"{NATIVE_PARTS}/h100-native-cutlass-probe-1.json")
+    assert probe["gpu"] == "NVIDIA H100 80GB HBM3" and probe["errors"] == []
+    assert len(probe["configs"]["geglu"]) == 12 and probe["suggested_cutlass_configs"] == {"geglu": [256, 2, -1, 6]}
+    rows = {(r.get("config", r["name"]), r["M"]): r["us"] for r in probe["rows"]}
+    quoted = {
+        "cublas": (7.66, 35.67),
+        "cublas, geglu": (9.64, 45.7),
+        2: (8.81, 44.7),
+        6: (14.16, 40.67),
+        7: (13.8, 40.7),
+        10: (11.91, 42.73),
+        11: (11.48, 41.89),
+    }
+    assert {k: (rows[k, 128], rows[k, 1792]) for k in quoted} == quoted
+    assert min(rows[10, 1792], rows[11, 1792]) - max(rows[6, 1792], rows[7, 1792]) >= 1.15
+    wi = {
+        r["name"]: r["us"]
+        for r in load(f"{NATIVE_PARTS}/h100-native-cutlass-probe-wi-1.json")["rows"]
+        if r["M"] == 1792
+    }
+    assert (wi["cublas"], wi["cublaslt"], wi["cutlass #2 cooperative 128x128x64 data-parallel"]) == (
+        35.83,
+        36.96,
+        41.34,
+    )
+    source = (ROOT / "laya_build" / "native" / "laya_native.cu").read_text()
+    assert "_144" not in source and "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" not in source
+    log = (EVIDENCE / NATIVE_PARTS / "h100-variants-2.log").read_text()
+    assert "cur: doit aoti_package:cuda-bfloat16 stopped at its limit of 409 s" in log
+
+
+def test_h200_the_library_in_parts_built_in_less_than_half_the_time_and_its_kernels_passed():
+    """Both libraries built at once on the H200 machine: the figures of the table, the old one the bytes
+    the H100's probe built; each part's seconds in the build log; the GPU tests' log."""
+    old, new = (load(f"{NATIVE_PARTS}/h200-library-{n}.json") for n in ("old", "new"))
+    assert old["sha256"] == load(f"{NATIVE_PARTS}/h100-native-cutlass-probe-1.json")["library"]["sha256"]
+    assert (old["sha256"][:8], round(old["build_s"], 1)) == ("c1b5851a", 126.9)
+    assert (new["sha256"][:8], round(new["build_s"], 1)) == ("76f5dc8a", 56.5)
+    log = (EVIDENCE / NATIVE_PARTS / "h200-native-build.log").read_text()
+    seconds = [float(s) for s in re.findall(r"# exit status 0 in ([\d.]+) s", log)]
+    assert len(seconds) == 7 and (min(seconds[:6]), max(seconds[:6]), seconds[6]) == (31.56, 45.85, 9.86)
+    assert [int(p) for p in re.findall(r"-DLAYA_PART=(\d)", log)] == list(range(6))
+    assert "20 passed" in (EVIDENCE / NATIVE_PARTS / "h200-gpu-tests.log").read_text()
+    assert "NVIDIA H200" in (EVIDENCE / NATIVE_PARTS / "h200-gpu.csv").read_text()
+
+
+def test_h200_the_committed_configuration_rebuilt_to_its_bytes_and_replayed_as_quoted():
+    """The H200 run: the package's bytes (those of the H100 builds), the committed tuning file, the
+    library the package ran with, and the latency table of the section."""
+    name = f"{NATIVE_PARTS}/h200-latency.json"
+    run = load(name)
+    assert run["device_name"] == "NVIDIA H200"
+    package = run["packages"]["cur"]
+    assert package["native_library"] == load(f"{NATIVE_PARTS}/h200-library-new.json")["sha256"]
+    geglu_bytes = {load(f"{GEGLU_PACKAGE}/g7-verify-1.json")["programs"][0]["package"]["sha256"]}
+    assert digests((EVIDENCE / NATIVE_PARTS / "h200-variants.log").read_text())["cur"] == geglu_bytes
+    assert package["sha256"] in geglu_bytes
+    assert (EVIDENCE / NATIVE_PARTS / "h200-cur-tuning.json").read_bytes() == committed_tuning()
+    replay, before = replay_medians(name), replay_medians(name, "replay_before_plain")
+    assert (replay["1x128x3", "cur"], replay["7x256x4", "cur"]) == (1.004, 3.181)
+    assert (before["1x128x3", "cur"], before["7x256x4", "cur"]) == (1.082, 3.138)
+    plain = replay_medians(name, "plain")
+    assert (plain["1x128x3", "cur"], plain["7x256x4", "cur"]) == (2.023, 3.388)
+    assert back_to_back(name) == {("1x128x3", "cur"): 1.085, ("7x256x4", "cur"): 3.113}
