@@ -46,8 +46,10 @@ NATIVE_LIBRARY_NAME, NATIVE_BUILD_LOG_NAME = "liblaya_native.so", "native_build.
 RELEASE_DIFF_RECORD_NAME, RELEASE_DIFF_REPORT_NAME = "release_diff.json", "release_diff.md"
 DIFFS_DIR, DIFF_SUFFIX = "diffs", ".diff"
 DEPS_CACHE_NAME = "deps-parse.json"  # parsed imports of the project's sources, by their sha256
-# An atomic write's temporary file beside its target (laya_build.atomic).
+# An atomic write's temporary file beside its target (laya_build.atomic); a file a stage writes
+# whole before renaming it (e.g. a package being compiled) has ``.partial.`` in its name.
 TMP_GLOB = ".{name}.*.tmp"
+PARTIAL_MARK = ".partial."
 
 
 def record_name(stage: str) -> str:
@@ -139,6 +141,11 @@ class ArtifactsLayout:
 
     def verifications(self, version: str) -> Path:
         return self.root / VERIFICATIONS_DIR / version
+
+    def written_by_run(self, version: str) -> list[Path]:
+        """The folders only a ``doit`` run of ``version`` writes into (it holds the version's lock):
+        the version, its verifications and its outputs' records."""
+        return [self.version(version).root, self.verifications(version), self.root / DOIT_DB_DIR / "outputs" / version]
 
     def verification(self, version: str, build: str) -> Path:
         """Where ``doit verify`` of a released version puts a build's results."""
@@ -243,6 +250,18 @@ class VersionLayout:
     @property
     def effective_config(self) -> Path:
         return self.root / EFFECTIVE_CONFIG_NAME
+
+
+def partial_files(folder: Path) -> list[Path]:
+    """Every file under ``folder`` that a write left unfinished: an atomic write's temporary file
+    (:data:`TMP_GLOB`) or a ``.partial.`` file."""
+    if not Path(folder).is_dir():
+        return []
+    return sorted(
+        path
+        for path in Path(folder).rglob(".*")
+        if path.is_file() and (path.name.endswith(".tmp") or PARTIAL_MARK in path.name)
+    )
 
 
 def tmp_leftovers(path: Path) -> list[Path]:

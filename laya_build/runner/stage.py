@@ -9,6 +9,7 @@ import os
 from laya_build import errors
 from laya_build.diskspace import full_near, is_no_space
 from laya_build.errors import DiskFullError, OutputsTampered
+from laya_build.layout import partial_files
 from laya_build.runner.process import Child, run
 from laya_build.stage import Outputs, Stage
 
@@ -70,14 +71,16 @@ def prepare_outputs(stage: Stage) -> Outputs:
 def remove_partial(stage: Stage) -> list[str]:
     """Remove what a failed run of ``stage`` left half-written: the temporary files of atomic
     writes and ``.partial`` files (e.g. a package being compiled) in its outputs."""
+    return remove_partial_files({*stage.dirs, *(f.parent for f in stage.targets)})
+
+
+def remove_partial_files(folders) -> list[str]:
+    """Remove every half-written file under ``folders`` (:func:`laya_build.layout.partial_files`)."""
     removed = []
-    for folder in {*stage.dirs, *(f.parent for f in stage.targets)}:
-        if not folder.is_dir():
-            continue
-        for path in folder.rglob(".*"):
-            if path.is_file() and (path.name.endswith(".tmp") or ".partial." in path.name):
-                path.unlink(missing_ok=True)
-                removed.append(str(path))
+    for folder in folders:
+        for path in partial_files(folder):
+            path.unlink(missing_ok=True)
+            removed.append(str(path))
     return removed
 
 

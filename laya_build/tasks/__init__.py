@@ -20,6 +20,7 @@ from laya_build import PROJECT_ROOT, filedigests
 from laya_build import config as config_mod
 from laya_build.environment import usable_cores
 from laya_build.locks import run_lock
+from laya_build.runner.stage import remove_partial_files
 from laya_build.tasks import cache, dispatch, exits, run, state
 from laya_build.tasks.kernels import cuda_diff_tasks, cuda_source_tasks, lower_c_tasks, probe_c_tasks, tir_tasks
 from laya_build.tasks.model import (
@@ -72,6 +73,7 @@ def load_pipeline(root: Path = PROJECT_ROOT) -> config_mod.Pipeline:
         lambda: run_lock(
             pipeline.artifacts.run_lock(pipeline.version), f"version {pipeline.version}", wait=pipeline.wait
         ),
+        lambda: remove_partial_files(pipeline.artifacts.written_by_run(pipeline.version)),
     )  # one run per version at a time
     return pipeline
 

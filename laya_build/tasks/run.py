@@ -20,9 +20,17 @@ While it runs:
   of it, doit's workers, the fork server, stage processes and their compilers, is frozen and
   killed (:func:`laya_build.runner.lifetime.stop_tree`), and ``doit`` exits 130 (SIGINT) or
   143 (SIGTERM) with one line saying the build was interrupted.  What the build left
-  unfinished is what a SIGKILL leaves: nothing that a later run or ``verify`` takes as built
-  (no task is recorded before its outputs are complete), and a re-run goes on from the tasks
-  that finished.  A second signal while stopping exits at once.
+  unfinished is nothing that a later run or ``verify`` takes as built (no task is recorded
+  before its outputs are complete), and a re-run goes on from the tasks that finished.  A
+  second signal while stopping exits at once.
+* **Stops for an error.**  A build that doit ends with an exception, and one whose task state
+  cannot be written (a full disk, :mod:`.state`), stops every process of it the same way.
+* **Nothing half-written.**  After every such stop the files the killed processes were writing
+  (atomic writes' temporary files, ``.partial.`` files) are removed from the folders only a run
+  of the version writes into (:meth:`laya_build.layout.ArtifactsLayout.written_by_run`), once no
+  process of the build is left and while the run still holds the version's lock; a run that
+  waits for the lock removes nothing.  Only a SIGKILL of ``doit`` itself leaves them, for the
+  tasks that own them to clear when they next run.
 * **Lifetimes.**  doit's workers die with the ``doit`` process, and every stage process with
   its parent (:mod:`laya_build.runner.lifetime`): a ``doit`` killed with SIGKILL leaves no
   process of its build running.
@@ -56,10 +64,26 @@ def _execute(self, *args, **kwargs):
         _interrupts()
         lock = _RUN.get("lock")
         with lock() if lock else contextlib.nullcontext():
-            return _EXECUTE(self, *args, **kwargs)
+            _RUN["locked"] = True
+            try:
+                return _EXECUTE(self, *args, **kwargs)
+            except Exception:  # doit has terminated its workers; their stage processes die with them
+                stop_build()
+                raise
+            finally:
+                _RUN["locked"] = False
     except LayaBuildError as exc:
         print(f"laya-build: {type(exc).__name__}: {exc}", file=sys.stderr)
         return exc.exit_code
+
+
+def stop_build() -> None:
+    """Stop every process of this build (:func:`laya_build.runner.lifetime.stop_tree`), then,
+    while this run holds its version's lock, remove what they left half-written there."""
+    lifetime.stop_tree(os.environ.get(lifetime.BUILD_ENV))
+    if _RUN.get("locked") and (sweep := _RUN.get("sweep")):
+        with contextlib.suppress(OSError):
+            sweep()
 
 
 def _worker(self, *args, **kwargs):
@@ -96,14 +120,17 @@ def _interrupted(signum, frame) -> None:
         file=sys.stderr,
         flush=True,
     )
-    lifetime.stop_tree(os.environ.get(lifetime.BUILD_ENV))
+    stop_build()
     os._exit(128 + signum)
 
 
-def install(check: Callable[[list[str]], None], lock: Callable | None = None) -> None:
+def install(
+    check: Callable[[list[str]], None], lock: Callable | None = None, sweep: Callable[[], object] | None = None
+) -> None:
     """Before ``doit run`` starts: ``check(selected task names)``, then ``lock()`` (a context
-    manager held for the run).  Installing again replaces both."""
-    _RUN.update(check=check, lock=lock)
+    manager held for the run); ``sweep()`` removes what a stopped build left half-written in
+    the folders the lock guards.  Installing again replaces all three."""
+    _RUN.update(check=check, lock=lock, sweep=sweep)
     Run._execute = _execute
     MRunner.execute_task_subprocess = _worker
 

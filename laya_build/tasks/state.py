@@ -55,18 +55,19 @@ def _remove(self, task_id):
 @contextlib.contextmanager
 def _stopping_when_full(db):
     """A state that cannot be written for lack of space stops the build (as an interrupt does:
-    nothing unrecorded is taken as built) with one message, instead of doit's traceback."""
+    nothing unrecorded is taken as built, nothing half-written is left) with one message,
+    instead of doit's traceback."""
     try:
         yield
     except sqlite3.OperationalError as exc:
         if "full" not in str(exc):
             raise
         from laya_build.errors import DiskFullError
-        from laya_build.runner import lifetime
+        from laya_build.tasks.run import stop_build
 
         error = DiskFullError(f"{db.name}: doit's task state cannot be written ({exc})")
         print(f"laya-build: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
-        lifetime.stop_tree()
+        stop_build()
         os._exit(1)
 
 

@@ -73,6 +73,7 @@ class Stop:
     output: str
     had_running: list[str]  # the build's processes when it was stopped (names)
     left: list[str]  # ... and those still running after doit exited
+    half_written: list[str] = field(default_factory=list)  # temporary and .partial. files left in artifacts/
 
 
 # the killed checkout builds and releases the project's version; the traced one builds the next
@@ -138,7 +139,19 @@ def build_processes(doit_pid: int) -> list[str]:
     return found
 
 
-def stop_when(proc: subprocess.Popen, reached, point: str, timeout: float = 900) -> tuple[list[str], Stop] | None:
+def half_written(artifacts: Path) -> list[str]:
+    """Temporary files of atomic writes and ``.partial.`` files under ``artifacts`` (the shared
+    compiler caches aside)."""
+    return sorted(
+        str(p.relative_to(artifacts))
+        for p in artifacts.rglob(".*")
+        if p.is_file() and (p.name.endswith(".tmp") or ".partial." in p.name) and ".cache" not in p.parts
+    )
+
+
+def stop_when(
+    proc: subprocess.Popen, reached, point: str, timeout: float = 900, artifacts: Path | None = None
+) -> tuple[list[str], Stop] | None:
     """Stop ``proc`` as :data:`STOPS` says for ``point`` as soon as ``reached(started)`` holds,
     where ``started`` maps each task doit started (its ``.  task`` line) to when; returns the
     tasks started, in order, and what the stop left (None if the build ended first)."""
@@ -183,6 +196,7 @@ def stop_when(proc: subprocess.Popen, reached, point: str, timeout: float = 900)
                 "".join(lines),
                 [r.split(" ", 1)[1] for r in running],
                 left,
+                half_written(artifacts) if artifacts is not None else [],
             )
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
@@ -274,7 +288,8 @@ def small_builds(tmp_path_factory) -> SmallBuilds:
         for point, (task, after) in KILL_POINTS.items():
             workers = STOPS[point][2]
             run = start(killed, "-n", str(workers), *BUILD)
-            stopped = stop_when(run, running_for(task, after, compiling=point == "AOTInductor compile"), point)
+            reached = running_for(task, after, compiling=point == "AOTInductor compile")
+            stopped = stop_when(run, reached, point, artifacts=killed.artifacts)
             if stopped is not None:
                 started, stop = stopped
                 builds.kills.append(point)

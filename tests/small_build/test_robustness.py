@@ -59,6 +59,7 @@ def test_an_interrupted_build_says_so_and_exits_at_once(small_builds, point):
         "left unfinished is not taken as built, and a re-run goes on from the tasks that finished"
     ]
     assert "Traceback" not in stop.output and "KeyboardInterrupt" not in stop.output
+    assert stop.half_written == [], "an interrupted build removes what its processes were writing"
 
 
 def test_a_plain_rerun_completes_after_the_kills(small_builds):
