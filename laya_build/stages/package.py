@@ -123,6 +123,18 @@ def copy_library(library: dict | None, export_dir: Path, out: Path) -> dict | No
     return copied
 
 
+def compile_cache_key(target: str, dtype: str, programs: list[dict]) -> str:
+    """The name of the compile's Inductor cache folder (:func:`laya_build.runner.folders.inductor_cache`),
+    which AOTInductor writes into the package: the stage, target and dtype, and a digest of the
+    exported programs it compiles.  The same programs compile at the same path, one build at a
+    time, into the same bytes; other programs (another configuration, another checkout's
+    change) compile beside them at once."""
+    import hashlib
+
+    digest = hashlib.sha256("\n".join(f"{p['name']} {p['exported']['sha256']}" for p in programs).encode())
+    return f"package-{target}-{dtype}-{digest.hexdigest()[:16]}"
+
+
 def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -> dict:
     """Package the programs of ``export_dir`` into ``out_dir``; ``root`` resolves the
     ``package.tuning`` paths (the project root)."""
@@ -160,7 +172,7 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -
             for p in programs
         ],
     }
-    with inductor_cache(f"package-{target}-{exp['dtype']}") as cache:
+    with inductor_cache(compile_cache_key(target, exp["dtype"], programs)) as cache:
         child = Child(
             log=out / child_log_name("package"),
             timeout=cfg["timeout_s"],
@@ -237,7 +249,7 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -
             "autotuned": len(use["autotuned"]),
         },
         "determinism": result["determinism"],
-        "compile_cache": {**result["cache"], "removed": cache.removed},
+        "compile_cache": {"key": cache.path.name, **result["cache"], "removed": cache.removed},
         "preload": result["preload"],
         "device": device_snapshot(target),
         "versions": versions(),
