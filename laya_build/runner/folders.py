@@ -10,6 +10,9 @@ import tempfile
 from pathlib import Path
 
 from laya_build.locks import held
+from laya_build.log import get_logger
+
+log = get_logger(__name__)
 
 
 class InductorCache:
@@ -20,6 +23,7 @@ class InductorCache:
     def __init__(self, path: Path):
         self.path = path
         self.removed: bool | None = None
+        self.shared = False  # in the folder every user compiles in (inductor_cache's ``shared``)
 
     def __fspath__(self) -> str:
         return str(self.path)
@@ -47,22 +51,104 @@ def vec_isa_root() -> Path:
     return inductor_root() / "vec-isa"
 
 
+# Where a package is compiled, whoever compiles it: AOTInductor writes the path into the package,
+# so a folder under $TMPDIR or named by the user would give each user another package.
+SHARED_COMPILE_ROOT = Path("/tmp/laya-build-compile")
+
+
+def shared_compile_root() -> tuple[Path | None, str]:
+    """:data:`SHARED_COMPILE_ROOT`, made (sticky and open to every user, as ``/tmp`` is) when
+    missing, or None and why it cannot be used: it is not a directory of its own, or it belongs
+    to another user than this one or root (who could swap a folder inside it)."""
+    import stat
+
+    root = SHARED_COMPILE_ROOT
+    try:
+        root.mkdir(mode=0o700)
+        os.chmod(root, 0o1777)  # each user's folders in it are that user's alone (sticky bit)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        return None, f"it cannot be made ({exc})"
+    st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode):
+        return None, "it is not a directory"
+    if st.st_uid not in (0, os.getuid()):
+        return None, f"it belongs to uid {st.st_uid}, neither this user nor root"
+    if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+        return None, "everyone may write to it and it is not sticky"
+    return root, ""
+
+
+def _own_empty_folder(path: Path) -> str:
+    """Make ``path`` an empty folder of this user's alone (mode 700); "" or why not (it is another
+    user's, whose folder a sticky root does not let this user remove)."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+            shutil.rmtree(path, ignore_errors=True)
+        elif stat.S_ISLNK(st.st_mode) and st.st_uid == os.getuid():
+            path.unlink()
+        else:
+            return f"{path} is left by uid {st.st_uid}"
+    try:
+        path.mkdir(mode=0o700)
+    except OSError as exc:
+        return f"{path} cannot be made ({exc})"
+    return ""
+
+
 @contextlib.contextmanager
-def inductor_cache(key: str):
+def inductor_cache(key: str, shared: bool = False):
     """A child process's own empty Inductor cache, at a path that depends only on ``key``
-    (stage, target, dtype) and the user, outside the artifacts.
+    (stage, target, dtype; for a package also its programs) and the user, outside the artifacts;
+    with ``shared`` only on ``key``: ``/tmp/laya-build-compile/<key>`` whoever the user and
+    whatever ``$TMPDIR`` (:func:`shared_compile_root`).
 
     AOTInductor writes its cache path into the package (compile-command comments, kernel
     file names, debug info), so a random ``mkdtemp`` name would make two builds of one
-    exported program differ.  The directory is emptied before and removed after use; an
-    exclusive ``flock`` on a sibling lock file serialises concurrent builds of one key (of
-    any checkout of this user), and every check about the folder happens under that lock.
+    exported program differ, and a folder named by the user or ``$TMPDIR`` two users' builds.
+    The directory is emptied before and removed after use; an exclusive ``flock`` on a lock file
+    of this user's serialises this user's concurrent builds of one key (of any checkout), and
+    every check about the folder happens under that lock.  A shared folder is this user's alone
+    while it is used (mode 700, in a sticky root).  Where it cannot be used (the root is not one
+    to trust, another user's build holds the folder), the user's own is, with one line saying
+    why, and ``cache.shared`` is False.
     """
-    root = inductor_root()
-    cache = InductorCache(root / key)
-    with held(root / f"{key}.lock", f"the Inductor cache {key} (another build compiles the same stage)"):
-        shutil.rmtree(cache.path, ignore_errors=True)
-        cache.path.mkdir()
+    with contextlib.ExitStack() as stack:
+        cache = None
+        if shared:
+            root, why = shared_compile_root()
+            if root is not None:
+                lock = root / f".{key}.{os.getuid()}.lock"  # this user's, whatever its $TMPDIR
+                try:
+                    stack.enter_context(held(lock, f"the compile folder {root / key} (another build compiles it)"))
+                    why = _own_empty_folder(root / key)
+                except PermissionError as exc:  # a lock file of this name planted by another user
+                    why = f"its lock cannot be taken ({exc})"
+                if why:
+                    stack.close()
+                else:
+                    cache = InductorCache(root / key)
+                    cache.shared = True
+            if cache is None:
+                log.info(
+                    f"[laya] the shared compile folder {SHARED_COMPILE_ROOT / key} cannot be used: {why}; compiling "
+                    "in this user's own folder, so the package's bytes differ from a build in the shared one"
+                )
+        if cache is None:
+            user = inductor_root()
+            stack.enter_context(
+                held(user / f"{key}.lock", f"the Inductor cache {key} (another build compiles the same stage)")
+            )
+            cache = InductorCache(user / key)
+            shutil.rmtree(cache.path, ignore_errors=True)
+            cache.path.mkdir()
         try:
             yield cache
         finally:

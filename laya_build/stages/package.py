@@ -135,6 +135,24 @@ def compile_cache_key(target: str, dtype: str, programs: list[dict]) -> str:
     return f"package-{target}-{dtype}-{digest.hexdigest()[:16]}"
 
 
+# Inductor names the folder of its precompiled headers after $TMPDIR and the user (getpass: LOGNAME
+# first), and writes it into the package with each compile command: both are fixed for the compile.
+COMPILE_USER = "laya-build"
+
+
+def compile_env(folder: Path) -> dict[str, str]:
+    """The compile child's environment beside its own: every cache and temporary file inside its
+    private compile folder (compiler caches are never shared), and one user name, so that no path
+    of the user's or of their ``$TMPDIR`` reaches the package."""
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": str(folder),
+        "TRITON_CACHE_DIR": str(folder / "triton"),
+        "TMPDIR": str(folder / "tmp"),
+        "LOGNAME": COMPILE_USER,
+        "USER": COMPILE_USER,
+    }
+
+
 def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -> dict:
     """Package the programs of ``export_dir`` into ``out_dir``; ``root`` resolves the
     ``package.tuning`` paths (the project root)."""
@@ -172,13 +190,13 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -
             for p in programs
         ],
     }
-    with inductor_cache(compile_cache_key(target, exp["dtype"], programs)) as cache:
+    with inductor_cache(compile_cache_key(target, exp["dtype"], programs), shared=True) as cache:
+        (cache.path / "tmp").mkdir()
         child = Child(
             log=out / child_log_name("package"),
             timeout=cfg["timeout_s"],
             reraise=True,
-            # Triton's kernel cache inside the private one (compiler caches are never shared)
-            env={"TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache.path / "triton")},
+            env=compile_env(cache.path),
             label=f"AOTInductor compile of {export_dir} for {target}/{exp['dtype']}",
         )
         result = run(f"{CHILD_MODULE}:compile_packages", {"job": job}, child, result=True)
@@ -249,7 +267,7 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -
             "autotuned": len(use["autotuned"]),
         },
         "determinism": result["determinism"],
-        "compile_cache": {"key": cache.path.name, **result["cache"], "removed": cache.removed},
+        "compile_cache": {"path": str(cache.path), **result["cache"], "removed": cache.removed},
         "preload": result["preload"],
         "device": device_snapshot(target),
         "versions": versions(),

@@ -1,22 +1,28 @@
-"""The package compile's Inductor cache folder (``laya_build.stages.package.compile_cache_key``):
-AOTInductor writes its path into the package, so the same exported programs compile at the same
-path, one build at a time; other programs compile beside them at once (real processes, each
-holding a folder as the package stage does)."""
+"""The package compile's Inductor cache folder (``laya_build.stages.package.compile_cache_key``,
+``laya_build.runner.folders.inductor_cache``): AOTInductor writes its path into the package, so
+the same exported programs compile at the same path, one build at a time, whoever builds them
+and whatever their ``$TMPDIR``; other programs compile beside them at once (real processes, each
+holding a folder as the package stage does, and real package compiles)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+import uuid
 
+import pytest
+
+from laya_build.runner import folders
 from laya_build.stages.package import compile_cache_key
 
 HOLD = """
 import sys, time
 from pathlib import Path
 from laya_build.runner.folders import inductor_cache
-with inductor_cache(sys.argv[1]) as cache:
+with inductor_cache(sys.argv[1], shared=sys.argv[4] == "shared") as cache:
     Path(sys.argv[2]).write_text(str(cache))
     time.sleep(float(sys.argv[3]))
 """
@@ -40,9 +46,9 @@ def test_the_key_is_the_stage_target_dtype_and_a_digest_of_the_programs():
     assert one not in others and len(others) == 4
 
 
-def _hold(key: str, marker, seconds: float, env: dict) -> subprocess.Popen:
+def _hold(key: str, marker, seconds: float, env: dict, shared: bool = False) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-c", HOLD, key, str(marker), str(seconds)],
+        [sys.executable, "-c", HOLD, key, str(marker), str(seconds), "shared" if shared else "own"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -50,32 +56,131 @@ def _hold(key: str, marker, seconds: float, env: dict) -> subprocess.Popen:
     )
 
 
-def test_other_programs_compile_at_once_and_the_same_programs_take_turns(tmp_path):
-    env = {**os.environ, "TMPDIR": str(tmp_path)}  # this user's folders, under the test's own
-    mine = compile_cache_key("cpu", "float32", _programs("1" * 64))
-    other = compile_cache_key("cpu", "float32", _programs("2" * 64))
-    holder = _hold(mine, tmp_path / "held", 120, env)
+def _unique(digit: str) -> list[dict]:  # programs no other test's build compiles
+    return _programs(uuid.uuid4().hex + digit * 32)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["own", "shared"])
+def test_other_programs_compile_at_once_and_the_same_programs_take_turns(tmp_path, shared):
+    """In the user's own folder (one ``$TMPDIR``), and in the shared one, where the build that
+    takes turns has another ``$TMPDIR`` and still gets the same folder."""
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp-1")}  # this user's folders, under the test's own
+    (tmp_path / "tmp-1").mkdir(), (tmp_path / "tmp-2").mkdir()
+    mine = compile_cache_key("cpu", "float32", _unique("1"))
+    other = compile_cache_key("cpu", "float32", _unique("2"))
+    holder = _hold(mine, tmp_path / "held", 120, env, shared)
     try:
         deadline = time.monotonic() + 60
         while not (tmp_path / "held").exists():
             assert holder.poll() is None and time.monotonic() < deadline, holder.communicate()[0]
             time.sleep(0.05)
-        beside = _hold(other, tmp_path / "beside", 0, env)
+        held = (tmp_path / "held").read_text()
+        if shared:
+            assert held == str(folders.SHARED_COMPILE_ROOT / mine)
+        else:
+            assert held.startswith(str(tmp_path / "tmp-1")) and held.endswith(mine)
+        beside = _hold(other, tmp_path / "beside", 0, env, shared)
         out = beside.communicate(timeout=60)[0]  # the holder keeps its folder for 120 s
         assert beside.returncode == 0 and "waiting" not in out, out
         assert (tmp_path / "beside").read_text() != (tmp_path / "held").read_text()
 
-        same = _hold(mine, tmp_path / "same", 0, env)
+        if shared:
+            env = {**env, "TMPDIR": str(tmp_path / "tmp-2")}
+        same = _hold(mine, tmp_path / "same", 0, env, shared)
         deadline = time.monotonic() + 60
         lines = []
         for line in same.stdout:  # it says what it waits for, then waits
             lines.append(line)
             if "waiting" in line or time.monotonic() > deadline:
                 break
-        assert any(f"waiting for the Inductor cache {mine}" in line for line in lines), lines
+        waits_for = (
+            f"the compile folder {folders.SHARED_COMPILE_ROOT / mine}" if shared else f"the Inductor cache {mine}"
+        )
+        assert any(f"waiting for {waits_for}" in line for line in lines), lines
         assert same.poll() is None and not (tmp_path / "same").exists()
     finally:
         holder.kill()
         holder.wait()
     same.communicate(timeout=60)  # its turn, once the holder is gone
     assert same.returncode == 0 and (tmp_path / "same").read_text() == (tmp_path / "held").read_text()
+
+
+@pytest.fixture
+def other_user():
+    if os.getuid() != 0:
+        pytest.skip("needs root, to make a folder another user's")
+    return 65534  # nobody
+
+
+def test_a_shared_root_of_another_user_is_not_used(tmp_path, monkeypatch, other_user):
+    """Its owner could swap a folder inside it: the compile takes the user's own folder and says so."""
+    root = tmp_path / "compile"
+    root.mkdir(mode=0o777)
+    os.chmod(root, 0o1777)
+    os.chown(root, other_user, other_user)
+    monkeypatch.setattr(folders, "SHARED_COMPILE_ROOT", root)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    lines = []
+    monkeypatch.setattr(folders.log, "info", lines.append)
+    key = compile_cache_key("cpu", "float32", _unique("3"))
+    with folders.inductor_cache(key, shared=True) as cache:
+        assert not cache.shared and cache.path.parent == folders.inductor_root() and cache.path.is_dir()
+    assert lines == [
+        f"[laya] the shared compile folder {root / key} cannot be used: it belongs to uid {other_user}, neither this "
+        "user nor root; compiling in this user's own folder, so the package's bytes differ from a build in the "
+        "shared one"
+    ]
+    assert list(root.iterdir()) == []
+
+
+def test_a_shared_folder_another_user_holds_is_left_to_it(tmp_path, monkeypatch, other_user):
+    root = tmp_path / "compile"
+    monkeypatch.setattr(folders, "SHARED_COMPILE_ROOT", root)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    key = compile_cache_key("cpu", "float32", _unique("4"))
+    assert folders.shared_compile_root() == (root, "")
+    assert oct(root.stat().st_mode & 0o7777) == "0o1777"
+    theirs = root / key
+    theirs.mkdir(mode=0o700)
+    (theirs / "their-file").write_text("theirs")
+    os.chown(theirs, other_user, other_user)
+    with folders.inductor_cache(key, shared=True) as cache:
+        assert not cache.shared and cache.path != theirs
+    assert (theirs / "their-file").read_text() == "theirs"
+    with folders.inductor_cache(compile_cache_key("cpu", "float32", _unique("5")), shared=True) as cache:
+        assert cache.shared and cache.path.parent == root and oct(cache.path.stat().st_mode & 0o777) == "0o700"
+    assert not cache.path.exists()
+
+
+PACKAGE = """
+import json, sys
+from tests.stage_calls import run_package
+record = run_package({}, sys.argv[1], sys.argv[2], "cpu")
+print(json.dumps([record["programs"][0]["package"]["sha256"], record["compile_cache"]]))
+"""
+
+
+def test_the_package_is_the_same_bytes_whatever_the_tmpdir(build, tmp_path):
+    """Two compiles of the session's export in fresh processes with two other ``$TMPDIR``s: the
+    session build's bytes, compiled in the same shared folder."""
+    from laya_build.records import read_record
+
+    session = read_record(build.package_record("float32"))
+    got = []
+    for n in (1, 2):
+        (tmp_path / f"tmp-{n}").mkdir()
+        env = {**os.environ, "TMPDIR": str(tmp_path / f"tmp-{n}"), "HF_HUB_OFFLINE": "1"}
+        proc = subprocess.run(
+            [sys.executable, "-c", PACKAGE, str(build.export_dir("float32")), str(tmp_path / f"package-{n}")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=folders.Path(__file__).resolve().parents[2],
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        got.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    digests = {sha for sha, _ in got} | {session["programs"][0]["package"]["sha256"]}
+    assert len(digests) == 1, got
+    assert {cache["path"] for _, cache in got} == {session["compile_cache"]["path"]}
+    assert session["compile_cache"]["path"].startswith(f"{folders.SHARED_COMPILE_ROOT}/package-cpu-float32-")
