@@ -59,8 +59,10 @@ def _stopping_when_full(db):
     instead of doit's traceback."""
     try:
         yield
-    except sqlite3.OperationalError as exc:
-        if "full" not in str(exc):
+    except sqlite3.OperationalError as exc:  # "database or disk is full", or on a full disk "disk I/O error"
+        from laya_build.diskspace import full_near
+
+        if "full" not in str(exc) and full_near([db.name]) is None:
             raise
         from laya_build.errors import DiskFullError
         from laya_build.tasks.run import stop_build

@@ -41,6 +41,20 @@ class DoitRun:
         return self.lines("--")
 
 
+def start_doit(cwd, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """``doit args`` in ``cwd`` with this environment and ``env``, in a process group of its own
+    (a signal to the group reaches all of it), its output (stderr in stdout) to read."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "doit", *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def project_files() -> list[str]:
     out = subprocess.run(
         ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True

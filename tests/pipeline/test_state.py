@@ -6,13 +6,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from laya_build.tasks import doit_config, load_pipeline, state
-from tests.pipeline.project import DoitRun
+from tests.pipeline.project import DoitRun, start_doit
 
 DODO = """
 import os, time
@@ -39,16 +38,8 @@ def task_second():  # started, then killed (its marker says when); quick on the 
 
 
 def _doit(path, commit_each_task: bool, seconds: float, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "COMMIT_EACH_TASK": "1" if commit_each_task else "0", "SECOND_SECONDS": str(seconds)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "doit", *args],
-        cwd=path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    env = {"COMMIT_EACH_TASK": "1" if commit_each_task else "0", "SECOND_SECONDS": str(seconds)}
+    return start_doit(path, *args, env=env)
 
 
 @pytest.mark.parametrize("commit_each_task", [True, False], ids=["laya-build", "doit-alone"])

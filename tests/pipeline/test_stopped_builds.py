@@ -10,15 +10,15 @@ the version's lock, stopped, removes nothing of the run that holds it.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.pipeline.project import start_doit
 
 DODO = """
 import os, subprocess, sys, time
@@ -69,16 +69,7 @@ def task_fill():  # fills the disk, then succeeds: doit cannot write the task's 
 
 
 def _start(path: Path, disk: Path, pid_file: Path, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "DISK": str(disk), "WRITER_PID": str(pid_file)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "doit", *args],
-        cwd=path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    return start_doit(path, *args, env={"DISK": str(disk), "WRITER_PID": str(pid_file)})
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> int:
@@ -129,10 +120,10 @@ def test_a_build_whose_state_cannot_be_written_stops_and_leaves_nothing_half_wri
     out = run.communicate(timeout=120)[0]
     assert run.returncode == 1, out
     said = [line for line in out.splitlines() if line.startswith("laya-build: ")]
-    assert said == [
-        f"laya-build: DiskFullError: {small_disk / 'state.db'}: doit's task state cannot be written "
-        "(database or disk is full)"
-    ], out
+    assert len(said) == 1, out
+    assert said[0].startswith(
+        f"laya-build: DiskFullError: {small_disk / 'state.db'}: doit's task state cannot be written ("
+    ), out
     assert "Traceback" not in out, out
     assert list((small_disk / "out").iterdir()) == [], "the writer's temporary file was removed"
     assert _gone(writer), "the writer was stopped with the build"
