@@ -315,6 +315,7 @@ def build(out_dir, *, cuda_kernels: bool = False) -> dict:
                 "cuda_source": {"path": CUDA_SOURCE_REL, "sha256": sha256_file(CUDA_SOURCE)},
                 "cuda_compiler": tool_line("nvcc"),
                 "cuda_flags": [*NVCC_FLAGS, *CUDA_LINK],
+                "cuda_parts": len(objs),
                 "cutlass": cutlass_version(include),
             }
         steps.append([compile_command(tmp, objs)])

@@ -24,6 +24,7 @@ class InductorCache:
         self.path = path
         self.removed: bool | None = None
         self.shared = False  # in the folder every user compiles in (inductor_cache's ``shared``)
+        self.tmp: Path | None = None  # with ``shared``, the shared root's own temporary folder
 
     def __fspath__(self) -> str:
         return str(self.path)
@@ -58,8 +59,9 @@ SHARED_COMPILE_ROOT = Path("/tmp/laya-build-compile")
 
 def shared_compile_root() -> tuple[Path | None, str]:
     """:data:`SHARED_COMPILE_ROOT`, made (sticky and open to every user, as ``/tmp`` is) when
-    missing, or None and why it cannot be used: it is not a directory of its own, or it belongs
-    to another user than this one or root (who could swap a folder inside it)."""
+    missing, with its ``tmp`` folder of this user's (the compiles' ``TMPDIR``), or None and why it
+    cannot be used: it is not a directory of its own, it belongs to another user than this one or
+    root (who could swap a folder inside it), or its ``tmp`` is another user's."""
     import stat
 
     root = SHARED_COMPILE_ROOT
@@ -77,6 +79,16 @@ def shared_compile_root() -> tuple[Path | None, str]:
         return None, f"it belongs to uid {st.st_uid}, neither this user nor root"
     if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
         return None, "everyone may write to it and it is not sticky"
+    tmp = root / "tmp"  # the compiles' TMPDIR, where Inductor keeps its precompiled headers
+    try:
+        tmp.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        return None, f"{tmp} cannot be made ({exc})"
+    st = os.lstat(tmp)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        return None, f"{tmp} belongs to uid {st.st_uid}" if stat.S_ISDIR(st.st_mode) else f"{tmp} is not a directory"
     return root, ""
 
 
@@ -135,7 +147,7 @@ def inductor_cache(key: str, shared: bool = False):
                     stack.close()
                 else:
                     cache = InductorCache(root / key)
-                    cache.shared = True
+                    cache.shared, cache.tmp = True, root / "tmp"
             if cache is None:
                 log.info(
                     f"[laya] the shared compile folder {SHARED_COMPILE_ROOT / key} cannot be used: {why}; compiling "

@@ -136,21 +136,21 @@ def compile_cache_key(target: str, dtype: str, programs: list[dict]) -> str:
 
 
 # Inductor names the folder of its precompiled headers after $TMPDIR and the user (getpass: LOGNAME
-# first), and writes it into the package with each compile command: both are fixed for the compile.
+# first), and writes it into the package with each compile command: in the shared compile folder
+# both are fixed for the compile.
 COMPILE_USER = "laya-build"
 
 
-def compile_env(folder: Path) -> dict[str, str]:
-    """The compile child's environment beside its own: every cache and temporary file inside its
-    private compile folder (compiler caches are never shared), and one user name, so that no path
-    of the user's or of their ``$TMPDIR`` reaches the package."""
-    return {
-        "TORCHINDUCTOR_CACHE_DIR": str(folder),
-        "TRITON_CACHE_DIR": str(folder / "triton"),
-        "TMPDIR": str(folder / "tmp"),
-        "LOGNAME": COMPILE_USER,
-        "USER": COMPILE_USER,
-    }
+def compile_env(cache) -> dict[str, str]:
+    """The compile child's environment beside its own: Inductor's and Triton's caches in its
+    private folder (compiler caches are never shared); in the shared compile folder also the
+    shared root's ``tmp`` as ``TMPDIR`` (where Inductor keeps its precompiled headers from one
+    compile to the next) and one user name, so that no path of the user's or of their ``$TMPDIR``
+    reaches the package."""
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(cache.path), "TRITON_CACHE_DIR": str(cache.path / "triton")}
+    if cache.tmp is not None:
+        env.update(TMPDIR=str(cache.tmp), LOGNAME=COMPILE_USER, USER=COMPILE_USER)
+    return env
 
 
 def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -> dict:
@@ -191,12 +191,11 @@ def run_package(package_cfg: dict, export_dir, out_dir, target: str, root=".") -
         ],
     }
     with inductor_cache(compile_cache_key(target, exp["dtype"], programs), shared=True) as cache:
-        (cache.path / "tmp").mkdir()
         child = Child(
             log=out / child_log_name("package"),
             timeout=cfg["timeout_s"],
             reraise=True,
-            env=compile_env(cache.path),
+            env=compile_env(cache),
             label=f"AOTInductor compile of {export_dir} for {target}/{exp['dtype']}",
         )
         result = run(f"{CHILD_MODULE}:compile_packages", {"job": job}, child, result=True)

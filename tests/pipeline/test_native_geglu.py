@@ -275,6 +275,10 @@ def cuda_library(tmp_path_factory):
 def test_the_library_with_cuda_kernels_loads_without_a_gpu_and_names_its_configurations(cuda_library):
     path, record = cuda_library
     assert record["cuda_source"] == {"path": native.CUDA_SOURCE_REL, "sha256": sha256_file(native.CUDA_SOURCE)}
+    assert record["cuda_parts"] == native.cuda_parts()
+    log = (path.parent / "native_build.log").read_text()
+    assert [int(p) for p in re.findall(r"-DLAYA_PART=(\d+) ", log)] == list(range(native.cuda_parts()))
+    assert len(re.findall(r"^# exit status 0 in [\d.]+ s$", log, re.MULTILINE)) == native.cuda_parts() + 1
     assert record["cutlass"].count(".") == 2 and record["cuda_compiler"]
     got = _configs(path)
     names = got["names"]

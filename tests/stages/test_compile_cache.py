@@ -149,7 +149,12 @@ def test_a_shared_folder_another_user_holds_is_left_to_it(tmp_path, monkeypatch,
     assert (theirs / "their-file").read_text() == "theirs"
     with folders.inductor_cache(compile_cache_key("cpu", "float32", _unique("5")), shared=True) as cache:
         assert cache.shared and cache.path.parent == root and oct(cache.path.stat().st_mode & 0o777) == "0o700"
-    assert not cache.path.exists()
+        assert cache.tmp == root / "tmp" and oct(cache.tmp.stat().st_mode & 0o777) == "0o700"
+    assert not cache.path.exists() and cache.tmp.is_dir(), "the temporary folder outlives a compile"
+    os.chown(root / "tmp", other_user, other_user)  # another user's compiles' temporary folder
+    assert folders.shared_compile_root() == (None, f"{root / 'tmp'} belongs to uid {other_user}")
+    with folders.inductor_cache(compile_cache_key("cpu", "float32", _unique("6")), shared=True) as cache:
+        assert not cache.shared and cache.tmp is None
 
 
 PACKAGE = """
