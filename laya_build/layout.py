@@ -126,9 +126,13 @@ class ArtifactsLayout:
         """The checkout's remembered file digests (:mod:`laya_build.filedigests`)."""
         return self.root / DOIT_DB_DIR / DIGESTS_NAME
 
+    def outputs_records(self, version: str) -> Path:
+        """The digests of ``version``'s tasks' outputs (:meth:`outputs_record`)."""
+        return self.root / DOIT_DB_DIR / "outputs" / version
+
     def outputs_record(self, version: str, task: str) -> Path:
         """The digest of a task's outputs after its last complete run (outside the version)."""
-        return self.root / DOIT_DB_DIR / "outputs" / version / f"{task}.json"
+        return self.outputs_records(version) / f"{task}.json"
 
     def cache_report(self, version: str) -> Path:
         """What the last ``doit`` run of ``version`` did with the cache: one JSON line per task."""
@@ -145,7 +149,7 @@ class ArtifactsLayout:
     def written_by_run(self, version: str) -> list[Path]:
         """The folders only a ``doit`` run of ``version`` writes into (it holds the version's lock):
         the version, its verifications and its outputs' records."""
-        return [self.version(version).root, self.verifications(version), self.root / DOIT_DB_DIR / "outputs" / version]
+        return [self.version(version).root, self.verifications(version), self.outputs_records(version)]
 
     def verification(self, version: str, build: str) -> Path:
         """Where ``doit verify`` of a released version puts a build's results."""

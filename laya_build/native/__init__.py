@@ -42,6 +42,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from laya_build.atomic import atomic_path
@@ -73,7 +74,7 @@ LIBRARIES = ("-lc10", "-ltorch_cpu", "-ldl")
 TIMEOUT_S = 600
 
 
-def compile_command(out: Path, cuda_objects: list[Path] = ()) -> list[str]:
+def compile_command(out: Path, cuda_objects: Sequence[Path] = ()) -> list[str]:
     """The compiler's command line that writes the library to ``out``, linking in the CUDA
     kernels' objects ``cuda_objects`` (:func:`cuda_compile_command`), in their order, when given."""
     import torch

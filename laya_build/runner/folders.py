@@ -23,8 +23,12 @@ class InductorCache:
     def __init__(self, path: Path):
         self.path = path
         self.removed: bool | None = None
-        self.shared = False  # in the folder every user compiles in (inductor_cache's ``shared``)
-        self.tmp: Path | None = None  # with ``shared``, the shared root's own temporary folder
+        self.tmp: Path | None = None  # in the shared compile folder, the shared root's temporary folder
+
+    @property
+    def shared(self) -> bool:
+        """In the folder every user compiles in (:func:`inductor_cache`'s ``shared``)."""
+        return self.tmp is not None
 
     def __fspath__(self) -> str:
         return str(self.path)
@@ -147,7 +151,7 @@ def inductor_cache(key: str, shared: bool = False):
                     stack.close()
                 else:
                     cache = InductorCache(root / key)
-                    cache.shared, cache.tmp = True, root / "tmp"
+                    cache.tmp = root / "tmp"
             if cache is None:
                 log.info(
                     f"[laya] the shared compile folder {SHARED_COMPILE_ROOT / key} cannot be used: {why}; compiling "
