@@ -1597,3 +1597,125 @@ def test_h200_the_committed_configuration_rebuilt_to_its_bytes_and_replayed_as_q
     plain = replay_medians(name, "plain")
     assert (plain["1x128x3", "cur"], plain["7x256x4", "cur"]) == (2.023, 3.388)
     assert back_to_back(name) == {("1x128x3", "cur"): 1.085, ("7x256x4", "cur"): 3.113}
+
+
+PROFILES = "2026-12-06-h100-profiles"
+
+
+def ncu_kernels(name: str) -> dict[str, dict[str, str]]:
+    """An Nsight Compute ``--csv --page details`` report (gzipped): each profiled launch's metrics by
+    the name of its NVTX range."""
+    import csv
+    import gzip
+    import io
+
+    text = gzip.decompress((EVIDENCE / PROFILES / name).read_bytes()).decode()
+    rows = csv.DictReader(io.StringIO("".join(line for line in text.splitlines(True) if line.startswith('"'))))
+    nvtx = "thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg"
+    found: dict[str, dict[str, str]] = {}
+    for row in rows:
+        found.setdefault(row[nvtx].split(":")[1], {"Kernel Name": row["Kernel Name"]})[row["Metric Name"]] = row[
+            "Metric Value"
+        ]
+    return found
+
+
+def metric(value: str) -> float:
+    return float(value.replace(",", ""))
+
+
+def test_h100_two_builds_of_the_committed_configuration_gave_one_package_and_verified():
+    """Run 2: both copies' digest, the library they ran with (the H200's of the section before), the
+    verification and the latency table; run 1's build of the edited kernel file gave other bytes."""
+    found = digests((EVIDENCE / PROFILES / "h100-variants-2.log").read_text())
+    assert found["cur"] == found["again"] and [d[:8] for d in found["cur"]] == ["3354f2e2"]
+    name = f"{PROFILES}/h100-latency-2.json"
+    run = load(name)
+    assert run["device_name"] == "NVIDIA H100 80GB HBM3"
+    assert {p["sha256"][:8] for p in run["packages"].values()} == {"3354f2e2"}
+    assert {p["native_library"] for p in run["packages"].values()} == {
+        load(f"{NATIVE_PARTS}/h200-library-new.json")["sha256"]
+    }
+    verified_as_quoted(f"{PROFILES}/h100-cur-verify-2.json", {"decision": (0.023, 0.0045), "act": (0.049, 0.0129)})
+    assert load(f"{PROFILES}/h100-cur-verify-2.json")["programs"][0]["package"]["sha256"] in found["cur"]
+    assert (EVIDENCE / PROFILES / "h100-cur-tuning-2.json").read_bytes() == committed_tuning()
+    replay, before = replay_medians(name), replay_medians(name, "replay_before_plain")
+    assert latency_rows(name, ("cur", "again")) == {
+        "cur": (1.003, 3.149, 1.017, 3.107),
+        "again": (1.002, 3.14, 1.005, 3.145),
+    }
+    assert (before["1x128x3", "cur"], before["7x256x4", "cur"], before["1x128x3", "again"]) == (1.045, 3.161, 1.002)
+    assert (before["7x256x4", "again"], replay["7x256x4", "again"]) == (3.147, 3.14)
+    edited = digests((EVIDENCE / PROFILES / "h100-variants-1.log").read_text())["cur"]
+    assert [d[:8] for d in edited] == ["688794c5"]
+    assert replay_medians(f"{PROFILES}/h100-latency-1.json") == {("1x128x3", "cur"): 1.001, ("7x256x4", "cur"): 3.215}
+
+
+def test_h100_attention_configurations_with_fewer_registers_were_not_faster():
+    """Run 1's probe: the table's rows, the forward's 399.8 against 389.9 µs, parity of every row."""
+    probe = load(f"{PROFILES}/h100-attention-probe-1.json")
+    assert probe["gpu"] == "NVIDIA H100 80GB HBM3" and probe["errors"] == []
+    times = {}
+    for row in probe["rows"]:
+        if "parity" in row:
+            assert row["max_abs_vs_reference"] <= 0.0079 and row["padding_rows_zero"]
+        elif "us" in row:
+            times.setdefault(row["name"], {})[row["shape"], row["window"]] = row["us"]
+    order = [("1x128", -1), ("1x128", 64), ("7x256", -1), ("7x256", 64)]
+    quoted = {
+        "fused 128x64 w8 s2 prefetch": (5.37, 6.02, 13.74, 17.06),
+        "fused 128x64 w8 s2 prefetch r128": (5.44, 6.41, 14.02, 15.07),
+        "fused 128x32 w4 s2 prefetch": (6.78, 6.76, 16.01, 14.58),
+        "fused 128x32 w4 s2 prefetch r128": (8.95, 9.92, 23.49, 22.69),
+        "fused 128x32 w8 s2 prefetch": (5.61, 6.27, 14.64, 14.34),
+        "fused 128x32 w8 s3 prefetch": (5.65, 6.08, 14.56, 14.28),
+        "fused 256x64 w16 s2 prefetch": (6.83, 8.42, 13.29, 16.48),
+        "fused 16x64 w4 s2 prefetch": (4.31, 4.34, 48.27, 35.13),
+        "fused 16x64 w4 s2 prefetch r128": (5.97, 6.4, 66.27, 50.56),
+        "cudnn": (7.73, 7.66, 18.0, 18.08),
+    }
+    assert {n: tuple(times[n][k] for k in order) for n in quoted} == quoted
+    committed = (
+        10 * times["fused 128x64 w8 s2 prefetch"][order[2]] + 18 * times["fused 128x32 w4 s2 prefetch"][order[3]]
+    )
+    best = {w: min(v[("7x256", w)] for n, v in times.items() if n.startswith("fused")) for w in (-1, 64)}
+    assert (round(committed, 1), round(10 * best[-1] + 18 * best[64], 1)) == (399.8, 389.9)
+
+
+def test_h100_the_profiler_puts_wis_gap_in_the_mainloop_and_attention_in_latency():
+    """Run 3's two reports: the tables' durations, throughputs, registers and occupancy."""
+    wi = ncu_kernels("h100-wi-ncu.csv.gz")
+    quoted = {
+        "cublas": (37.6, 72),
+        "cublaslt": (37.4, 72),
+        "cutlass-linear #2 cooperative 128x128x64 data-parallel": (47.9, 54),
+        "geglu #6 cooperative 128x192x64 cluster 2x1": (47.2, 55),
+        "geglu #7 cooperative 128x192x64 cluster 1x1": (47.0, 56),
+        "geglu #8 pingpong 64x192x64 cluster 2x1": (45.9, 58),
+    }
+    got = {
+        n: (round(metric(wi[n]["Duration"]) / 1000, 1), round(metric(wi[n]["Compute (SM) Throughput"]))) for n in quoted
+    }
+    assert got == quoted
+    assert (
+        wi["cublas"]["Kernel Name"] == wi["cublaslt"]["Kernel Name"] == "nvjet_sm90_tst_192x128_64x5_1x2_h_bz_coopB_TNT"
+    )
+    assert all(1.34e9 < metric(wi[n]["SM Frequency"]) < 1.43e9 for n in quoted)
+    attention = ncu_kernels("h100-attention-ncu.csv.gz")
+    quoted = {
+        "7x256 w-1 128x64w8": (17.5, 128, 25, 20, 35, 2.1),
+        "7x256 w64 128x32w4": (17.9, 188, 12.5, 10, 35, 2.2),
+        "1x128 w-1 16x64w4": (7.3, 191, 12.5, 6, 13, 5.0),
+    }
+    got = {
+        n: (
+            round(metric(attention[n]["Duration"]) / 1000, 1),
+            int(metric(attention[n]["Registers Per Thread"])),
+            metric(attention[n]["Theoretical Occupancy"]),
+            round(metric(attention[n]["Achieved Occupancy"])),
+            round(metric(attention[n]["Compute (SM) Throughput"])),
+            round(100 / metric(attention[n]["One or More Eligible"]), 1),  # a scheduler's cycles an issue
+        )
+        for n in quoted
+    }
+    assert got == quoted
