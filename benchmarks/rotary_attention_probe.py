@@ -9,8 +9,9 @@ outputs in one CUDA graph, replayed; the time per call is the replay's median ov
 - ``fused BMxBN wW sS [prefetch]``: the kernel at each launch configuration of ``--configs`` (a
   JSON list of keys of the module's ``CONFIG``, the others its values: the blocks, warps and
   stages, ``PREFETCH`` (each key block's loads issued an iteration ahead), any other constant of
-  the kernel (named in the row when true), and Triton's ``maxnreg`` (registers a thread at most,
-  ``rN`` in the row); default: the module's own and a few around it), with every row's key count;
+  the kernel (named in the row where it differs from the module's), and Triton's ``maxnreg``
+  (registers a thread at most, ``rN`` in the row); default: the module's own and a few around it),
+  with every row's key count;
 - ``rotary + cudnn``: what the ``bias`` package runs in its place: the rotation in torch ops
   (fp32, rounded to bf16), then cuDNN's SDPA with the additive mask of the layer;
 - ``cudnn``: that SDPA call alone, on inputs already rotated.
@@ -102,7 +103,10 @@ def timings(torch, ra, result, save, configs, shape, B, S, window) -> None:
     for config in configs:
         full = {**ra.CONFIG, **config}
         flags = " prefetch" if full["PREFETCH"] else ""
-        flags += "".join(f" {k.lower()}" for k, v in full.items() if k not in ra.CONFIG and v is True)
+        other = {
+            k: v for k, v in full.items() if isinstance(v, bool) and k != "PREFETCH" and v != ra.CONFIG.get(k, False)
+        }
+        flags += "".join(f" {'' if v else 'no-'}{k.lower()}" for k, v in other.items())
         flags += f" r{full['maxnreg']}" if full.get("maxnreg") else ""
         tag = f"fused {full['BLOCK_M']}x{full['BLOCK_N']} w{full['num_warps']} s{full['num_stages']}{flags}"
         record(tag, [lambda i=i, config=config: fused(i, config) for i in range(LAYERS)], config)
