@@ -42,17 +42,7 @@ from torch.library import triton_op, wrap_triton
 
 # BLOCK_M queries a program, BLOCK_N keys an iteration (benchmarks/rotary_attention_probe.py)
 # PREFETCH: each key block's loads issued an iteration ahead, in registers
-# CHAIN, FMA_SCALE, EDGE_MASK: see the kernel's loop
-CONFIG = {
-    "BLOCK_M": 64,
-    "BLOCK_N": 64,
-    "num_warps": 4,
-    "num_stages": 2,
-    "PREFETCH": True,
-    "CHAIN": False,
-    "FMA_SCALE": False,
-    "EDGE_MASK": False,
-}
+CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PREFETCH": True}
 SMALL = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PREFETCH": True}
 # The configurations by shape for the local layers (a window), largest query block first: the best
 # of 25 at 7 x 256 (128 x 32), the best over both serving shapes (CONFIG), the best at 1 x 128
@@ -158,9 +148,6 @@ def _rotary_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr,
-    CHAIN: tl.constexpr,
-    FMA_SCALE: tl.constexpr,
-    EDGE_MASK: tl.constexpr,
 ):
     HALF: tl.constexpr = D // 2
     start_m = tl.program_id(0) * BLOCK_M
@@ -213,36 +200,17 @@ def _rotary_attention_kernel(
                 k_base, v_base, cos_base, sin_base, cols, col_ok, stride_qs, stride_cs, HALF, D, ROTARY
             )
             k1, k2 = _rotate(b1, b2, bc, bs, ROTARY)
-        if CHAIN:  # the second half's products accumulated onto the first's by the MMA
-            scores = tl.dot(q2, tl.trans(k2), tl.dot(q1, tl.trans(k1)))
-        else:
-            scores = tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
-        if not FMA_SCALE:
-            scores = scores * SCALE  # a constant: Inductor hands a float argument to a kernel as fp64
-        if EDGE_MASK:  # only a block some query of which may not see some key is masked
-            far = start_n + BLOCK_N > count
-            if WINDOW >= 0:
-                far = far | (start_m + BLOCK_M - 1 - start_n > WINDOW) | (start_n + BLOCK_N - 1 - start_m > WINDOW)
-            if far:
-                seen = col_ok[None, :]
-                if WINDOW >= 0:
-                    dist = rows[:, None] - cols[None, :]
-                    seen = seen & (dist <= WINDOW) & (dist >= -WINDOW)
-                scores = tl.where(seen, scores, float("-inf"))
-        else:
-            seen = col_ok[None, :]
-            if WINDOW >= 0:
-                dist = rows[:, None] - cols[None, :]
-                seen = seen & (dist <= WINDOW) & (dist >= -WINDOW)
-            scores = tl.where(seen, scores, float("-inf"))
-        if FMA_SCALE:  # the scale inside exp2's argument, one fused multiply-add (the maximum kept scaled)
-            m_new = tl.maximum(m_i, tl.max(scores, 1) * SCALE)
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key seen yet: nothing to scale
-            p = tl.exp2(scores * SCALE - m_use[:, None])
-        else:
-            m_new = tl.maximum(m_i, tl.max(scores, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key seen yet: nothing to scale
-            p = tl.exp2(scores - m_use[:, None])
+        scores = (
+            tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
+        ) * SCALE  # a constant: Inductor hands a float argument to a kernel as fp64
+        seen = col_ok[None, :]
+        if WINDOW >= 0:
+            dist = rows[:, None] - cols[None, :]
+            seen = seen & (dist <= WINDOW) & (dist >= -WINDOW)
+        scores = tl.where(seen, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key seen yet: nothing to scale
+        p = tl.exp2(scores - m_use[:, None])
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)

@@ -312,17 +312,6 @@ def test_the_kernel_in_triton_s_interpreter_is_the_reference():
         {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PREFETCH": False},
         {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2, "PREFETCH": True},  # blocks of different sizes
         {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "PREFETCH": False},
-        # the loop's options: the products chained, the scale in exp2's argument, edge blocks masked alone
-        {
-            "BLOCK_M": 32,
-            "BLOCK_N": 16,
-            "num_warps": 4,
-            "num_stages": 2,
-            "CHAIN": True,
-            "FMA_SCALE": True,
-            "EDGE_MASK": True,
-        },
-        {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "PREFETCH": False, "EDGE_MASK": True},
     ]
     from laya_build.model import rotary_attention as ra
 
