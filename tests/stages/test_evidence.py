@@ -1624,6 +1624,23 @@ def metric(value: str) -> float:
     return float(value.replace(",", ""))
 
 
+ATTENTION_ORDER = [("1x128", -1), ("1x128", 64), ("7x256", -1), ("7x256", 64)]  # (shape, window) of a table's columns
+
+
+def attention_probe_times(name: str) -> dict[str, dict[tuple[str, int], float]]:
+    """An H100 run of ``rotary_attention_probe.py``: without errors, every row within 0.0079 of the
+    reference with rows of padding 0; its µs a call by row name and (shape, window)."""
+    probe = load(name)
+    assert probe["gpu"] == "NVIDIA H100 80GB HBM3" and probe["errors"] == []
+    times: dict[str, dict[tuple[str, int], float]] = {}
+    for row in probe["rows"]:
+        if "parity" in row:
+            assert row["max_abs_vs_reference"] <= 0.0079 and row["padding_rows_zero"]
+        elif "us" in row:
+            times.setdefault(row["name"], {})[row["shape"], row["window"]] = row["us"]
+    return times
+
+
 def test_h100_two_builds_of_the_committed_configuration_gave_one_package_and_verified():
     """Run 2: both copies' digest, the library they ran with (the H200's of the section before), the
     verification and the latency table; run 1's build of the edited kernel file gave other bytes."""
@@ -1653,15 +1670,8 @@ def test_h100_two_builds_of_the_committed_configuration_gave_one_package_and_ver
 
 def test_h100_attention_configurations_with_fewer_registers_were_not_faster():
     """Run 1's probe: the table's rows, the forward's 399.8 against 389.9 µs, parity of every row."""
-    probe = load(f"{PROFILES}/h100-attention-probe-1.json")
-    assert probe["gpu"] == "NVIDIA H100 80GB HBM3" and probe["errors"] == []
-    times = {}
-    for row in probe["rows"]:
-        if "parity" in row:
-            assert row["max_abs_vs_reference"] <= 0.0079 and row["padding_rows_zero"]
-        elif "us" in row:
-            times.setdefault(row["name"], {})[row["shape"], row["window"]] = row["us"]
-    order = [("1x128", -1), ("1x128", 64), ("7x256", -1), ("7x256", 64)]
+    times = attention_probe_times(f"{PROFILES}/h100-attention-probe-1.json")
+    order = ATTENTION_ORDER
     quoted = {
         "fused 128x64 w8 s2 prefetch": (5.37, 6.02, 13.74, 17.06),
         "fused 128x64 w8 s2 prefetch r128": (5.44, 6.41, 14.02, 15.07),
@@ -1724,15 +1734,8 @@ def test_h100_the_profiler_puts_wis_gap_in_the_mainloop_and_attention_in_latency
 def test_h100_the_attention_kernels_loop_options_gave_22_us_at_most():
     """Run 4's probe: the table's rows, the forward's 378.1 against 400.4 µs, parity of every row; the
     options were reverted, so the kernel has none of them."""
-    probe = load(f"{PROFILES}/h100-attention-probe-2.json")
-    assert probe["gpu"] == "NVIDIA H100 80GB HBM3" and probe["errors"] == []
-    times = {}
-    for row in probe["rows"]:
-        if "parity" in row:
-            assert row["max_abs_vs_reference"] <= 0.0079 and row["padding_rows_zero"]
-        elif "us" in row:
-            times.setdefault(row["name"], {})[row["shape"], row["window"]] = row["us"]
-    order = [("1x128", -1), ("1x128", 64), ("7x256", -1), ("7x256", 64)]
+    times = attention_probe_times(f"{PROFILES}/h100-attention-probe-2.json")
+    order = ATTENTION_ORDER
     every = " chain fma_scale edge_mask"
     quoted = {
         "fused 128x64 w8 s2 prefetch": (5.63, 6.18, 13.78, 17.09),
