@@ -1,7 +1,10 @@
 """The MLP's first GEMM at 1,792 rows, kernel by kernel, for a profiler (Nsight Compute).
 
-    ncu --nvtx -k regex:'nvjet|cutlass|gemm' --section SpeedOfLight --section WarpStateStats \\
+    ncu --nvtx -k regex:'nvjet|device_kernel' --section SpeedOfLight --section WarpStateStats \\
         --csv --page details python benchmarks/wi_kernels.py [--library liblaya_native.so] > wi.csv
+
+(``-k`` matches a kernel's function name without its template arguments: CUTLASS's kernels are all
+``cutlass::device_kernel<...>``, cuBLAS's and cuBLASLt's on Hopper ``nvjet_...``.)
 
 Builds the native op library with its CUDA kernels unless ``--library`` names one, then calls, in
 this order and each ``--calls`` times (default 2), every one inside an NVTX range of its name:
