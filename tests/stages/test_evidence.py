@@ -1769,3 +1769,20 @@ def test_h100_the_attention_kernels_loop_options_gave_22_us_at_most():
     from laya_build.model import rotary_attention as ra
 
     assert not {"CHAIN", "FMA_SCALE", "EDGE_MASK"} & set(ra._rotary_attention_kernel.arg_names)
+
+
+def test_the_geglu_kernels_epilogue_between_tiles_as_counted():
+    """#7's SASS as the section counts it: 2,173 instructions from the tile's last MMA to the next tile,
+    24 stores of two outputs (48 a thread: 96 accumulators of inputs and gates), four 64 x 192 x 16
+    MMAs a k-step; and the library now holds the ping-pong configurations with 128-row tiles."""
+    sass = load(f"{PROFILES}/geglu-7-sass.json")
+    assert (sass["epilogue"]["instructions"], sass["epilogue"]["stores"]) == (2173, 24)
+    assert sum(sass["epilogue"]["by_opcode"].values()) == 2173
+    assert [m.split()[0] for m in sass["mainloop_hgmma"]] == ["HGMMA.64x192x16.F32.BF16"] * 4
+    source = (ROOT / "laya_build" / "native" / "laya_native.cu").read_text()
+    for name in (
+        "pingpong 128x192x64 cluster 1x1",
+        "pingpong 128x192x64 cluster 2x1",
+        "pingpong 128x128x64 cluster 1x1",
+    ):
+        assert f'"{name}"' in source
