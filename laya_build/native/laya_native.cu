@@ -188,15 +188,8 @@ using Config7 = Kernel<Shape<_128, _192, _64>, Shape<_1, _1, _1>, Cooperative>;
 // epilogue (the erf, the stores) runs while the other's mainloop does; 96 accumulators a thread.
 using Config8 = Kernel<Shape<_64, _192, _64>, Shape<_2, _1, _1>, Pingpong>;
 using Config9 = Kernel<Shape<_64, _192, _64>, Shape<_1, _1, _1>, Pingpong>;
-// Ping-pong with the cooperative tiles' 128 rows, each consumer warpgroup a whole tile (two 64-row
-// MMAs a k-step, 192 or 128 accumulators a thread): under the profiler the cooperative 128 x 192's
-// gated GELU epilogue (about 2,000 instructions a thread) runs while the tensor cores wait; here one
-// warpgroup's epilogue runs beside the other's mainloop, with the cooperative tile's MMAs.
-using Config10 = Kernel<Shape<_128, _192, _64>, Shape<_1, _1, _1>, Pingpong>;
-using Config11 = Kernel<Shape<_128, _192, _64>, Shape<_2, _1, _1>, Pingpong>;
-using Config12 = Kernel<Shape<_128, _128, _64>, Shape<_1, _1, _1>, Pingpong>;
-using GegluConfigs = std::tuple<Config0, Config1, Config2, Config3, Config4, Config5, Config6, Config7, Config8,
-                                Config9, Config10, Config11, Config12>;
+using GegluConfigs =
+    std::tuple<Config0, Config1, Config2, Config3, Config4, Config5, Config6, Config7, Config8, Config9>;
 constexpr int kConfigs = std::tuple_size_v<GegluConfigs>;
 const char* const kConfigNames[kConfigs] = {
     "cooperative 128x256x64 cluster 2x1",
@@ -209,9 +202,6 @@ const char* const kConfigNames[kConfigs] = {
     "cooperative 128x192x64 cluster 1x1",
     "pingpong 64x192x64 cluster 2x1",
     "pingpong 64x192x64 cluster 1x1",
-    "pingpong 128x192x64 cluster 1x1",
-    "pingpong 128x192x64 cluster 2x1",
-    "pingpong 128x128x64 cluster 1x1",
 };
 
 // The kernels run on compute capability 9.0 only (sm_90a code, no PTX): "" or why not.
@@ -395,14 +385,13 @@ using Linear1Residual = StreamK<Element, Tile1, Cluster1>;
 // The kernels by part (LAYA_PARTS of them; the file's head says why).  With LAYA_PART, each is
 // explicitly instantiated in its own part's object (``template``), and part 0, whose dispatch
 // names them all, declares the others' (``extern template``), which keeps them out of its object.
-#define LAYA_PARTS 7
+#define LAYA_PARTS 6
 #define LAYA_PART_0(X) X(run_linear<Linear0>, LINEAR) X(run_linear<Linear0Residual>, LINEAR)
 #define LAYA_PART_1(X) X(run_linear<Linear1>, LINEAR) X(run_linear<Linear1Residual>, LINEAR)
 #define LAYA_PART_2(X) X(run<Config0>, GEGLU) X(run<Config1>, GEGLU) X(run<Config2>, GEGLU)
 #define LAYA_PART_3(X) X(run<Config3>, GEGLU) X(run<Config4>, GEGLU) X(run<Config5>, GEGLU)
 #define LAYA_PART_4(X) X(run<Config6>, GEGLU) X(run<Config7>, GEGLU)
 #define LAYA_PART_5(X) X(run<Config8>, GEGLU) X(run<Config9>, GEGLU)
-#define LAYA_PART_6(X) X(run<Config10>, GEGLU) X(run<Config11>, GEGLU) X(run<Config12>, GEGLU)
 
 #define LAYA_PARAMS_GEGLU (Call const&)
 #define LAYA_PARAMS_LINEAR (LinearConfig const&, Call const&)
@@ -417,7 +406,6 @@ LAYA_PART_2(LAYA_DECLARE)
 LAYA_PART_3(LAYA_DECLARE)
 LAYA_PART_4(LAYA_DECLARE)
 LAYA_PART_5(LAYA_DECLARE)
-LAYA_PART_6(LAYA_DECLARE)
 #elif LAYA_PART == 1
 LAYA_PART_1(LAYA_DEFINE)
 #elif LAYA_PART == 2
@@ -428,8 +416,6 @@ LAYA_PART_3(LAYA_DEFINE)
 LAYA_PART_4(LAYA_DEFINE)
 #elif LAYA_PART == 5
 LAYA_PART_5(LAYA_DEFINE)
-#elif LAYA_PART == 6
-LAYA_PART_6(LAYA_DEFINE)
 #else
 #error "LAYA_PART names no part of the kernels (0 to LAYA_PARTS - 1)"
 #endif
