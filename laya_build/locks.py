@@ -19,10 +19,10 @@ log = get_logger(__name__)
 
 
 @contextlib.contextmanager
-def held(path: str | os.PathLike, what: str):
-    """Hold the lock file ``path`` (created if missing) for the block.  When another process
-    holds it, say once what this process waits for, then wait."""
-    lock = FileLock(str(Path(path)), mode=0o600)
+def held(path: str | os.PathLike, what: str, mode: int = 0o600):
+    """Hold the lock file ``path`` (created if missing, with ``mode``) for the block.  When
+    another process holds it, say once what this process waits for, then wait."""
+    lock = FileLock(str(Path(path)), mode=mode)
     try:
         lock.acquire(timeout=0)
     except Timeout:

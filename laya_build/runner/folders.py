@@ -23,7 +23,7 @@ class InductorCache:
     def __init__(self, path: Path):
         self.path = path
         self.removed: bool | None = None
-        self.tmp: Path | None = None  # in the shared compile folder, the shared root's temporary folder
+        self.tmp: Path | None = None  # in the shared compile folder, the compile's temporary folder inside it
 
     @property
     def shared(self) -> bool:
@@ -63,9 +63,9 @@ SHARED_COMPILE_ROOT = Path("/tmp/laya-build-compile")
 
 def shared_compile_root() -> tuple[Path | None, str]:
     """:data:`SHARED_COMPILE_ROOT`, made (sticky and open to every user, as ``/tmp`` is) when
-    missing, with its ``tmp`` folder of this user's (the compiles' ``TMPDIR``), or None and why it
-    cannot be used: it is not a directory of its own, it belongs to another user than this one or
-    root (who could swap a folder inside it), or its ``tmp`` is another user's."""
+    missing, or None and why it cannot be used: it is not a directory of its own, it belongs to
+    another user than this one or root (who could swap a folder inside it), or everyone may write
+    to it and it is not sticky."""
     import stat
 
     root = SHARED_COMPILE_ROOT
@@ -80,25 +80,46 @@ def shared_compile_root() -> tuple[Path | None, str]:
     if not stat.S_ISDIR(st.st_mode):
         return None, "it is not a directory"
     if st.st_uid not in (0, os.getuid()):
-        return None, f"it belongs to uid {st.st_uid}, neither this user nor root"
+        return None, (
+            f"it belongs to uid {st.st_uid}, neither this user nor root (to share it, have root make it as /tmp "
+            f"is: `install -d -o root -m 1777 {root}`, once its owner has removed it)"
+        )
     if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
         return None, "everyone may write to it and it is not sticky"
-    tmp = root / "tmp"  # the compiles' TMPDIR, where Inductor keeps its precompiled headers
-    try:
-        tmp.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        return None, f"{tmp} cannot be made ({exc})"
-    st = os.lstat(tmp)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        return None, f"{tmp} belongs to uid {st.st_uid}" if stat.S_ISDIR(st.st_mode) else f"{tmp} is not a directory"
     return root, ""
 
 
-def _own_empty_folder(path: Path) -> str:
-    """Make ``path`` an empty folder of this user's alone (mode 700); "" or why not (it is another
-    user's, whose folder a sticky root does not let this user remove)."""
+# The compile's TMPDIR inside its folder, and the one user name of every compile in the shared folder:
+# Inductor keeps its precompiled headers in <TMPDIR>/torchinductor_<user>/precompiled_headers (the
+# user from getpass: LOGNAME first) and writes that path into each compile command the package keeps.
+COMPILE_TMP = "tmp"
+COMPILE_USER = "laya-build"
+HEADERS = "precompiled_headers"
+
+
+def precompiled_headers() -> Path:
+    """This user's store of Inductor's precompiled headers for the shared compile folder, kept from
+    one compile to the next (a header is built again only for another compiler, flags or torch)."""
+    store = inductor_root() / "precompiled-headers"
+    store.mkdir(mode=0o700, exist_ok=True)
+    return store
+
+
+def _compile_tmp(folder: Path) -> Path:
+    """``<folder>/tmp``, the compile's ``TMPDIR``, with Inductor's folder of precompiled headers for
+    :data:`COMPILE_USER` a link to this user's own store (:func:`precompiled_headers`): the same
+    path in every user's compile, and no header another user could have written."""
+    tmp = folder / COMPILE_TMP
+    inductor = tmp / f"torchinductor_{COMPILE_USER}"
+    inductor.mkdir(parents=True, mode=0o700)
+    (inductor / HEADERS).symlink_to(precompiled_headers(), target_is_directory=True)
+    return tmp
+
+
+def _own_empty_folder(path: Path) -> tuple[str, int | None]:
+    """Make ``path`` an empty folder of this user's alone (mode 700): ("", None), or why not and,
+    where another user's folder stands there (which a sticky root does not let this user remove),
+    that user's uid."""
     import stat
 
     try:
@@ -111,12 +132,52 @@ def _own_empty_folder(path: Path) -> str:
         elif stat.S_ISLNK(st.st_mode) and st.st_uid == os.getuid():
             path.unlink()
         else:
-            return f"{path} is left by uid {st.st_uid}"
+            return f"{path} is left by uid {st.st_uid}", st.st_uid
     try:
         path.mkdir(mode=0o700)
     except OSError as exc:
-        return f"{path} cannot be made ({exc})"
-    return ""
+        return f"{path} cannot be made ({exc})", None
+    return "", None
+
+
+def _lock_name(key: str, uid: int) -> str:
+    """The lock file in the shared root of user ``uid``'s builds of ``key``: readable by every
+    user, so that another user's build can wait for it (:func:`_wait_for_user`)."""
+    return f".{key}.{uid}.lock"
+
+
+def _wait_for_user(root: Path, key: str, uid: int) -> bool:
+    """Wait while a build of user ``uid`` holds the shared folder ``root/key`` (holds its lock
+    file, which every user may read): True once it has let go (and removed the folder), False
+    when none does (a folder a build of theirs left behind, which only they or root may remove)."""
+    import fcntl
+
+    lock = root / _lock_name(key, uid)
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False  # no build of theirs holds it
+        except BlockingIOError:
+            log.info(f"[laya] waiting for the compile folder {root / key} (lock {lock}, held by uid {uid}'s build)")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return True
+    finally:
+        os.close(fd)  # and with it this process's hold of their lock
+
+
+def _take_shared_folder(root: Path, key: str) -> str:
+    """Make ``root/key`` this user's empty folder, waiting for another user's build that holds it:
+    "" or why it cannot be had."""
+    why, theirs = _own_empty_folder(root / key)
+    while theirs is not None and _wait_for_user(root, key, theirs):
+        why, theirs = _own_empty_folder(root / key)
+    if theirs is not None:
+        why += ", and no build of theirs holds it (only that user or root may remove it)"
+    return why
 
 
 @contextlib.contextmanager
@@ -124,7 +185,8 @@ def inductor_cache(key: str, shared: bool = False):
     """A child process's own empty Inductor cache, at a path that depends only on ``key``
     (stage, target, dtype; for a package also its programs) and the user, outside the artifacts;
     with ``shared`` only on ``key``: ``/tmp/laya-build-compile/<key>`` whoever the user and
-    whatever ``$TMPDIR`` (:func:`shared_compile_root`).
+    whatever ``$TMPDIR`` (:func:`shared_compile_root`), with the compile's ``TMPDIR`` inside it
+    (:func:`_compile_tmp`).
 
     AOTInductor writes its cache path into the package (compile-command comments, kernel
     file names, debug info), so a random ``mkdtemp`` name would make two builds of one
@@ -132,26 +194,28 @@ def inductor_cache(key: str, shared: bool = False):
     The directory is emptied before and removed after use; an exclusive ``flock`` on a lock file
     of this user's serialises this user's concurrent builds of one key (of any checkout), and
     every check about the folder happens under that lock.  A shared folder is this user's alone
-    while it is used (mode 700, in a sticky root).  Where it cannot be used (the root is not one
-    to trust, another user's build holds the folder), the user's own is, with one line saying
-    why, and ``cache.shared`` is False.
+    while it is used (mode 700, in a sticky root); a build of another user that holds it is waited
+    for.  Where it cannot be used (the root is not one to trust, another user's folder is left
+    there with no build of theirs holding it), the user's own is, with one line saying why, and
+    ``cache.shared`` is False.
     """
     with contextlib.ExitStack() as stack:
         cache = None
         if shared:
             root, why = shared_compile_root()
             if root is not None:
-                lock = root / f".{key}.{os.getuid()}.lock"  # this user's, whatever its $TMPDIR
+                lock = root / _lock_name(key, os.getuid())  # this user's, whatever its $TMPDIR
                 try:
-                    stack.enter_context(held(lock, f"the compile folder {root / key} (another build compiles it)"))
-                    why = _own_empty_folder(root / key)
+                    what = f"the compile folder {root / key} (another build compiles it)"
+                    stack.enter_context(held(lock, what, mode=0o644))
+                    why = _take_shared_folder(root, key)
                 except PermissionError as exc:  # a lock file of this name planted by another user
                     why = f"its lock cannot be taken ({exc})"
                 if why:
                     stack.close()
                 else:
                     cache = InductorCache(root / key)
-                    cache.tmp = root / "tmp"
+                    cache.tmp = _compile_tmp(cache.path)
             if cache is None:
                 log.info(
                     f"[laya] the shared compile folder {SHARED_COMPILE_ROOT / key} cannot be used: {why}; compiling "

@@ -34,7 +34,7 @@ from laya_build.errors import ConfigError, PackageIntegrityError, StageError
 from laya_build.layout import NATIVE_LIBRARY_NAME, build_name, child_log_name, package_name, record_name
 from laya_build.records import file_entry
 from laya_build.runner import Child, run
-from laya_build.runner.folders import inductor_cache, vec_isa_root
+from laya_build.runner.folders import COMPILE_USER, inductor_cache, vec_isa_root
 from laya_build.stages import package_tuning
 from laya_build.stages.common import check_sha256, skip_if_blocked, upstream
 from laya_build.targets import check_target
@@ -135,18 +135,12 @@ def compile_cache_key(target: str, dtype: str, programs: list[dict]) -> str:
     return f"package-{target}-{dtype}-{digest.hexdigest()[:16]}"
 
 
-# Inductor names the folder of its precompiled headers after $TMPDIR and the user (getpass: LOGNAME
-# first), and writes it into the package with each compile command: in the shared compile folder
-# both are fixed for the compile.
-COMPILE_USER = "laya-build"
-
-
 def compile_env(cache) -> dict[str, str]:
     """The compile child's environment beside its own: Inductor's and Triton's caches in its
     private folder (compiler caches are never shared); in the shared compile folder also the
-    shared root's ``tmp`` as ``TMPDIR`` (where Inductor keeps its precompiled headers from one
-    compile to the next) and one user name, so that no path of the user's or of their ``$TMPDIR``
-    reaches the package."""
+    folder's ``tmp`` as ``TMPDIR`` (where Inductor finds the user's precompiled headers) and one
+    user name (:data:`~laya_build.runner.folders.COMPILE_USER`), so that no path of the user's or
+    of their ``$TMPDIR`` reaches the package."""
     env = {"TORCHINDUCTOR_CACHE_DIR": str(cache.path), "TRITON_CACHE_DIR": str(cache.path / "triton")}
     if cache.tmp is not None:
         env.update(TMPDIR=str(cache.tmp), LOGNAME=COMPILE_USER, USER=COMPILE_USER)

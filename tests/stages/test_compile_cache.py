@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -105,11 +108,51 @@ def test_other_programs_compile_at_once_and_the_same_programs_take_turns(tmp_pat
     assert same.returncode == 0 and (tmp_path / "same").read_text() == (tmp_path / "held").read_text()
 
 
+NOBODY = 65534
+REPO = Path(__file__).resolve().parents[2]
+
+
 @pytest.fixture
 def other_user():
     if os.getuid() != 0:
         pytest.skip("needs root, to make a folder another user's")
-    return 65534  # nobody
+    return NOBODY
+
+
+@pytest.fixture
+def as_other_user(other_user):
+    """How to run this checkout's Python as another user (``nobody``), with a ``$TMPDIR`` and home
+    of its own: ``prefix`` (``setpriv``; the process keeps only the capability to read and search
+    any file, CAP_DAC_READ_SEARCH, so that a checkout or a Python in root's home can be read:
+    what it writes, and the uid every check of the code compares, are ``nobody``'s) and the
+    keywords of ``subprocess``; skips where that cannot run."""
+    place = Path(tempfile.mkdtemp(prefix="laya-other-user-", dir="/tmp"))
+    os.chmod(place, 0o755)
+    home = place / "home"
+    home.mkdir()
+    os.chown(home, other_user, other_user)
+    prefix = [
+        "setpriv",
+        f"--reuid={other_user}",
+        f"--regid={other_user}",
+        "--clear-groups",
+        "--inh-caps=-all,+dac_read_search",
+        "--ambient-caps=+dac_read_search",
+        "--",
+    ]
+    env = {**os.environ, "HOME": str(home), "TMPDIR": str(home), "LOGNAME": "nobody", "USER": "nobody"}
+    kwargs = {"cwd": REPO, "env": env}
+    probe_code = "import os, laya_build.runner.folders; print(os.getuid())"
+    try:
+        probe = subprocess.run([*prefix, sys.executable, "-c", probe_code], capture_output=True, text=True, **kwargs)
+        said = probe.stdout.strip() if probe.returncode == 0 else (probe.stderr.strip().splitlines() or ["?"])[-1]
+    except OSError as exc:
+        said = str(exc)
+    if said != str(other_user):
+        shutil.rmtree(place)
+        pytest.skip(f"this checkout's Python cannot run as another user here: {said}")
+    yield {"prefix": prefix, "place": place, "kwargs": kwargs}
+    shutil.rmtree(place)
 
 
 def test_a_shared_root_of_another_user_is_not_used(tmp_path, monkeypatch, other_user):
@@ -127,8 +170,9 @@ def test_a_shared_root_of_another_user_is_not_used(tmp_path, monkeypatch, other_
         assert not cache.shared and cache.path.parent == folders.inductor_root() and cache.path.is_dir()
     assert lines == [
         f"[laya] the shared compile folder {root / key} cannot be used: it belongs to uid {other_user}, neither this "
-        "user nor root; compiling in this user's own folder, so the package's bytes differ from a build in the "
-        "shared one"
+        f"user nor root (to share it, have root make it as /tmp is: `install -d -o root -m 1777 {root}`, once its "
+        "owner has removed it); compiling in this user's own folder, so the package's bytes differ from a build in "
+        "the shared one"
     ]
     assert list(root.iterdir()) == []
 
@@ -144,17 +188,77 @@ def test_a_shared_folder_another_user_holds_is_left_to_it(tmp_path, monkeypatch,
     theirs.mkdir(mode=0o700)
     (theirs / "their-file").write_text("theirs")
     os.chown(theirs, other_user, other_user)
+    lines = []
+    monkeypatch.setattr(folders.log, "info", lines.append)
     with folders.inductor_cache(key, shared=True) as cache:
         assert not cache.shared and cache.path != theirs
     assert (theirs / "their-file").read_text() == "theirs"
+    assert lines == [
+        f"[laya] the shared compile folder {theirs} cannot be used: {theirs} is left by uid {other_user}, and no "
+        "build of theirs holds it (only that user or root may remove it); compiling in this user's own folder, so "
+        "the package's bytes differ from a build in the shared one"
+    ]
     with folders.inductor_cache(compile_cache_key("cpu", "float32", _unique("5")), shared=True) as cache:
         assert cache.shared and cache.path.parent == root and oct(cache.path.stat().st_mode & 0o777) == "0o700"
-        assert cache.tmp == root / "tmp" and oct(cache.tmp.stat().st_mode & 0o777) == "0o700"
-    assert not cache.path.exists() and cache.tmp.is_dir(), "the temporary folder outlives a compile"
-    os.chown(root / "tmp", other_user, other_user)  # another user's compiles' temporary folder
-    assert folders.shared_compile_root() == (None, f"{root / 'tmp'} belongs to uid {other_user}")
-    with folders.inductor_cache(compile_cache_key("cpu", "float32", _unique("6")), shared=True) as cache:
-        assert not cache.shared and cache.tmp is None
+        assert cache.tmp == cache.path / "tmp"
+
+
+def test_the_compiles_temporary_folder_is_its_own_and_its_headers_the_users(tmp_path, monkeypatch):
+    """The compile's ``TMPDIR`` is inside its folder, at the same path for every user; Inductor's
+    precompiled headers there are a link to this user's private store, which outlives the compile."""
+    root = tmp_path / "compile"
+    monkeypatch.setattr(folders, "SHARED_COMPILE_ROOT", root)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this user's folders, under the test's own
+    key = compile_cache_key("cpu", "float32", _unique("6"))
+    with folders.inductor_cache(key, shared=True) as cache:
+        assert cache.shared and cache.tmp == root / key / "tmp"
+        headers = cache.tmp / "torchinductor_laya-build" / "precompiled_headers"
+        assert headers.is_symlink() and headers.resolve() == folders.precompiled_headers().resolve()
+        assert (
+            folders.precompiled_headers() == tmp_path / f"laya-build-{os.getuid()}" / "inductor" / "precompiled-headers"
+        )
+        assert oct(folders.precompiled_headers().stat().st_mode & 0o777) == "0o700"
+        (headers / "kept.h").write_text("// a header built in this compile\n")
+    assert not (root / key).exists() and cache.removed
+    assert (folders.precompiled_headers() / "kept.h").read_text() == "// a header built in this compile\n"
+    assert [p.name for p in root.iterdir()] == [f".{key}.{os.getuid()}.lock"]
+
+
+def test_a_build_of_another_user_that_holds_the_folder_is_waited_for(as_other_user):
+    """Another user's real build holds the shared folder of the same programs: this build says what
+    it waits for, waits, then compiles in the same folder (not in a folder of its own)."""
+    marker = as_other_user["place"] / "home" / "held"
+    key = compile_cache_key("cpu", "float32", _unique("7"))
+    theirs = subprocess.Popen(
+        [*as_other_user["prefix"], sys.executable, "-c", HOLD, key, str(marker), "6", "shared"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **as_other_user["kwargs"],
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert theirs.poll() is None and time.monotonic() < deadline, theirs.communicate()[0]
+            time.sleep(0.05)
+        assert marker.read_text() == str(folders.SHARED_COMPILE_ROOT / key)
+        assert (folders.SHARED_COMPILE_ROOT / key).stat().st_uid == NOBODY
+        mine = subprocess.run(
+            [sys.executable, "-c", HOLD, key, "/dev/null", "0", "shared"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
+        assert theirs.wait(timeout=60) == 0
+    finally:
+        theirs.kill()
+    said = mine.stdout + mine.stderr
+    assert mine.returncode == 0, said
+    lock = folders.SHARED_COMPILE_ROOT / f".{key}.{NOBODY}.lock"
+    expected = f"waiting for the compile folder {folders.SHARED_COMPILE_ROOT / key} (lock {lock}, held by uid {NOBODY}"
+    assert expected in said and "cannot be used" not in said, said
+    assert not (folders.SHARED_COMPILE_ROOT / key).exists()
 
 
 PACKAGE = """
@@ -189,3 +293,29 @@ def test_the_package_is_the_same_bytes_whatever_the_tmpdir(build, tmp_path):
     assert len(digests) == 1, got
     assert {cache["path"] for _, cache in got} == {session["compile_cache"]["path"]}
     assert session["compile_cache"]["path"].startswith(f"{folders.SHARED_COMPILE_ROOT}/package-cpu-float32-")
+
+
+def test_another_user_compiles_the_same_package(build, as_other_user):
+    """A compile of the session's export by another user (``nobody``, with a ``$TMPDIR`` and home
+    of its own and no precompiled headers yet): the session build's bytes, in the same folder."""
+    from laya_build.records import read_record
+
+    session = read_record(build.package_record("float32"))
+    place = as_other_user["place"]
+    export = place / "export"
+    shutil.copytree(build.export_dir("float32"), export)
+    for path in [export, *export.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    proc = subprocess.run(
+        [*as_other_user["prefix"], sys.executable, "-c", PACKAGE, str(export), str(place / "home" / "package")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        **as_other_user["kwargs"],
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    sha, cache = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert cache["path"] == session["compile_cache"]["path"], proc.stderr[-2000:]
+    assert sha == session["programs"][0]["package"]["sha256"]
+    headers = place / "home" / f"laya-build-{NOBODY}" / "inductor" / "precompiled-headers"
+    assert headers.stat().st_uid == NOBODY
