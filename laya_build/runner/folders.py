@@ -146,25 +146,29 @@ def _lock_name(key: str, uid: int) -> str:
     return f".{key}.{uid}.lock"
 
 
-def _wait_for_user(root: Path, key: str, uid: int) -> bool:
+def _wait_for_user(root: Path, key: str, uid: int) -> str:
     """Wait while a build of user ``uid`` holds the shared folder ``root/key`` (holds its lock
-    file, which every user may read): True once it has let go (and removed the folder), False
-    when none does (a folder a build of theirs left behind, which only they or root may remove)."""
+    file, which every user may read): "" once it has let go (and removed the folder), else why
+    the folder stays theirs (no build of theirs holds it: one that did not finish left it, which
+    only they or root may remove; or their lock cannot be read)."""
     import fcntl
 
     lock = root / _lock_name(key, uid)
+    left = "no build of theirs holds it (only that user or root may remove it)"
     try:
         fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return False
+    except FileNotFoundError:
+        return left
+    except OSError as exc:
+        return f"its lock {lock} cannot be read ({exc.strerror})"
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return False  # no build of theirs holds it
+            return left
         except BlockingIOError:
             log.info(f"[laya] waiting for the compile folder {root / key} (lock {lock}, held by uid {uid}'s build)")
             fcntl.flock(fd, fcntl.LOCK_EX)
-            return True
+            return ""
     finally:
         os.close(fd)  # and with it this process's hold of their lock
 
@@ -172,12 +176,12 @@ def _wait_for_user(root: Path, key: str, uid: int) -> bool:
 def _take_shared_folder(root: Path, key: str) -> str:
     """Make ``root/key`` this user's empty folder, waiting for another user's build that holds it:
     "" or why it cannot be had."""
-    why, theirs = _own_empty_folder(root / key)
-    while theirs is not None and _wait_for_user(root, key, theirs):
+    while True:
         why, theirs = _own_empty_folder(root / key)
-    if theirs is not None:
-        why += ", and no build of theirs holds it (only that user or root may remove it)"
-    return why
+        if theirs is None:
+            return why
+        if stays := _wait_for_user(root, key, theirs):
+            return f"{why}, and {stays}"
 
 
 @contextlib.contextmanager
@@ -208,6 +212,7 @@ def inductor_cache(key: str, shared: bool = False):
                 try:
                     what = f"the compile folder {root / key} (another build compiles it)"
                     stack.enter_context(held(lock, what, mode=0o644))
+                    os.chmod(lock, 0o644)  # (a lock file of an earlier version: this user's alone)
                     why = _take_shared_folder(root, key)
                 except PermissionError as exc:  # a lock file of this name planted by another user
                     why = f"its lock cannot be taken ({exc})"
