@@ -122,22 +122,26 @@ def _own_empty_folder(path: Path) -> tuple[str, int | None]:
     that user's uid."""
     import stat
 
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    if st is not None:
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
-            shutil.rmtree(path, ignore_errors=True)
-        elif stat.S_ISLNK(st.st_mode) and st.st_uid == os.getuid():
-            path.unlink()
-        else:
-            return f"{path} is left by uid {st.st_uid}", st.st_uid
-    try:
-        path.mkdir(mode=0o700)
-    except OSError as exc:
-        return f"{path} cannot be made ({exc})", None
-    return "", None
+    for _ in range(10):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None:
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+                shutil.rmtree(path, ignore_errors=True)
+            elif stat.S_ISLNK(st.st_mode) and st.st_uid == os.getuid():
+                path.unlink()
+            else:
+                return f"{path} is left by uid {st.st_uid}", st.st_uid
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:  # another user's build made it in between: look again
+            continue
+        except OSError as exc:
+            return f"{path} cannot be made ({exc})", None
+        return "", None
+    return f"{path} cannot be emptied (it is made again as it is removed)", None
 
 
 def _lock_name(key: str, uid: int) -> str:
