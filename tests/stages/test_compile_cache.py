@@ -329,3 +329,20 @@ def test_another_user_compiles_the_same_package(build, as_other_user):
     assert sha == session["programs"][0]["package"]["sha256"]
     headers = place / "home" / f"laya-build-{NOBODY}" / "inductor" / "precompiled-headers"
     assert headers.stat().st_uid == NOBODY
+
+
+def test_a_folder_another_user_makes_in_the_same_instant_is_theirs(tmp_path, monkeypatch, other_user):
+    """Between this build's look and its ``mkdir`` another user's build makes the folder: this
+    build looks again and finds it theirs (and then waits for their build), not a folder it cannot make."""
+    target = tmp_path / "compile-folder"
+    real_mkdir = Path.mkdir
+
+    def racing_mkdir(self, *args, **kwargs):
+        if self == target and not target.exists():
+            real_mkdir(self, mode=0o700)
+            os.chown(self, other_user, other_user)  # their build was first
+            raise FileExistsError(17, "File exists", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", racing_mkdir)
+    assert folders._own_empty_folder(target) == (f"{target} is left by uid {other_user}", other_user)
