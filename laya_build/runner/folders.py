@@ -105,6 +105,24 @@ def precompiled_headers() -> Path:
     return store
 
 
+COMPILE_PYTHON = "python"
+
+
+def torch_link(folder: Path) -> Path:
+    """``<folder>/python``, holding ``torch``: a link to the torch package this Python imports.
+    First on the compile child's ``PYTHONPATH``, it makes the child import torch by that path, so
+    the include folders AOTInductor compiles with, which each compile command and the compiled
+    library's strings name, are the compile folder's and not the Python environment's (another
+    checkout's ``.venv``, another user's environment)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    python = folder / COMPILE_PYTHON
+    python.mkdir(mode=0o700)
+    (python / "torch").symlink_to(os.path.realpath(Path(spec.origin).parent), target_is_directory=True)
+    return python
+
+
 def _compile_tmp(folder: Path) -> Path:
     """``<folder>/tmp``, the compile's ``TMPDIR``, with Inductor's folder of precompiled headers for
     :data:`COMPILE_USER` a link to this user's own store (:func:`precompiled_headers`): the same

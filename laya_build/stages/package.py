@@ -24,6 +24,7 @@ config error before any compile; on a supported install a compile failure raises
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -34,7 +35,8 @@ from laya_build.errors import ConfigError, PackageIntegrityError, StageError
 from laya_build.layout import NATIVE_LIBRARY_NAME, build_name, child_log_name, package_name, record_name
 from laya_build.records import file_entry
 from laya_build.runner import Child, run
-from laya_build.runner.folders import COMPILE_USER, inductor_cache, vec_isa_root
+from laya_build.runner.child import child_env
+from laya_build.runner.folders import COMPILE_USER, inductor_cache, torch_link, vec_isa_root
 from laya_build.stages import package_tuning
 from laya_build.stages.common import check_sha256, skip_if_blocked, upstream
 from laya_build.targets import check_target
@@ -137,11 +139,18 @@ def compile_cache_key(target: str, dtype: str, programs: list[dict]) -> str:
 
 def compile_env(cache) -> dict[str, str]:
     """The compile child's environment beside its own: Inductor's and Triton's caches in its
-    private folder (compiler caches are never shared); in the shared compile folder also the
+    private folder (compiler caches are never shared); torch imported through a link in that
+    folder (:func:`~laya_build.runner.folders.torch_link`, first on ``PYTHONPATH``), so that no
+    path of the Python environment reaches the package; in the shared compile folder also the
     folder's ``tmp`` as ``TMPDIR`` (where Inductor finds the user's precompiled headers) and one
     user name (:data:`~laya_build.runner.folders.COMPILE_USER`), so that no path of the user's or
     of their ``$TMPDIR`` reaches the package."""
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(cache.path), "TRITON_CACHE_DIR": str(cache.path / "triton")}
+    python = torch_link(cache.path)
+    env = {
+        "TORCHINDUCTOR_CACHE_DIR": str(cache.path),
+        "TRITON_CACHE_DIR": str(cache.path / "triton"),
+        "PYTHONPATH": os.pathsep.join([str(python), child_env()["PYTHONPATH"]]),
+    }
     if cache.tmp is not None:
         env.update(TMPDIR=str(cache.tmp), LOGNAME=COMPILE_USER, USER=COMPILE_USER)
     return env

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 import uuid
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -346,3 +347,40 @@ def test_a_folder_another_user_makes_in_the_same_instant_is_theirs(tmp_path, mon
 
     monkeypatch.setattr(Path, "mkdir", racing_mkdir)
     assert folders._own_empty_folder(target) == (f"{target} is left by uid {other_user}", other_user)
+
+
+def test_a_compile_in_another_python_environment_gives_the_same_package(build, tmp_path):
+    """The session's export compiled by the Python of another environment at another path (a venv
+    whose site-packages holds a link to every entry of this one's, as a release engineer's own
+    ``.venv`` in another checkout holds the same pinned packages): torch's include folders, which
+    each compile command and the library's strings name, must not carry that path into the package."""
+    import sysconfig
+
+    from laya_build.records import read_record
+
+    session = read_record(build.package_record("float32"))
+    other = tmp_path / "elsewhere" / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True, timeout=120)
+    site = Path(sysconfig.get_path("purelib", vars={"base": str(other), "platbase": str(other)}))
+    for entry in Path(sysconfig.get_path("purelib")).iterdir():
+        (site / entry.name).symlink_to(entry)
+    python = other / "bin" / "python"
+    probe = "import torch.utils.cpp_extension as c; print(c.include_paths()[0])"
+    assert subprocess.run([python, "-c", probe], capture_output=True, text=True).stdout.startswith(str(site))
+    proc = subprocess.run(
+        [python, "-c", PACKAGE, str(build.export_dir("float32")), str(tmp_path / "package")],
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    sha, cache = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert cache["path"] == session["compile_cache"]["path"]
+    assert sha == session["programs"][0]["package"]["sha256"]
+    packages = sorted((tmp_path / "package").glob("*.pt2"))
+    assert packages
+    for package in packages:
+        with zipfile.ZipFile(package) as archive:
+            assert [n for n in archive.namelist() if str(other).encode() in archive.read(n)] == [], package.name
