@@ -95,6 +95,7 @@ def shared_compile_root() -> tuple[Path | None, str]:
 COMPILE_TMP = "tmp"
 COMPILE_USER = "laya-build"
 HEADERS = "precompiled_headers"
+COMPILE_PYTHON = "python"  # the compile folder's link to torch (:func:`torch_link`)
 
 
 def precompiled_headers() -> Path:
@@ -103,9 +104,6 @@ def precompiled_headers() -> Path:
     store = inductor_root() / "precompiled-headers"
     store.mkdir(mode=0o700, exist_ok=True)
     return store
-
-
-COMPILE_PYTHON = "python"
 
 
 def torch_link(folder: Path) -> Path:
