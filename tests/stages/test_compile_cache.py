@@ -6,6 +6,7 @@ holding a folder as the package stage does, and real package compiles)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -272,66 +273,6 @@ def test_a_build_of_another_user_that_holds_the_folder_is_waited_for(as_other_us
     assert not (folders.SHARED_COMPILE_ROOT / key).exists()
 
 
-PACKAGE = """
-import json, sys
-from tests.stage_calls import run_package
-record = run_package({}, sys.argv[1], sys.argv[2], "cpu")
-print(json.dumps([record["programs"][0]["package"]["sha256"], record["compile_cache"]]))
-"""
-
-
-def test_the_package_is_the_same_bytes_whatever_the_tmpdir(build, tmp_path):
-    """Two compiles of the session's export in fresh processes with two other ``$TMPDIR``s: the
-    session build's bytes, compiled in the same shared folder."""
-    from laya_build.records import read_record
-
-    session = read_record(build.package_record("float32"))
-    got = []
-    for n in (1, 2):
-        (tmp_path / f"tmp-{n}").mkdir()
-        env = {**os.environ, "TMPDIR": str(tmp_path / f"tmp-{n}"), "HF_HUB_OFFLINE": "1"}
-        proc = subprocess.run(
-            [sys.executable, "-c", PACKAGE, str(build.export_dir("float32")), str(tmp_path / f"package-{n}")],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-            cwd=folders.Path(__file__).resolve().parents[2],
-        )
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        got.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    digests = {sha for sha, _ in got} | {session["programs"][0]["package"]["sha256"]}
-    assert len(digests) == 1, got
-    assert {cache["path"] for _, cache in got} == {session["compile_cache"]["path"]}
-    assert session["compile_cache"]["path"].startswith(f"{folders.SHARED_COMPILE_ROOT}/package-cpu-float32-")
-
-
-def test_another_user_compiles_the_same_package(build, as_other_user):
-    """A compile of the session's export by another user (``nobody``, with a ``$TMPDIR`` and home
-    of its own and no precompiled headers yet): the session build's bytes, in the same folder."""
-    from laya_build.records import read_record
-
-    session = read_record(build.package_record("float32"))
-    place = as_other_user["place"]
-    export = place / "export"
-    shutil.copytree(build.export_dir("float32"), export)
-    for path in [export, *export.rglob("*")]:
-        os.chmod(path, 0o755 if path.is_dir() else 0o644)
-    proc = subprocess.run(
-        [*as_other_user["prefix"], sys.executable, "-c", PACKAGE, str(export), str(place / "home" / "package")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        **as_other_user["kwargs"],
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    sha, cache = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert cache["path"] == session["compile_cache"]["path"], proc.stderr[-2000:]
-    assert sha == session["programs"][0]["package"]["sha256"]
-    headers = place / "home" / f"laya-build-{NOBODY}" / "inductor" / "precompiled-headers"
-    assert headers.stat().st_uid == NOBODY
-
-
 def test_a_folder_another_user_makes_in_the_same_instant_is_theirs(tmp_path, monkeypatch, other_user):
     """Between this build's look and its ``mkdir`` another user's build makes the folder: this
     build looks again and finds it theirs (and then waits for their build), not a folder it cannot make."""
@@ -349,36 +290,104 @@ def test_a_folder_another_user_makes_in_the_same_instant_is_theirs(tmp_path, mon
     assert folders._own_empty_folder(target) == (f"{target} is left by uid {other_user}", other_user)
 
 
-def test_a_compile_in_another_python_environment_gives_the_same_package(build, tmp_path):
-    """The session's export compiled by the Python of another environment at another path (a venv
-    whose site-packages holds a link to every entry of this one's, as a release engineer's own
-    ``.venv`` in another checkout holds the same pinned packages): torch's include folders, which
-    each compile command and the library's strings name, must not carry that path into the package."""
-    import sysconfig
+PACKAGE = """
+import json, sys
+from tests.stage_calls import run_package
+record = run_package(json.loads(sys.argv[4]), sys.argv[1], sys.argv[2], sys.argv[3])
+print(json.dumps([record["programs"][0]["package"]["sha256"], record["compile_cache"]]))
+"""
 
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """An export and the package it compiles to in this user's own compile."""
+
+    target: str
+    export: Path
+    package_cfg: dict  # CUDA: a first compile's launch configurations, an input (no kernel timed again)
+    sha256: str = ""
+    cache_path: str = ""
+
+
+def compile_package(ref: Reference, out: Path, python=sys.executable, prefix=(), **kwargs) -> tuple[str, dict]:
+    """Package ``ref``'s export into ``out`` in a fresh process (``prefix``: how to start it as
+    another user): its ``decision.pt2`` digest and compile folder record."""
+    kwargs.setdefault("cwd", REPO)
+    kwargs.setdefault("env", {**os.environ, "HF_HUB_OFFLINE": "1"})
+    command = [*prefix, python, "-c", PACKAGE, str(ref.export), str(out), ref.target, json.dumps(ref.package_cfg)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=1800, **kwargs)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    sha, cache = json.loads(proc.stdout.strip().splitlines()[-1])
+    return sha, cache
+
+
+@pytest.fixture(scope="module", params=["cpu", "cuda"])
+def reference(request, tmp_path_factory):
+    """The session's CPU float32 package; on a GPU machine also the tiny model's CUDA bfloat16
+    package, compiled with the launch configurations a first compile chose (the tuning file)."""
     from laya_build.records import read_record
 
-    session = read_record(build.package_record("float32"))
+    if request.param == "cpu":
+        build = request.getfixturevalue("build")
+        session = read_record(build.package_record("float32"))
+        sha, cache_path = session["programs"][0]["package"]["sha256"], session["compile_cache"]["path"]
+        return Reference("cpu", build.export_dir("float32"), {}, sha, cache_path)
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA packages: torch.cuda.is_available() is False")
+    from tests.stage_calls import run_export, run_model, run_package
+
+    base = tmp_path_factory.mktemp("cuda-reference")
+    run_model({}, base / "model")
+    run_export({}, base / "model" / "checkpoint", base / "model" / "inputs.pt", base / "export", "cuda", "bfloat16")
+    run_package({}, base / "export", base / "first", "cuda")
+    tuned = Reference("cuda", base / "export", {"tuning": {"cuda-bfloat16": str(base / "first" / "tuning.json")}})
+    sha, cache = compile_package(tuned, base / "package")
+    return dataclasses.replace(tuned, sha256=sha, cache_path=cache["path"])
+
+
+def test_the_package_is_the_same_bytes_whatever_the_tmpdir(reference, tmp_path):
+    """Two compiles in fresh processes with two other ``$TMPDIR``s: the reference's bytes, compiled
+    in the same shared folder."""
+    for n in (1, 2):
+        (tmp_path / f"tmp-{n}").mkdir()
+        env = {**os.environ, "TMPDIR": str(tmp_path / f"tmp-{n}"), "HF_HUB_OFFLINE": "1"}
+        sha, cache = compile_package(reference, tmp_path / f"package-{n}", env=env)
+        assert (sha, cache["path"]) == (reference.sha256, reference.cache_path)
+    assert reference.cache_path.startswith(f"{folders.SHARED_COMPILE_ROOT}/package-{reference.target}-")
+
+
+def test_another_user_compiles_the_same_package(reference, as_other_user):
+    """A compile by another user (``nobody``, with a ``$TMPDIR`` and home of its own and no
+    precompiled headers yet): the reference's bytes, in the same folder."""
+    home = as_other_user["place"] / "home"
+    sha, cache = compile_package(reference, home / "package", prefix=as_other_user["prefix"], **as_other_user["kwargs"])
+    assert (sha, cache["path"]) == (reference.sha256, reference.cache_path)
+    assert (home / f"laya-build-{NOBODY}" / "inductor" / "precompiled-headers").stat().st_uid == NOBODY
+
+
+def test_a_compile_in_another_python_environment_gives_the_same_package(reference, tmp_path):
+    """A compile by the Python of another environment at another path (a venv whose site-packages
+    holds a link to every entry of the folder this Python imports torch from, as a release
+    engineer's own ``.venv`` in another checkout holds the same pinned packages): torch's include
+    folders, which each compile command and the library's strings name, must not carry that path
+    into the package."""
+    import sysconfig
+
+    import torch
+
     other = tmp_path / "elsewhere" / ".venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True, timeout=120)
     site = Path(sysconfig.get_path("purelib", vars={"base": str(other), "platbase": str(other)}))
-    for entry in Path(sysconfig.get_path("purelib")).iterdir():
-        (site / entry.name).symlink_to(entry)
+    for entry in Path(torch.__file__).resolve().parent.parent.iterdir():
+        if not (site / entry.name).exists():
+            (site / entry.name).symlink_to(entry)
     python = other / "bin" / "python"
     probe = "import torch.utils.cpp_extension as c; print(c.include_paths()[0])"
     assert subprocess.run([python, "-c", probe], capture_output=True, text=True).stdout.startswith(str(site))
-    proc = subprocess.run(
-        [python, "-c", PACKAGE, str(build.export_dir("float32")), str(tmp_path / "package")],
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    sha, cache = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert cache["path"] == session["compile_cache"]["path"]
-    assert sha == session["programs"][0]["package"]["sha256"]
+    sha, cache = compile_package(reference, tmp_path / "package", python=python)
+    assert (sha, cache["path"]) == (reference.sha256, reference.cache_path)
     packages = sorted((tmp_path / "package").glob("*.pt2"))
     assert packages
     for package in packages:
