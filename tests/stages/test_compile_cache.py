@@ -1,8 +1,10 @@
 """The package compile's Inductor cache folder (``laya_build.stages.package.compile_cache_key``,
 ``laya_build.runner.folders.inductor_cache``): AOTInductor writes its path into the package, so
 the same exported programs compile at the same path, one build at a time, whoever builds them
-and whatever their ``$TMPDIR``; other programs compile beside them at once (real processes, each
-holding a folder as the package stage does, and real package compiles)."""
+(another user's build is waited for), whatever their ``$TMPDIR`` and from whichever Python
+environment; other programs compile beside them at once (real processes, also of another user,
+each holding a folder as the package stage does, and real package compiles: the CPU package, and
+on a GPU machine a CUDA one)."""
 
 from __future__ import annotations
 
