@@ -295,7 +295,7 @@ def test_a_folder_another_user_makes_in_the_same_instant_is_theirs(tmp_path, mon
 PACKAGE = """
 import json, sys
 from tests.stage_calls import run_package
-record = run_package(json.loads(sys.argv[4]), sys.argv[1], sys.argv[2], sys.argv[3])
+record = run_package(json.loads(sys.argv[4]), sys.argv[1], sys.argv[2], sys.argv[3], root=sys.argv[5])
 print(json.dumps([record["programs"][0]["package"]["sha256"], record["compile_cache"]]))
 """
 
@@ -307,6 +307,7 @@ class Reference:
     target: str
     export: Path
     package_cfg: dict  # CUDA: a first compile's launch configurations, an input (no kernel timed again)
+    root: Path = REPO  # where package.tuning's paths start
     sha256: str = ""
     cache_path: str = ""
 
@@ -317,6 +318,7 @@ def compile_package(ref: Reference, out: Path, python=sys.executable, prefix=(),
     kwargs.setdefault("cwd", REPO)
     kwargs.setdefault("env", {**os.environ, "HF_HUB_OFFLINE": "1"})
     command = [*prefix, python, "-c", PACKAGE, str(ref.export), str(out), ref.target, json.dumps(ref.package_cfg)]
+    command.append(str(ref.root))
     proc = subprocess.run(command, capture_output=True, text=True, timeout=1800, **kwargs)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     sha, cache = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -333,7 +335,7 @@ def reference(request, tmp_path_factory):
         build = request.getfixturevalue("build")
         session = read_record(build.package_record("float32"))
         sha, cache_path = session["programs"][0]["package"]["sha256"], session["compile_cache"]["path"]
-        return Reference("cpu", build.export_dir("float32"), {}, sha, cache_path)
+        return Reference("cpu", build.export_dir("float32"), {}, sha256=sha, cache_path=cache_path)
     import torch
 
     if not torch.cuda.is_available():
@@ -344,7 +346,7 @@ def reference(request, tmp_path_factory):
     run_model({}, base / "model")
     run_export({}, base / "model" / "checkpoint", base / "model" / "inputs.pt", base / "export", "cuda", "bfloat16")
     run_package({}, base / "export", base / "first", "cuda")
-    tuned = Reference("cuda", base / "export", {"tuning": {"cuda-bfloat16": str(base / "first" / "tuning.json")}})
+    tuned = Reference("cuda", base / "export", {"tuning": {"cuda-bfloat16": "first/tuning.json"}}, root=base)
     sha, cache = compile_package(tuned, base / "package")
     return dataclasses.replace(tuned, sha256=sha, cache_path=cache["path"])
 
