@@ -17,12 +17,12 @@ ERROR_PREFIX = "LAYA-ERROR "
 
 
 def child_env(env: dict | None = None) -> dict:
-    """Environment of a stage process: offline, the project importable, a fixed hash seed."""
+    """Environment of a stage process: offline, the project importable, a fixed hash seed.
+    ``env`` goes on top, but for its ``PYTHONPATH``, which goes first on the process's own."""
     out = dict(os.environ)
-    paths = [str(PROJECT_ROOT)]
-    if out.get("PYTHONPATH"):
-        paths.append(out["PYTHONPATH"])
-    out["PYTHONPATH"] = os.pathsep.join(paths)
+    env = dict(env or {})
+    paths = [env.pop("PYTHONPATH", ""), str(PROJECT_ROOT), out.get("PYTHONPATH", "")]
+    out["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     out["HF_HUB_OFFLINE"] = "1"
     out["TRANSFORMERS_OFFLINE"] = "1"
     # Reproducible outputs: with a random str hash seed, torch.export orders some nodes by
@@ -30,7 +30,7 @@ def child_env(env: dict | None = None) -> dict:
     # changed from run to run.
     out["PYTHONHASHSEED"] = "0"
     out["PYTHONUNBUFFERED"] = "1"
-    out.update(env or {})
+    out.update(env)
     return out
 
 

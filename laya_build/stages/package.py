@@ -24,7 +24,6 @@ config error before any compile; on a supported install a compile failure raises
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from pathlib import Path
@@ -35,7 +34,6 @@ from laya_build.errors import ConfigError, PackageIntegrityError, StageError
 from laya_build.layout import NATIVE_LIBRARY_NAME, build_name, child_log_name, package_name, record_name
 from laya_build.records import file_entry
 from laya_build.runner import Child, run
-from laya_build.runner.child import child_env
 from laya_build.runner.folders import COMPILE_USER, inductor_cache, torch_link, vec_isa_root
 from laya_build.stages import package_tuning
 from laya_build.stages.common import check_sha256, skip_if_blocked, upstream
@@ -145,11 +143,10 @@ def compile_env(cache) -> dict[str, str]:
     folder's ``tmp`` as ``TMPDIR`` (where Inductor finds the user's precompiled headers) and one
     user name (:data:`~laya_build.runner.folders.COMPILE_USER`), so that no path of the user's or
     of their ``$TMPDIR`` reaches the package."""
-    python = torch_link(cache.path)
     env = {
         "TORCHINDUCTOR_CACHE_DIR": str(cache.path),
         "TRITON_CACHE_DIR": str(cache.path / "triton"),
-        "PYTHONPATH": os.pathsep.join([str(python), child_env()["PYTHONPATH"]]),
+        "PYTHONPATH": str(torch_link(cache.path)),  # first on the child's own (child_env)
     }
     if cache.tmp is not None:
         env.update(TMPDIR=str(cache.tmp), LOGNAME=COMPILE_USER, USER=COMPILE_USER)

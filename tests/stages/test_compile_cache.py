@@ -317,8 +317,8 @@ def compile_package(ref: Reference, out: Path, python=sys.executable, prefix=(),
     another user): its ``decision.pt2`` digest and compile folder record."""
     kwargs.setdefault("cwd", REPO)
     kwargs.setdefault("env", {**os.environ, "HF_HUB_OFFLINE": "1"})
-    command = [*prefix, python, "-c", PACKAGE, str(ref.export), str(out), ref.target, json.dumps(ref.package_cfg)]
-    command.append(str(ref.root))
+    command = [*prefix, python, "-c", PACKAGE, str(ref.export), str(out), ref.target]
+    command += [json.dumps(ref.package_cfg), str(ref.root)]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=1800, **kwargs)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     sha, cache = json.loads(proc.stdout.strip().splitlines()[-1])
