@@ -39,11 +39,22 @@ epilogue beside cuBLAS's GEMM. These rows suggest nothing.
 ``suggested_cutlass_configs``: the fastest configuration of each op at each M, as
 ``export.cutlass_configs`` takes it (:func:`suggest`). Results are written after each row, so a run
 stopped early keeps what it measured.
+
+Launch configurations the library does not hold yet (``--candidates``): the GEGLU rows of a library
+built from a copy of the CUDA source whose table of GEGLU configurations is replaced by the
+candidates (:func:`candidate_source`), each a line such as ``cooperative 128x192x64 cluster 2x1
+raster M swizzle 2 stages 4`` (schedule, tile, then optional cluster, the persistent scheduler's
+raster order M or N and swizzle, and the mainloop's stages; leaving one out keeps the library's
+default). Name the library's own configurations among them to time them side by side. Their
+indices are the candidates', so this mode has no ``module`` row and suggests nothing.
+``--rounds`` repeats the rows, interleaved, so that a difference can be told from the machine's
+noise.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import time
@@ -71,6 +82,103 @@ def library(path: Path | None, result: dict) -> Path:
     return out / record["path"]
 
 
+CANDIDATE = re.compile(
+    r"^(?P<schedule>cooperative|pingpong) (?P<m>\d+)x(?P<n>\d+)x(?P<k>\d+)"
+    r"(?: cluster (?P<cm>[124])x(?P<cn>[124]))?(?: raster (?P<raster>[MN]))?(?: swizzle (?P<swizzle>[1248]))?"
+    r"(?: stages (?P<stages>\d+))?$"
+)
+TABLE = ("// laya-geglu-table: begin", "// laya-geglu-table: end")
+PARTS = ("// laya-geglu-parts: begin", "// laya-geglu-parts: end")
+
+
+def parse_candidate(line: str) -> dict:
+    """One ``--candidates`` line as its fields, or a ``ValueError`` that shows the form."""
+    found = CANDIDATE.match(" ".join(line.split()))
+    if found is None:
+        raise ValueError(
+            f"{line!r} is not a launch configuration: write e.g. 'cooperative 128x192x64 cluster 2x1 raster M "
+            "swizzle 2 stages 4' (cluster, raster, swizzle and stages optional, in that order)"
+        )
+    spec = found.groupdict()
+    return {
+        "schedule": spec["schedule"],
+        "tile": (int(spec["m"]), int(spec["n"]), int(spec["k"])),
+        "cluster": (int(spec["cm"] or 1), int(spec["cn"] or 1)),
+        "raster": spec["raster"],
+        "swizzle": int(spec["swizzle"] or 1),
+        "stages": int(spec["stages"] or 0),
+    }
+
+
+def candidate_name(spec: dict) -> str:
+    """The name a candidate gets in the library's table (the committed names' form, then the rest)."""
+    (m, n, k), (cm, cn) = spec["tile"], spec["cluster"]
+    name = f"{spec['schedule']} {m}x{n}x{k} cluster {cm}x{cn}"
+    if spec["raster"]:
+        name += f" raster {spec['raster']}"
+    if spec["swizzle"] != 1:
+        name += f" swizzle {spec['swizzle']}"
+    if spec["stages"]:
+        name += f" stages {spec['stages']}"
+    return name
+
+
+def _between(text: str, marks: tuple[str, str], body: str) -> str:
+    start, end = text.index(marks[0]), text.index(marks[1])
+    line_end = text.index("\n", start) + 1
+    return text[:line_end] + body + text[end:]
+
+
+def candidate_source(text: str, specs: list[dict]) -> str:
+    """The CUDA source ``text`` with its GEGLU configurations replaced by ``specs``: their table and
+    names, and the parts they compile in, one part a kernel (candidates that differ only in the
+    order of tiles share theirs), after the linear op's two."""
+    lines, kernels = [], {}
+    for i, spec in enumerate(specs):
+        m, n, k = spec["tile"]
+        schedule = {"cooperative": "Cooperative", "pingpong": "Pingpong"}[spec["schedule"]]
+        raster = {None: "Heuristic", "M": "AlongM", "N": "AlongN"}[spec["raster"]]
+        cm, cn = spec["cluster"]
+        lines.append(
+            f"using Config{i} = Kernel<Shape<_{m}, _{n}, _{k}>, Shape<_{cm}, _{cn}, _1>, "
+            f"{schedule}, Raster::{raster}, {spec['swizzle']}, {spec['stages']}>;"
+        )
+        key = (spec["schedule"], spec["tile"], spec["cluster"], spec["stages"])
+        kernels.setdefault(key, []).append(i)
+    configs = ", ".join(f"Config{i}" for i in range(len(specs)))
+    names = "".join(f'    "{candidate_name(spec)}",\n' for spec in specs)
+    table = (
+        "\n".join(lines)
+        + f"\nusing GegluConfigs = std::tuple<{configs}>;\nconstexpr int kConfigs = std::tuple_size_v<GegluConfigs>;\n"
+        + f"const char* const kConfigNames[kConfigs] = {{\n{names}}};\n"
+    )
+    parts = 2 + len(kernels)
+    body = [f"#define LAYA_PARTS {parts}"]
+    body.append("#define LAYA_PART_0(X) X(run_linear<Linear0>, LINEAR) X(run_linear<Linear0Residual>, LINEAR)")
+    body.append("#define LAYA_PART_1(X) X(run_linear<Linear1>, LINEAR) X(run_linear<Linear1Residual>, LINEAR)")
+    for p, members in enumerate(kernels.values(), start=2):
+        body.append(f"#define LAYA_PART_{p}(X) " + " ".join(f"X(run<Config{i}>, GEGLU)" for i in members))
+    body += ["", "#if !defined(LAYA_PART)", "#elif LAYA_PART == 0", "LAYA_PART_0(LAYA_DEFINE)"]
+    body += [f"LAYA_PART_{p}(LAYA_DECLARE)" for p in range(1, parts)]
+    for p in range(1, parts):
+        body += [f"#elif LAYA_PART == {p}", f"LAYA_PART_{p}(LAYA_DEFINE)"]
+    body += ["#else", '#error "LAYA_PART names no part of the kernels (0 to LAYA_PARTS - 1)"', "#endif", ""]
+    return _between(_between(text, TABLE, table), PARTS, "\n".join(body))
+
+
+def candidate_library(lines: list[str], result: dict) -> Path:
+    """A native library whose GEGLU configurations are the candidates ``lines``, built here."""
+    from laya_build import native
+
+    specs = [parse_candidate(line) for line in lines]
+    work = Path(tempfile.mkdtemp(prefix="native-candidates-"))
+    source = work / native.CUDA_SOURCE.name
+    source.write_text(candidate_source(native.CUDA_SOURCE.read_text(), specs))
+    result["candidates"] = [candidate_name(spec) for spec in specs]
+    native.CUDA_SOURCE = source  # the build reads its source through this name
+    return library(None, result)
+
+
 def defaults() -> dict:
     """``export.cutlass_configs`` as an export has it by default."""
     from laya_build.config.sections import section
@@ -78,8 +186,8 @@ def defaults() -> dict:
     return section("export", None)["cutlass_configs"]
 
 
-def rows_at(torch, result, save, weights, interleaved, pointwise, names, M: int) -> None:
-    """The probe's rows at M positions."""
+def rows_at(torch, result, save, weights, interleaved, pointwise, names, M: int, module: bool = True) -> None:
+    """The probe's rows at M positions (``module``: with the row of the export's default configurations)."""
     import torch.nn.functional as F
 
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
@@ -104,9 +212,10 @@ def rows_at(torch, result, save, weights, interleaved, pointwise, names, M: int)
         row = {**head, "name": f"cutlass #{index} {name}", "config": index}
         timed_row(torch, result, save, row, calls, LAYERS, output, reference, "cublas_geglu")
     configs = list(defaults()["geglu"])
-    calls = [lambda i=i: op(xs[i], interleaved[i], None, configs) for i in range(LAYERS)]
     output = lambda: op(xs[0], interleaved[0], None, configs)  # noqa: E731
-    timed_row(torch, result, save, {**head, "name": "module"}, calls, LAYERS, output, reference, "cublas_geglu")
+    if module:
+        calls = [lambda i=i: op(xs[i], interleaved[i], None, configs) for i in range(LAYERS)]
+        timed_row(torch, result, save, {**head, "name": "module"}, calls, LAYERS, output, reference, "cublas_geglu")
     try:
         product = xs[0].float() @ weights[0].float().t()
         exact = F.gelu(product[:, :GLU]) * product[:, GLU:]
@@ -192,7 +301,18 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--library", type=Path, help="a native library built with its CUDA kernels")
     parser.add_argument("--only", choices=("geglu", "linear", "wi"), help="one op's rows only")
+    parser.add_argument("--candidates", type=Path, help="a file of GEGLU launch configurations, one a line")
+    parser.add_argument("--rows", type=int, nargs="+", default=list(ROWS), help="the row counts (M) to time")
+    parser.add_argument("--rounds", type=int, default=1, help="times each row is timed, interleaved")
     args = parser.parse_args()
+    if args.candidates is not None:
+        lines = [line for line in args.candidates.read_text().splitlines() if line.strip()]
+        try:
+            [parse_candidate(line) for line in lines]
+        except ValueError as exc:
+            parser.error(f"{args.candidates}: {exc}")
+        if args.library is not None or args.only not in (None, "geglu"):
+            parser.error("--candidates builds its own library and times the GEGLU rows only")
     start = time.monotonic()
 
     import torch
@@ -203,7 +323,7 @@ def main() -> int:
     torch.manual_seed(0)
     result = probe_result(torch, "benchmarks/native_cutlass_probe.py")
     save = saver(result, args.out)
-    path = library(args.library, result)
+    path = library(args.library, result) if args.candidates is None else candidate_library(lines, result)
     torch.ops.load_library(str(path))
     result["configs"] = {op: list(torch.ops.laya_native.cutlass_configs(op)) for op in ("geglu", "linear")}
     save()
@@ -212,14 +332,18 @@ def main() -> int:
         weights = [torch.randn(2 * GLU, HIDDEN, **bf16) * HIDDEN**-0.5 for _ in range(LAYERS)]
         interleaved = [native_geglu.interleave(w).contiguous() for w in weights]
         pointwise = torch.compile(lambda y: F.gelu(y[:, :GLU]) * y[:, GLU:], dynamic=False)
-        for M in ROWS:
-            rows_at(torch, result, save, weights, interleaved, pointwise, result["configs"]["geglu"], M)
+        for _ in range(args.rounds):
+            for M in args.rows:
+                names = result["configs"]["geglu"]
+                rows_at(torch, result, save, weights, interleaved, pointwise, names, M, args.candidates is None)
         del weights, interleaved
+        if args.candidates is not None:
+            return finish(result, save, start)
     if args.only in (None, "linear"):
-        for M in ROWS:
+        for M in args.rows:
             linear_rows_at(torch, result, save, result["configs"]["linear"], M)
     if args.only in (None, "wi"):
-        for M in ROWS:
+        for M in args.rows:
             linear_rows_at(torch, result, save, result["configs"]["linear"], M, WI, "wi", (False,))
     result["suggested_cutlass_configs"] = suggest(result["rows"])
     return finish(result, save, start)

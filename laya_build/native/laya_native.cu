@@ -34,6 +34,7 @@
 #include <cstdio>
 #include <cstring>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "cute/tensor.hpp"
@@ -157,14 +158,26 @@ class GegluEpilogue {
 
 using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<GegluEpilogue>;
 
-template <class TileShape, class ClusterShape, class Schedule>
+using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
+
+// A launch configuration: the tile, the cluster and the schedule of the kernel, how many stages its
+// mainloop keeps (0: as many as shared memory holds), and the persistent scheduler's order of tiles
+// (Raster: CUTLASS's heuristic walks along the shorter side of the grid of tiles; Swizzle: that
+// many tiles across before the next step along it).  Configurations that differ only in the order
+// of tiles run the same kernel.
+template <class TileShape, class ClusterShape, class Schedule, Raster Order = Raster::Heuristic, int Swizzle = 1,
+          int Stages = 0>
 struct Kernel {
   static constexpr int kAlignment = 8;  // 16 bytes of bf16: what TMA needs of rows
+  static constexpr Raster kRaster = Order;
+  static constexpr int kSwizzle = Swizzle;
+  using StageCount = std::conditional_t<
+      Stages == 0,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::collective::StageCount<Stages>>;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, kAlignment, Element,
-      cutlass::layout::ColumnMajor, kAlignment, float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      Schedule>::CollectiveOp;
+      cutlass::layout::ColumnMajor, kAlignment, float, TileShape, ClusterShape, StageCount, Schedule>::CollectiveOp;
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
                                                           cutlass::gemm::PersistentScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
@@ -174,6 +187,7 @@ using Cooperative = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using Pingpong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 
 // The launch configurations, by index (the op's configs name them).
+// laya-geglu-table: begin (benchmarks/native_cutlass_probe.py --candidates rewrites these lines)
 using Config0 = Kernel<Shape<_128, _256, _64>, Shape<_2, _1, _1>, Cooperative>;
 using Config1 = Kernel<Shape<_128, _128, _64>, Shape<_2, _1, _1>, Cooperative>;
 using Config2 = Kernel<Shape<_64, _128, _64>, Shape<_1, _1, _1>, Pingpong>;
@@ -203,6 +217,7 @@ const char* const kConfigNames[kConfigs] = {
     "pingpong 64x192x64 cluster 2x1",
     "pingpong 64x192x64 cluster 1x1",
 };
+// laya-geglu-table: end
 
 // The kernels run on compute capability 9.0 only (sm_90a code, no PTX): "" or why not.
 inline const char* wrong_device(int device) {
@@ -304,6 +319,8 @@ int run(Call const& c) {
        static_cast<const Element*>(c.weight), cutlass::make_cute_packed_stride(StrideB{}, make_shape(c.n, c.k, 1))},
       {static_cast<Element*>(c.out), static_cast<int64_t>(c.n / 2)},
       cutlass::KernelHardwareInfo{c.device, sm_count(c.device)}};
+  args.scheduler.raster_order = Config::kRaster;
+  args.scheduler.max_swizzle_size = Config::kSwizzle;
   return launch<Gemm>(args, c);
 }
 
@@ -385,6 +402,11 @@ using Linear1Residual = StreamK<Element, Tile1, Cluster1>;
 // The kernels by part (LAYA_PARTS of them; the file's head says why).  With LAYA_PART, each is
 // explicitly instantiated in its own part's object (``template``), and part 0, whose dispatch
 // names them all, declares the others' (``extern template``), which keeps them out of its object.
+#define LAYA_PARAMS_GEGLU (Call const&)
+#define LAYA_PARAMS_LINEAR (LinearConfig const&, Call const&)
+#define LAYA_DEFINE(function, params) template int function LAYA_PARAMS_##params;
+#define LAYA_DECLARE(function, params) extern template int function LAYA_PARAMS_##params;
+// laya-geglu-parts: begin
 #define LAYA_PARTS 6
 #define LAYA_PART_0(X) X(run_linear<Linear0>, LINEAR) X(run_linear<Linear0Residual>, LINEAR)
 #define LAYA_PART_1(X) X(run_linear<Linear1>, LINEAR) X(run_linear<Linear1Residual>, LINEAR)
@@ -393,10 +415,6 @@ using Linear1Residual = StreamK<Element, Tile1, Cluster1>;
 #define LAYA_PART_4(X) X(run<Config6>, GEGLU) X(run<Config7>, GEGLU)
 #define LAYA_PART_5(X) X(run<Config8>, GEGLU) X(run<Config9>, GEGLU)
 
-#define LAYA_PARAMS_GEGLU (Call const&)
-#define LAYA_PARAMS_LINEAR (LinearConfig const&, Call const&)
-#define LAYA_DEFINE(function, params) template int function LAYA_PARAMS_##params;
-#define LAYA_DECLARE(function, params) extern template int function LAYA_PARAMS_##params;
 #if !defined(LAYA_PART)
 // the whole library in one object: every kernel instantiated where the dispatch names it
 #elif LAYA_PART == 0
@@ -419,6 +437,7 @@ LAYA_PART_5(LAYA_DEFINE)
 #else
 #error "LAYA_PART names no part of the kernels (0 to LAYA_PARTS - 1)"
 #endif
+// laya-geglu-parts: end
 
 #if !defined(LAYA_PART) || LAYA_PART == 0  // the dispatch and the C entry points: part 0's
 

@@ -471,3 +471,48 @@ def test_the_probe_suggests_the_fastest_configuration_of_each_op_at_each_row_cou
     rows += [row("wi", m, c, 0.5, gemm="Wi", residual=False) for m in (128, 1792) for c in (1, 2)]  # no op's
     assert suggest(rows) == {"geglu": [SMALL, 2, -1, 0], "linear": [SMALL, -1, -1, 0]}
     assert suggest([r for r in rows if r["op"] == "linear" and r["M"] == 128]) == {}
+
+
+def test_the_probes_candidates_rewrite_the_geglu_table_and_its_parts_of_the_cuda_source():
+    import re
+
+    from benchmarks.native_cutlass_probe import candidate_name, candidate_source, parse_candidate
+    from laya_build import native
+
+    text = native.CUDA_SOURCE.read_text()
+    committed = re.findall(r'^    "((?:cooperative|pingpong) [^"]+)",$', text, re.MULTILINE)
+    assert len(committed) == 10
+    # every name of the committed table reads back as itself: the probe can name them beside new ones
+    assert [candidate_name(parse_candidate(name)) for name in committed] == committed
+    lines = [
+        committed[7],
+        "cooperative 128x192x64 cluster 1x1 raster N swizzle 4",
+        "pingpong 64x192x64 cluster 2x2 stages 4",
+    ]
+    source = candidate_source(text, [parse_candidate(line) for line in lines])
+    table = source[source.index("// laya-geglu-table: begin") : source.index("// laya-geglu-table: end")]
+    assert "Config3" not in table and re.findall(r'^    "([^"]+)",$', table, re.MULTILINE) == lines
+    assert "Kernel<Shape<_128, _192, _64>, Shape<_1, _1, _1>, Cooperative, Raster::AlongN, 4, 0>" in table
+    assert "Kernel<Shape<_64, _192, _64>, Shape<_2, _2, _1>, Pingpong, Raster::Heuristic, 1, 4>" in table
+    # the first two differ only in the order of tiles: one kernel, one part; the linear op's two parts stay
+    assert re.search(r"^#define LAYA_PARTS 4$", source, re.MULTILINE)
+    assert "#define LAYA_PART_2(X) X(run<Config0>, GEGLU) X(run<Config1>, GEGLU)\n" in source
+    assert "#define LAYA_PART_3(X) X(run<Config2>, GEGLU)\n" in source
+    assert source.count("X(run_linear<Linear0>, LINEAR)") == 1 and "LAYA_PART_4" not in source
+    for part in range(1, 4):
+        assert f"#elif LAYA_PART == {part}\nLAYA_PART_{part}(LAYA_DEFINE)\n" in source
+        assert f"LAYA_PART_{part}(LAYA_DECLARE)" in source
+    # outside the two marked regions the source is the library's
+    assert source[: source.index("// laya-geglu-table: begin")] == text[: text.index("// laya-geglu-table: begin")]
+    assert source[source.index("// laya-geglu-parts: end") :] == text[text.index("// laya-geglu-parts: end") :]
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["cooperative 128x192", "cooperative 128x192x64 cluster 3x1", "warped 64x64x64", "cooperative 128x192x64 raster X"],
+)
+def test_a_candidate_that_is_not_a_launch_configuration_is_refused_with_the_form_to_write(line):
+    from benchmarks.native_cutlass_probe import parse_candidate
+
+    with pytest.raises(ValueError, match=r"is not a launch configuration: write e\.g\. 'cooperative 128x192x64"):
+        parse_candidate(line)
