@@ -30,7 +30,7 @@ from laya_build import PROJECT_ROOT
 from laya_build.errors import StageFailed
 from laya_build.locks import held
 from laya_build.runner import lifetime
-from laya_build.runner.child import ERROR_PREFIX, child_env, execute
+from laya_build.runner.child import child_env, execute
 from laya_build.runner.folders import user_folder
 
 # What the fork server imports before forking: the heavy modules the stages use.  Only a
@@ -126,24 +126,75 @@ def share_servers() -> None:
             _PLACE = ServerPlace()
 
 
-def fork_run(request: dict, env: dict | None, log_path: Path, *, show: bool) -> int:
-    """Send ``request`` to the fork server for ``env`` (one connection per request: workers
-    ask concurrently) and return the child's exit status (``-signal`` if killed)."""
-    share_servers()
-    log_path.write_text("")
-    with _PLACE.connect(env) as conn:
-        conn.sendall((json.dumps({**request, "log": str(log_path)}) + "\n").encode())
-        with conn.makefile("r", encoding="utf-8") as answers:
-            answer = answers.readline()
-    if not answer:
-        raise StageFailed("the stage fork server ended before answering")
-    returncode = json.loads(answer)["returncode"]
-    if show and returncode == 0:
-        text = log_path.read_text(encoding="utf-8", errors="replace")
-        out = [ln for ln in text.splitlines() if ln and not ln.startswith(ERROR_PREFIX)]
+class _Follow:
+    """The lines a fork-server child writes to its log (its stdout), printed as they come: a stage's
+    progress (a long compile, a wait for a lock) while it lasts."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.partial = path, 0, b""
+
+    def poll(self, final: bool = False) -> None:
+        """Print the complete lines written since the last poll (``final``: the rest as well)."""
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = b"" if final else lines.pop()
+        out = [ln.decode("utf-8", "replace") for ln in lines if ln]
         if out:
             print("\n".join(out), flush=True)
-    return returncode
+
+
+def _answer(conn: socket.socket, follow: _Follow | None) -> str:
+    """The server's one-line answer on ``conn``, following the child's log while it is awaited."""
+    received = b""
+    while b"\n" not in received:
+        if follow is not None:
+            ready, _, _ = select.select([conn], [], [], FOLLOW_S)
+            follow.poll()
+            if not ready:
+                continue
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        received += chunk
+    return received.split(b"\n", 1)[0].decode()
+
+
+FOLLOW_S = 0.2  # how often a child's new log lines are looked for while it runs
+
+
+def fork_run(request: dict, env: dict | None, log_path: Path, *, show: bool) -> int:
+    """Send ``request`` to the fork server for ``env`` (one connection per request: workers
+    ask concurrently) and return the child's exit status (``-signal`` if killed).  The child's
+    stdout and stderr go to ``log_path``; with ``show`` its stdout is printed as it comes, however
+    the child ends, as a fresh process's is, and its stderr (a failure's traceback) joins the log
+    after it."""
+    share_servers()
+    log_path.write_text("")
+    follow, stderr = None, {}
+    if show:
+        follow = _Follow(log_path)
+        stderr_path = log_path.with_name(log_path.name + ".stderr")
+        stderr_path.write_text("")
+        stderr = {"stderr": str(stderr_path)}
+    try:
+        with _PLACE.connect(env) as conn:
+            conn.sendall((json.dumps({**request, "log": str(log_path), **stderr}) + "\n").encode())
+            answer = _answer(conn, follow)
+    finally:
+        if follow is not None:
+            follow.poll(final=True)
+            with open(log_path, "ab") as log, open(stderr_path, "rb") as err:
+                shutil.copyfileobj(err, log)
+            stderr_path.unlink()
+    if not answer:
+        raise StageFailed("the stage fork server ended before answering")
+    return json.loads(answer)["returncode"]
 
 
 def serve(path: str, life_fd: int) -> int:
@@ -222,6 +273,8 @@ def _handle(conn: socket.socket) -> None:
                 conn.close()
                 fd = os.open(request["log"], os.O_WRONLY | os.O_TRUNC)
                 os.dup2(fd, 1)
+                os.close(fd)
+                fd = os.open(request.get("stderr") or request["log"], os.O_WRONLY | os.O_TRUNC)
                 os.dup2(fd, 2)
                 os.close(fd)
                 sys.stdin.close()

@@ -62,3 +62,22 @@ def environment_seen(**spec) -> dict:
     import json
 
     return {"stage": {n: os.environ.get(n) for n in names}, "child": json.loads(child.stdout)}
+
+
+def say_then_wait(**spec) -> str:
+    """Print a progress line, then wait until the file ``spec["go"]`` exists (a stage waiting
+    for a lock or a compile); a line without its newline last."""
+    import time
+    from pathlib import Path
+
+    print("progress: waiting for the go file", flush=True)
+    while not Path(spec["go"]).exists():
+        time.sleep(0.05)
+    print("progress: done", flush=True)
+    sys.stdout.write("last words without a newline")
+    return "went"
+
+
+def say_then_fail(**spec) -> None:
+    print("progress: about to refuse", flush=True)
+    raise ConfigError("export.dims.rows.max: 0 is below min 1")

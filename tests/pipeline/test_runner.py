@@ -57,6 +57,36 @@ def test_an_error_in_the_child_is_reported_with_its_type_and_message():
         _run("refuse", {"value": 0}, reraise=True)
 
 
+def test_a_fork_server_childs_lines_are_shown_while_it_runs_and_once(tmp_path, capsys):
+    # a stage's progress (a wait for another build's compile folder, a long compile) must reach the
+    # build's output while it lasts, not when it has ended: a build stopped meanwhile shows none
+    go = tmp_path / "go"
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(_run, "say_then_wait", {"go": str(go)})
+        seen, deadline = "", time.monotonic() + 60
+        while "progress: waiting for the go file" not in seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+            seen += capsys.readouterr().out
+        assert "progress: waiting for the go file" in seen, "the child's line was not shown while it ran"
+        assert not running.done()
+        go.touch()
+        assert running.result(timeout=60) == "went"
+    seen += capsys.readouterr().out
+    assert seen.splitlines() == [
+        "progress: waiting for the go file",
+        "progress: done",
+        "last words without a newline",
+    ]
+
+
+def test_a_failing_fork_server_childs_lines_are_shown_and_its_error_raised_once(capsys):
+    with pytest.raises(StageFailed, match=r"ConfigError: export\.dims\.rows\.max: 0 is below min 1") as failed:
+        _run("say_then_fail")
+    out = capsys.readouterr().out
+    assert out.splitlines() == ["progress: about to refuse"]  # the error line is the exception's alone
+    assert "LAYA-ERROR" not in out and "below min 1" in str(failed.value)
+
+
 def _alive(pid: int) -> bool:
     try:
         return stat_fields(pid)[0] != "Z"
