@@ -19,16 +19,25 @@ log = get_logger(__name__)
 
 
 @contextlib.contextmanager
-def held(path: str | os.PathLike, what: str, mode: int = 0o600):
+def held(path: str | os.PathLike, what: str, mode: int = 0o600, holder: str | None = None):
     """Hold the lock file ``path`` (created if missing, with ``mode``) for the block.  When
-    another process holds it, say once what this process waits for, then wait."""
-    lock = FileLock(str(Path(path)), mode=mode)
+    another process holds it, say once what this process waits for, then wait.  With ``holder``
+    (what this process is, e.g. a task and its checkout) the holder of the lock is named: each one
+    writes its pid, ``holder`` and start beside the lock once it has it, and a waiter says whom it
+    waits for."""
+    path = Path(path)
+    lock = FileLock(str(path), mode=mode)
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        log.info(f"[laya] waiting for {what} (lock {path}, held by another process)")
+        whom = _holder(path) if holder is not None else "another process"
+        log.info(f"[laya] waiting for {what} (lock {path}, held by {whom})")
         lock.acquire()
     try:
+        if holder is not None:
+            from laya_build.atomic import write_json
+
+            write_json(_holder_file(path), {"pid": os.getpid(), "command": holder, "started": time.time()})
         yield
     finally:
         lock.release()
@@ -39,7 +48,7 @@ def _holder_file(path: Path) -> Path:
 
 
 def _holder(path: Path) -> str:
-    """Who holds the run lock ``path``, as its holder wrote it."""
+    """Who holds the lock ``path``, as its holder wrote it."""
     try:
         info = json.loads(_holder_file(path).read_text())
         started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(info["started"]))

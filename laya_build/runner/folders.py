@@ -204,6 +204,12 @@ def _take_shared_folder(root: Path, key: str) -> str:
             return f"{why}, and {stays}"
 
 
+def _holder_text() -> str:
+    """What a build holding a compile folder is, for a build that waits for it: its task (the
+    stage process's ``LAYA_TASK``) and its checkout (the working directory)."""
+    return f"{os.environ.get('LAYA_TASK') or 'a build'} in {Path.cwd()}"
+
+
 @contextlib.contextmanager
 def inductor_cache(key: str, shared: bool = False):
     """A child process's own empty Inductor cache, at a path that depends only on ``key``
@@ -230,8 +236,8 @@ def inductor_cache(key: str, shared: bool = False):
             if root is not None:
                 lock = root / _lock_name(key, os.getuid())  # this user's, whatever its $TMPDIR
                 try:
-                    what = f"the compile folder {root / key} (another build compiles it)"
-                    stack.enter_context(held(lock, what, mode=0o644))
+                    what = f"the compile folder {root / key} (another build compiles the same programs)"
+                    stack.enter_context(held(lock, what, mode=0o644, holder=_holder_text()))
                     os.chmod(lock, 0o644)  # (a lock file of an earlier version: this user's alone)
                     why = _take_shared_folder(root, key)
                 except PermissionError as exc:  # a lock file of this name planted by another user
@@ -249,7 +255,11 @@ def inductor_cache(key: str, shared: bool = False):
         if cache is None:
             user = inductor_root()
             stack.enter_context(
-                held(user / f"{key}.lock", f"the Inductor cache {key} (another build compiles the same stage)")
+                held(
+                    user / f"{key}.lock",
+                    f"the Inductor cache {key} (another build compiles the same stage)",
+                    holder=_holder_text(),
+                )
             )
             cache = InductorCache(user / key)
             shutil.rmtree(cache.path, ignore_errors=True)

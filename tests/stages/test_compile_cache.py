@@ -75,7 +75,7 @@ def test_other_programs_compile_at_once_and_the_same_programs_take_turns(tmp_pat
     (tmp_path / "tmp-1").mkdir(), (tmp_path / "tmp-2").mkdir()
     mine = compile_cache_key("cpu", "float32", _unique("1"))
     other = compile_cache_key("cpu", "float32", _unique("2"))
-    holder = _hold(mine, tmp_path / "held", 120, env, shared)
+    holder = _hold(mine, tmp_path / "held", 120, {**env, "LAYA_TASK": "aoti_package:cpu-float32"}, shared)
     try:
         deadline = time.monotonic() + 60
         while not (tmp_path / "held").exists():
@@ -104,6 +104,9 @@ def test_other_programs_compile_at_once_and_the_same_programs_take_turns(tmp_pat
             f"the compile folder {folders.SHARED_COMPILE_ROOT / mine}" if shared else f"the Inductor cache {mine}"
         )
         assert any(f"waiting for {waits_for}" in line for line in lines), lines
+        # and whom: the holder's pid, its task and its checkout
+        whom = f"held by pid {holder.pid}, `aoti_package:cpu-float32 in {Path.cwd()}`, started "
+        assert any(whom in line for line in lines), lines
         assert same.poll() is None and not (tmp_path / "same").exists()
     finally:
         holder.kill()
@@ -235,7 +238,8 @@ def test_the_compiles_temporary_folder_is_its_own_and_its_headers_the_users(tmp_
         (headers / "kept.h").write_text("// a header built in this compile\n")
     assert not (root / key).exists() and cache.removed
     assert (folders.precompiled_headers() / "kept.h").read_text() == "// a header built in this compile\n"
-    assert [p.name for p in root.iterdir()] == [f".{key}.{os.getuid()}.lock"]
+    lock = f".{key}.{os.getuid()}.lock"
+    assert sorted(p.name for p in root.iterdir()) == [lock, f"{lock}.holder.json"]  # who held it, for a waiter
 
 
 def test_a_build_of_another_user_that_holds_the_folder_is_waited_for(as_other_user):

@@ -1784,3 +1784,38 @@ def test_the_geglu_kernels_epilogue_between_tiles_as_counted():
     pingpong = {k: v for k, v in at_1792.items() if k.startswith("pingpong 128x192x64")}
     assert pingpong == {"pingpong 128x192x64 cluster 1x1": 42.14, "pingpong 128x192x64 cluster 2x1": 42.21}
     assert at_1792["cooperative 128x192x64 cluster 1x1"] == 40.7 < min(pingpong.values())
+
+
+WI_CANDIDATES = "2026-12-06-wi-candidates"
+
+
+def test_the_geglu_candidates_at_1792_rows_as_tabled():
+    """The table of 21 GEGLU configurations at 1,792 rows: medians of 3 rounds; none within 4 µs of
+    cuBLAS's GEMM; the best (a swizzle of 2 along M) 0.10 µs ahead of #7, inside #7's spread; every
+    candidate timed, none failed, each the probe's reading of a line of the candidates file."""
+    import statistics
+
+    from benchmarks.native_cutlass_probe import candidate_name, parse_candidate
+
+    probe = load(f"{WI_CANDIDATES}/h100-candidates-1.json")
+    lines = (EVIDENCE / WI_CANDIDATES / "candidates.txt").read_text().splitlines()
+    assert probe["candidates"] == [candidate_name(parse_candidate(line)) for line in lines if line.strip()]
+    rows: dict[str, list[float]] = {}
+    for r in probe["rows"]:
+        assert r["M"] == 1792 and "error" not in r
+        rows.setdefault(r["name"], []).append(r["us"])
+    assert {len(v) for v in rows.values()} == {3} and len(rows) == 2 + 21
+    median = {
+        name.split(" ", 2)[2] if name.startswith("cutlass #") else name: statistics.median(us)
+        for name, us in rows.items()
+    }
+    mine = {k: v for k, v in median.items() if k in probe["candidates"]}
+    best = min(mine, key=mine.get)
+    assert best == "cooperative 128x192x64 cluster 1x1 raster M swizzle 2" and round(mine[best], 2) == 39.82
+    committed = rows["cutlass #0 cooperative 128x192x64 cluster 1x1"]
+    assert round(median["cooperative 128x192x64 cluster 1x1"], 2) == 39.92 and min(committed) <= mine[best] <= max(
+        committed
+    )
+    assert round(median["cublas"], 2) == 35.56 and min(mine.values()) - median["cublas"] > 4
+    assert round(median["cublas, geglu"], 2) == 44.48
+    assert all(r["max_abs_vs_cublas_geglu"] < 1.3e-4 for r in probe["rows"] if "config" in r)
