@@ -87,6 +87,15 @@ def test_a_failing_fork_server_childs_lines_are_shown_and_its_error_raised_once(
     assert "LAYA-ERROR" not in out and "below min 1" in str(failed.value)
 
 
+def test_a_fork_server_child_with_a_log_of_its_own_keeps_both_streams_in_it_in_order(tmp_path, capsys):
+    log = tmp_path / "stage.log"
+    with pytest.raises(StageFailed, match=r"ConfigError: export\.dims\.rows\.max: 0 is below min 1"):
+        _run("say_then_fail", log=str(log))
+    text = log.read_text()
+    assert text.startswith("progress: about to refuse\nTraceback (most recent call last):"), text
+    assert "LAYA-ERROR ConfigError" in text and "progress" not in capsys.readouterr().out
+
+
 def _alive(pid: int) -> bool:
     try:
         return stat_fields(pid)[0] != "Z"
