@@ -170,7 +170,8 @@ def _wait_for_user(root: Path, key: str, uid: int) -> str:
     """Wait while a build of user ``uid`` holds the shared folder ``root/key`` (holds its lock
     file, which every user may read): "" once it has let go (and removed the folder), else why
     the folder stays theirs (no build of theirs holds it: one that did not finish left it, which
-    only they or root may remove; or their lock cannot be read)."""
+    only they or root may remove; or their lock cannot be read).  Root removes such a folder,
+    holding their lock meanwhile (a build of theirs that starts then waits for it), and has ""."""
     import fcntl
 
     lock = root / _lock_name(key, uid)
@@ -184,13 +185,28 @@ def _wait_for_user(root: Path, key: str, uid: int) -> str:
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return left
+            return _remove_left(root / key, uid) if os.geteuid() == 0 else left
         except BlockingIOError:
             log.info(f"[laya] waiting for the compile folder {root / key} (lock {lock}, held by uid {uid}'s build)")
             fcntl.flock(fd, fcntl.LOCK_EX)
             return ""
     finally:
         os.close(fd)  # and with it this process's hold of their lock
+
+
+def _remove_left(folder: Path, uid: int) -> str:
+    """Remove ``folder``, which an unfinished build of user ``uid`` left (as root, under their
+    lock): "" once it is gone, else why it stays."""
+    try:
+        shutil.rmtree(folder)
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        return f"no build of theirs holds it, and it cannot be removed ({exc})"
+    log.info(
+        f"[laya] removed the compile folder {folder}: uid {uid}'s build left it unfinished (none of theirs holds it)"
+    )
+    return ""
 
 
 def _take_shared_folder(root: Path, key: str) -> str:

@@ -184,7 +184,7 @@ def test_a_shared_root_of_another_user_is_not_used(tmp_path, monkeypatch, other_
     assert list(root.iterdir()) == []
 
 
-def test_a_shared_folder_another_user_holds_is_left_to_it(tmp_path, monkeypatch, other_user):
+def test_a_shared_folder_another_user_left_is_theirs_or_roots_to_remove(tmp_path, monkeypatch, other_user):
     root = tmp_path / "compile"
     monkeypatch.setattr(folders, "SHARED_COMPILE_ROOT", root)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
@@ -205,16 +205,20 @@ def test_a_shared_folder_another_user_holds_is_left_to_it(tmp_path, monkeypatch,
         "build of theirs holds it (only that user or root may remove it); compiling in this user's own folder, so "
         "the package's bytes differ from a build in the shared one"
     ]
-    lock = root / f".{key}.{other_user}.lock"  # their lock file, which no process of theirs holds
+    # their lock file, which no process of theirs holds: their build did not finish (killed), and root,
+    # holding their lock meanwhile, removes what it left and compiles in the shared folder
+    lock = root / f".{key}.{other_user}.lock"
     lock.touch(mode=0o644)
     os.chown(lock, other_user, other_user)
     lines.clear()
     with folders.inductor_cache(key, shared=True) as cache:
-        assert not cache.shared
-    assert lines[0].endswith(
-        "and no build of theirs holds it (only that user or root may remove it); compiling in this user's own "
-        "folder, so the package's bytes differ from a build in the shared one"
-    ), lines
+        assert cache.shared and cache.path == theirs and not (theirs / "their-file").exists()
+        assert theirs.stat().st_uid == os.getuid()
+    assert lines == [
+        f"[laya] removed the compile folder {theirs}: uid {other_user}'s build left it unfinished (none of theirs "
+        "holds it)"
+    ]
+    assert lock.stat().st_uid == other_user  # their lock stays theirs, for their next build
     with folders.inductor_cache(compile_cache_key("cpu", "float32", _unique("5")), shared=True) as cache:
         assert cache.shared and cache.path.parent == root and oct(cache.path.stat().st_mode & 0o777) == "0o700"
         assert cache.tmp == cache.path / "tmp"
