@@ -166,11 +166,11 @@ def candidate_source(text: str, specs: list[dict]) -> str:
     return _between(_between(text, TABLE, table), PARTS, "\n".join(body))
 
 
-def candidate_library(lines: list[str], result: dict) -> Path:
-    """A native library whose GEGLU configurations are the candidates ``lines``, built here."""
+def candidate_library(specs: list[dict], result: dict) -> Path:
+    """A native library whose GEGLU configurations are the candidates ``specs`` (:func:`parse_candidate`),
+    built here."""
     from laya_build import native
 
-    specs = [parse_candidate(line) for line in lines]
     work = Path(tempfile.mkdtemp(prefix="native-candidates-"))
     source = work / native.CUDA_SOURCE.name
     source.write_text(candidate_source(native.CUDA_SOURCE.read_text(), specs))
@@ -311,7 +311,7 @@ def main() -> int:
         if not lines:
             parser.error(f"{args.candidates} names no launch configuration (one a line)")
         try:
-            [parse_candidate(line) for line in lines]
+            specs = [parse_candidate(line) for line in lines]
         except ValueError as exc:
             parser.error(f"{args.candidates}: {exc}")
         if args.library is not None or args.only not in (None, "geglu"):
@@ -326,7 +326,7 @@ def main() -> int:
     torch.manual_seed(0)
     result = probe_result(torch, "benchmarks/native_cutlass_probe.py")
     save = saver(result, args.out)
-    path = library(args.library, result) if args.candidates is None else candidate_library(lines, result)
+    path = library(args.library, result) if args.candidates is None else candidate_library(specs, result)
     torch.ops.load_library(str(path))
     result["configs"] = {op: list(torch.ops.laya_native.cutlass_configs(op)) for op in ("geglu", "linear")}
     save()
@@ -335,9 +335,9 @@ def main() -> int:
         weights = [torch.randn(2 * GLU, HIDDEN, **bf16) * HIDDEN**-0.5 for _ in range(LAYERS)]
         interleaved = [native_geglu.interleave(w).contiguous() for w in weights]
         pointwise = torch.compile(lambda y: F.gelu(y[:, :GLU]) * y[:, GLU:], dynamic=False)
+        names = result["configs"]["geglu"]
         for _ in range(args.rounds):
             for M in args.rows:
-                names = result["configs"]["geglu"]
                 rows_at(torch, result, save, weights, interleaved, pointwise, names, M, args.candidates is None)
         del weights, interleaved
         if args.candidates is not None:

@@ -69,7 +69,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
-        return True
+        pass
     return True
 
 
@@ -103,10 +103,7 @@ def run_lock(path: str | os.PathLike, what: str, *, wait: bool = True):
         log.info(f"laya-build: waiting: {busy}")
         lock.acquire()
     try:
-        from laya_build.atomic import write_json
-
-        command = " ".join(["doit", *sys.argv[1:]])
-        write_json(_holder_file(path), {"pid": os.getpid(), "command": command, "started": time.time()})
+        _name_holder(path, " ".join(["doit", *sys.argv[1:]]))
         yield
     finally:
         lock.release()

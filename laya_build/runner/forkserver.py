@@ -126,6 +126,9 @@ def share_servers() -> None:
             _PLACE = ServerPlace()
 
 
+FOLLOW_S = 0.2  # how often a fork-server child's new log lines are looked for while it runs
+
+
 class _Follow:
     """The lines a fork-server child writes to its log (its stdout), printed as they come: a stage's
     progress (a long compile, a wait for a lock) while it lasts."""
@@ -163,9 +166,6 @@ def _answer(conn: socket.socket, follow: _Follow | None) -> str:
             break
         received += chunk
     return received.split(b"\n", 1)[0].decode()
-
-
-FOLLOW_S = 0.2  # how often a child's new log lines are looked for while it runs
 
 
 def fork_run(request: dict, env: dict | None, log_path: Path, *, show: bool) -> int:
