@@ -227,16 +227,17 @@ def _reference(query, key, value, counts, scale, window):
 def compile_through() -> None:
     """Have Inductor compile ``laya::varlen_attention`` as the ops it runs (the package child's
     step before compiling), so that a package calls FlashAttention itself and needs nothing of
-    laya-build to load."""
+    laya-build to load; and register the project's Triton ops an exported program may call."""
     from torch._inductor.decomposition import decompositions, register_decomposition
 
     op = torch.ops.laya.varlen_attention.default
     if op not in decompositions:
         register_decomposition(op)(_computed)
-    try:  # laya::rotary_attention, a triton_op: Inductor compiles its kernel into the package
+    try:  # laya::rotary_attention and laya::add_norm, triton_ops: Inductor compiles their kernels into the package
         rotary_attention_module()
-    except ValueError:
-        pass  # without Triton no exported program can hold it
+        import laya_build.model.add_norm  # noqa: F401
+    except (ValueError, ImportError):
+        pass  # without Triton no exported program can hold them
 
 
 def register() -> None:

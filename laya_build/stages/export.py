@@ -126,6 +126,7 @@ def export_program(model, inputs: dict, program: Program, cfg: dict, device: str
     export_s = time.perf_counter() - start
     log.info(f"[laya] torch.export of {program.name} ({device}, {meta['dtype']}): {export_s:.1f} s")
     residual = moved_residuals(ep, cfg, device)
+    norms = taken_norms(ep, cfg, device)
     portable_stack_traces(ep)
     with atomic_path(out / program.exported) as tmp, open(tmp, "wb") as fh:
         torch.export.save(ep, fh)  # a file object: the temp name does not end in .pt2
@@ -153,6 +154,7 @@ def export_program(model, inputs: dict, program: Program, cfg: dict, device: str
         "eager": file_entry(out / program.eager, out),
         "range_constraints": range_constraints(ep),
         **residual,
+        **norms,
         "export_s": round(export_s, 4),
         "eager_s": round(eager_s, 4),
     }
@@ -174,6 +176,27 @@ def moved_residuals(ep, cfg: dict, target: str) -> dict:
             f"or set export.native_residual.{target} to false",
         )
     return {"residual_adds": moved}
+
+
+def taken_norms(ep, cfg: dict, target: str) -> dict:
+    """With ``export.add_norms.<target>``, the layer norms of residual adds in ``ep`` replaced by
+    ``laya::add_norm`` calls, counted as the program record's ``add_norms``; a program with none
+    is refused (the setting would change nothing)."""
+    if not cfg["add_norms"].get(target):
+        return {}
+    from laya_build.model.add_norm import take_norms
+
+    taken = take_norms(ep)
+    if taken == 0:
+        moved = cfg.get("native_residual", {}).get(target)  # its adds are inside the native op by now
+        raise ConfigError(
+            f"export.add_norms.{target} is true and no layer norm in the exported program reads an add",
+            hint=f"export.native_residual.{target} moves the residual adds into the native op: set one of the two "
+            "to false"
+            if moved
+            else f"set export.add_norms.{target} to false for this model",
+        )
+    return {"add_norms": taken}
 
 
 def native_algorithms(cfg: dict, target: str, dtype: str, root) -> tuple[list[dict], dict | None]:
@@ -354,6 +377,7 @@ def run_export(
         "fused_linears": fused_linears,
         "native_linears": native_linears,
         "native_residual": bool(cfg["native_residual"].get(target)),
+        "add_norms": bool(cfg["add_norms"].get(target)),
         "native_cutlass": cutlass,
         **({"cutlass_configs": configs} if configs else {}),
         "native_geglu": geglu,

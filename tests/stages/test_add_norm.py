@@ -1,0 +1,220 @@
+"""The residual add and its layer norm as one op (laya_build.model.add_norm, export.add_norms).
+
+The Triton kernel runs here in Triton's interpreter (numpy on the CPU) against the torch ops it
+replaces, at every launch configuration, on row counts that are not multiples of its rows a
+program and widths that are not powers of two; on a GPU the same compiled.  The graph rewrite
+is checked on small programs (which norms it takes, the same outputs bit for bit on the CPU),
+and a project with ``export.add_norms`` is built, packaged and verified end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from laya_build import PROJECT_ROOT
+from laya_build.errors import ConfigError
+
+an = pytest.importorskip("laya_build.model.add_norm", reason="Triton does not import here")
+
+INTERPRETED = textwrap.dedent(
+    """
+    import json, sys, torch
+    from laya_build.model import add_norm as an
+    torch.manual_seed(0)
+    worst = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        for rows, n in ((1, 64), (7, 96), (70, 64), (9, 1024)):
+            a = (torch.randn(rows, n) * 3 + 1).to(dtype)
+            b = torch.randn(rows, n).to(dtype)
+            for affine in ("none", "weight", "weight and bias"):
+                w = torch.randn(n).to(dtype) if affine != "none" else None
+                bias = torch.randn(n).to(dtype) if affine == "weight and bias" else None
+                want_sum, want = an.reference(a, b, w, bias, 1e-5)
+                for config in json.loads(sys.argv[1]):
+                    # outputs a row longer than the inputs: the row past them must stay untouched
+                    s = torch.full((rows + 1, n), float("nan"), dtype=dtype)
+                    y = torch.full((rows + 1, n), float("nan"), dtype=dtype)
+                    an.launch(a, b, w, bias, 1e-5, s, y, config)
+                    assert s[rows:].isnan().all() and y[rows:].isnan().all(), "a row past the inputs was written"
+                    key = f"{dtype} {rows}x{n} {affine} {config['ROWS']}x{config['num_warps']}"
+                    # the sum: the interpreter rounds fp32 to bf16 toward zero, the GPU to nearest
+                    scale = want_sum.float().abs().clamp_min(1e-30)
+                    worst[key + " sum"] = ((s[:rows].float() - want_sum.float()).abs() / scale).max().item()
+                    worst[key + " norm"] = (y[:rows].float() - want.float()).abs().max().item()
+    print(json.dumps(worst))
+    """
+)
+
+
+def test_the_kernel_in_triton_s_interpreter_is_the_reference():
+    configs = [{"ROWS": 1, "num_warps": 1}, {"ROWS": 2, "num_warps": 2}, {"ROWS": 8, "num_warps": 4}]
+    configs += [{k: c[k] for k in ("ROWS", "num_warps")} for c in an.CONFIGS]
+    run = subprocess.run(
+        [sys.executable, "-c", INTERPRETED, json.dumps(configs)],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    worst = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(worst) == 2 * 4 * 3 * len(configs) * 2
+    for key, err in worst.items():
+        fp32 = "float32" in key
+        if key.endswith("sum"):
+            limit = 0 if fp32 else 2**-7  # bf16: one unit in the last place, rounded the other way
+        else:
+            limit = 2e-5 if fp32 else 0.1  # bf16: the sum's last place, times up to |w| / std
+        assert err <= limit, f"{key}: {err}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernel compiled needs a CUDA GPU")
+def test_the_kernel_on_cuda_is_the_reference():
+    torch.manual_seed(0)
+    w = torch.randn(1024, device="cuda").to(torch.bfloat16)
+    for rows in (1, 128, 513, 1792):
+        a, b = (torch.randn(rows, 1024, device="cuda").to(torch.bfloat16) for _ in range(2))
+        got_sum, got = torch.ops.laya.add_norm(a, b, w, None, 1e-5)
+        want_sum, want = an.reference(a, b, w, None, 1e-5)
+        assert torch.equal(got_sum, want_sum)  # the eager add's rounding, bit for bit
+        assert (got.float() - want.float()).abs().max().item() <= 0.0625
+        for config in an.CONFIGS:
+            s, y = torch.empty_like(a), torch.empty_like(a)
+            an.launch(a, b, w, None, 1e-5, s, y, config)
+            assert torch.equal(s, want_sum) and torch.equal(y, got) or (y.float() - want.float()).abs().max() <= 0.0625
+
+
+def test_a_row_count_selects_one_configuration_and_a_symbolic_count_adds_no_guard():
+    """The configuration with the largest ``min_rows`` the row count reaches runs, alone; with the
+    row count symbolic (as AOTInductor compiles the op for every token count) the choice is an
+    expression of it and adds no guard."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    assert an.CONFIGS[0]["min_rows"] == 0
+    assert [c["min_rows"] for c in an.CONFIGS] == sorted({c["min_rows"] for c in an.CONFIGS})
+
+    def chosen(rows):
+        uses = [use for _, use in an.selection(rows)]
+        assert sorted(uses) == [0] * (len(uses) - 1) + [1], (rows, uses)
+        return an.CONFIGS[uses.index(1)]
+
+    for rows in (1, 2, 127, 128, 511, 512, 513, 1792, 100000):
+        want = [c for c in an.CONFIGS if rows >= c["min_rows"]][-1]
+        assert chosen(rows) is want, rows
+    env = ShapeEnv()
+    symbol = env.create_symbol(1792, ConstantSource("rows"), dynamic_dim=DimDynamic.DYNAMIC)
+    rows = env.create_symintnode(symbol, hint=1792)
+    uses = [use for _, use in an.selection(rows)]
+    assert not env.guards
+    for n in (1, 16, 511, 512, 4096):
+        values = [int(u) if isinstance(u, int) else int(u.node.expr.subs({symbol: n})) for u in uses]
+        assert an.CONFIGS[values.index(1)] is chosen(n) and sum(values) == 1
+
+
+def test_a_configuration_not_selected_launches_no_program_and_no_float_is_a_runtime_argument():
+    """Each configuration is launched with its grid times its use (0: no program); the epsilon is
+    a compile-time constant, since AOTInductor passes a Python float to a user's kernel as fp64."""
+    launched = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append((grid, args, kwargs))
+
+    a = torch.zeros(600, 64)
+    for config, use in an.selection(600):
+        an.launch(a, a, None, None, 1e-6, a, a, config, use, Recorder())
+    grids = {kw["ROWS"]: grid for grid, _, kw in launched}
+    assert grids == {c["ROWS"]: (-(-600 // c["ROWS"]) * (c is an.CONFIGS[-1]),) for c in an.CONFIGS}
+    for _, args, kwargs in launched:
+        assert not [x for x in args if isinstance(x, float)]
+        assert kwargs["EPS"] == 1e-6 and kwargs["N"] == 64 and kwargs["BLOCK_N"] == 64
+        assert kwargs["HAS_WEIGHT"] is False and kwargs["HAS_BIAS"] is False
+    names = an._add_norm_kernel.arg_names
+    assert {names.index(k) for k in ("EPS", "N", "BLOCK_N", "ROWS", "HAS_WEIGHT", "HAS_BIAS")} <= set(
+        an._add_norm_kernel.constexprs
+    )
+
+
+def test_mismatched_operands_are_refused_by_name():
+    a = torch.zeros(4, 8)
+    with pytest.raises(RuntimeError, match="two tensors of one shape"):
+        torch.ops.laya.add_norm(a, torch.zeros(4, 1), None, None, 1e-5)
+    with pytest.raises(RuntimeError, match="two tensors of one dtype"):
+        torch.ops.laya.add_norm(a, a.double(), None, None, 1e-5)
+    with pytest.raises(RuntimeError, match=r"weight must be \[8\]"):
+        torch.ops.laya.add_norm(a, a, torch.ones(4), None, 1e-5)
+
+
+class Program(torch.nn.Module):
+    def __init__(self, body):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 8))
+        self.norm = torch.nn.LayerNorm(8, bias=False)
+        self.affine = torch.nn.LayerNorm(8)
+        self.body = body
+
+    def forward(self, x):
+        return self.body(self, x)
+
+
+F = torch.nn.functional
+BODIES = {
+    # a residual stream: the sum read by the norm and by the next add
+    "stream": (2, lambda m, x: (lambda s: m.affine(s + m.norm(s) @ m.w))(x + x @ m.w)),
+    "the sum read by the norm alone": (1, lambda m, x: m.norm(x + x @ m.w)),
+    "bias": (1, lambda m, x: (lambda s: (s, m.affine(s)))(x @ m.w + x)),
+    "broadcast": (0, lambda m, x: m.norm(x + x[:, :1])),
+    "scaled": (0, lambda m, x: m.norm(torch.add(x, x @ m.w, alpha=2))),
+    "a scalar": (0, lambda m, x: m.norm(x + 1.0)),
+    "operands of two dtypes": (0, lambda m, x: F.layer_norm(x.double() + x @ m.w, (8,)).float()),
+    "two dims": (0, lambda m, x: F.layer_norm(x + x @ m.w, x.shape[-2:])),
+    "no add": (0, lambda m, x: m.norm(x @ m.w)),
+}
+
+
+@pytest.mark.parametrize("name", list(BODIES))
+def test_the_rewrite_takes_exactly_the_norms_of_a_plain_add_with_the_same_outputs(name):
+    from torch.export import Dim
+
+    expected, body = BODIES[name]
+    torch.manual_seed(0)
+    model = Program(body).eval()
+    x = torch.randn(2, 32, 8)
+    with torch.no_grad():
+        model.affine.weight.normal_()
+        model.affine.bias.normal_()
+        ep = torch.export.export(model, (x,), dynamic_shapes=({1: 16 * Dim("t", min=1, max=8)},))
+    want = ep.module()(x)
+    norms = lambda: sum(n.target is torch.ops.aten.layer_norm.default for n in ep.graph.nodes)  # noqa: E731
+    before = norms()
+    assert an.take_norms(ep) == expected
+    calls = [n for n in ep.graph.nodes if n.target is torch.ops.laya.add_norm.default]
+    assert len(calls) == expected and norms() == before - expected
+    assert not [n for n in ep.graph.nodes if an._norm_of_add(n) is not None]
+    got = ep.module()(x)
+    leaves = torch.utils._pytree.tree_leaves
+    assert all(torch.equal(a, b) for a, b in zip(leaves(got), leaves(want), strict=True))
+    for longer in (torch.randn(2, 128, 8), torch.randn(2, 16, 8)):  # other lengths of the dynamic axis
+        assert all(torch.isfinite(t).all() for t in leaves(ep.module()(longer)))
+
+
+def test_an_export_with_nothing_to_take_is_refused_with_what_to_do():
+    from laya_build.stages.export import taken_norms
+
+    ep = torch.export.export(Program(BODIES["no add"][1]).eval(), (torch.randn(2, 32, 8),))
+    assert taken_norms(ep, {"add_norms": {"cpu": False}}, "cpu") == {}
+    with pytest.raises(ConfigError, match="export.add_norms.cpu is true and no layer norm") as e:
+        taken_norms(ep, {"add_norms": {"cpu": True}, "native_residual": {}}, "cpu")
+    assert "set export.add_norms.cpu to false" in e.value.hint
+    with pytest.raises(ConfigError) as e:
+        taken_norms(ep, {"add_norms": {"cpu": True}, "native_residual": {"cpu": True}}, "cpu")
+    assert "export.native_residual.cpu" in e.value.hint
