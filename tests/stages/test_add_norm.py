@@ -9,17 +9,17 @@ and a project with ``export.add_norms`` is built, packaged and verified end to e
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
 
-from laya_build import PROJECT_ROOT
 from laya_build.errors import ConfigError
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_rotary_attention import interpreted  # noqa: E402  (the same interpreter run)
 
 an = pytest.importorskip("laya_build.model.add_norm", reason="Triton does not import here")
 
@@ -56,16 +56,7 @@ INTERPRETED = textwrap.dedent(
 def test_the_kernel_in_triton_s_interpreter_is_the_reference():
     configs = [{"ROWS": 1, "num_warps": 1}, {"ROWS": 2, "num_warps": 2}, {"ROWS": 8, "num_warps": 4}]
     configs += [{k: c[k] for k in ("ROWS", "num_warps")} for c in an.CONFIGS]
-    run = subprocess.run(
-        [sys.executable, "-c", INTERPRETED, json.dumps(configs)],
-        cwd=PROJECT_ROOT,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    worst = json.loads(run.stdout.strip().splitlines()[-1])
+    worst = interpreted(INTERPRETED, configs)
     assert len(worst) == 2 * 4 * 3 * len(configs) * 2
     for key, err in worst.items():
         fp32 = "float32" in key

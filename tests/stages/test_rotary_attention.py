@@ -305,6 +305,23 @@ INTERPRETED = textwrap.dedent(
 )
 
 
+def interpreted(code: str, configs: list[dict]) -> dict:
+    """``code`` run in a fresh interpreter under Triton's interpreter (``TRITON_INTERPRET=1``) with
+    ``configs`` as JSON in ``sys.argv[1]``; its last stdout line, as JSON."""
+    import json
+
+    run = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(configs)],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 def test_the_kernel_in_triton_s_interpreter_is_the_reference():
     pytest.importorskip("triton")
     configs = [
@@ -316,18 +333,7 @@ def test_the_kernel_in_triton_s_interpreter_is_the_reference():
     from laya_build.model import rotary_attention as ra
 
     configs += [c for c in ra.ALL_CONFIGS if c not in configs]  # every configuration a shape can select
-    import json
-
-    run = subprocess.run(
-        [sys.executable, "-c", INTERPRETED, json.dumps(configs)],
-        cwd=PROJECT_ROOT,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    worst = json.loads(run.stdout.strip().splitlines()[-1])
+    worst = interpreted(INTERPRETED, configs)
     assert worst.pop("rows") == 0  # a copy: bit for bit
     assert len(worst) == 2 * 3 * 3 * len(configs)
     for key, err in worst.items():
