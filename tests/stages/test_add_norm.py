@@ -209,3 +209,16 @@ def test_an_export_with_nothing_to_take_is_refused_with_what_to_do():
     with pytest.raises(ConfigError) as e:
         taken_norms(ep, {"add_norms": {"cpu": True}, "native_residual": {"cpu": True}}, "cpu")
     assert "export.native_residual.cpu" in e.value.hint
+
+
+def test_the_probe_takes_a_list_of_configurations_and_refuses_anything_else_with_the_form():
+    from benchmarks.norm_probe import DEFAULT_CONFIGS, name, parse_configs
+
+    assert parse_configs(None) == DEFAULT_CONFIGS and {c["ROWS"] for c in DEFAULT_CONFIGS} == {1, 2, 4, 8}
+    assert all(c["ROWS"] * 1024 // (c["num_warps"] * 32) >= 4 for c in DEFAULT_CONFIGS)  # 4 elements a thread
+    assert parse_configs('[{"ROWS": 4, "num_warps": 8}]') == [{"ROWS": 4, "num_warps": 8}]
+    assert name({"ROWS": 4, "num_warps": 8}) == "add_norm 4x8"
+    for text in ("[", "[]", "{}", '[{"ROWS": 3, "num_warps": 4}]', '[{"ROWS": 4}]', '[{"ROWS": true, "num_warps": 4}]'):
+        with pytest.raises(SystemExit) as e:
+            parse_configs(text)
+        assert "ROWS and num_warps powers of two" in str(e.value), text
