@@ -129,8 +129,7 @@ def add_norm(
     both of ``a``'s shape and dtype."""
     check(a, b, weight, bias)
     if a.device.type != "cuda" or a.shape[-1] > MAX_N:
-        s, y = reference(a, b, weight, bias, eps)
-        return s, y
+        return reference(a, b, weight, bias, eps)
     a, b = a.contiguous(), b.contiguous()
     out_sum, out = torch.empty_like(a), torch.empty_like(a)
     for config, use in selection(a.numel() // a.shape[-1]):
@@ -143,10 +142,10 @@ def add_norm(
 def _norm_of_add(node):
     """The ``add`` node whose sum the ``layer_norm`` node ``node`` normalises over its last
     dimension, when that add is of two tensors of one shape and dtype (else None)."""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
     if node.op != "call_function" or node.target is not torch.ops.aten.layer_norm.default:
         return None
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
     x = node.args[0]
     if not (isinstance(x, torch.fx.Node) and x.target is torch.ops.aten.add.Tensor):
         return None

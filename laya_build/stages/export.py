@@ -188,7 +188,7 @@ def taken_norms(ep, cfg: dict, target: str) -> dict:
 
     taken = take_norms(ep)
     if taken == 0:
-        moved = cfg.get("native_residual", {}).get(target)  # its adds are inside the native op by now
+        moved = cfg["native_residual"].get(target)  # its adds are inside the native op by now
         raise ConfigError(
             f"export.add_norms.{target} is true and no layer norm in the exported program reads an add",
             hint=f"export.native_residual.{target} moves the residual adds into the native op: set one of the two "
