@@ -21,11 +21,18 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.norm_probe import DEFAULT_CONFIGS, EPS, HIDDEN  # noqa: E402
+from laya_build.model import add_norm as an  # noqa: E402
+from laya_build.model import rotary_attention as ra  # noqa: E402
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 # a Hopper multiprocessor: 65,536 32-bit registers, given to warps 256 at a time; 64 warps and
@@ -67,19 +74,14 @@ def compiled(fn, signature: dict, constants: dict, num_warps: int, num_stages: i
 
 def memory_ops(sass: str) -> dict[str, int]:
     """Global loads and stores of a disassembly by width, e.g. ``{"LDG.E.128": 2}``."""
-    ops: dict[str, int] = {}
-    for op in re.findall(r"\b((?:LDG|STG)\.E(?:\.\w+)*)\b", sass):
-        ops[op] = ops.get(op, 0) + 1
-    return ops
+    return dict(Counter(re.findall(r"\b((?:LDG|STG)\.E(?:\.\w+)*)\b", sass)))
 
 
 def norm_constants(rows: int, bias: bool = False) -> dict:
-    return {"EPS": 1e-5, "N": 1024, "BLOCK_N": 1024, "ROWS": rows, "HAS_WEIGHT": True, "HAS_BIAS": bias}
+    return {"EPS": EPS, "N": HIDDEN, "BLOCK_N": HIDDEN, "ROWS": rows, "HAS_WEIGHT": True, "HAS_BIAS": bias}
 
 
 def attention_constants(config: dict, window: int) -> dict:
-    from laya_build.model import rotary_attention as ra
-
     constants = {"H": 16, "D": 64, "WINDOW": window, "SCALE": 0.125 * ra.LOG2E, "ROTARY": True}
     return {**constants, **{k: config[k] for k in ("BLOCK_M", "BLOCK_N", "PREFETCH")}}
 
@@ -106,11 +108,6 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="write the rows here as JSON")
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks.norm_probe import DEFAULT_CONFIGS
-    from laya_build.model import add_norm as an
-    from laya_build.model import rotary_attention as ra
-
     rows = []
     for c in DEFAULT_CONFIGS:
         rows.append(
