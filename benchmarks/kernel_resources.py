@@ -8,7 +8,8 @@ can be made on any machine from the same source and the same specialisation: poi
 arguments divisible by 16, as Inductor declares them for the package's launches (the exported
 sizes are multiples of 16 tokens).  Rows: the add-and-norm kernel at the model's width (1,024,
 bf16, with a weight) at every configuration of ``benchmarks/norm_probe.py``; the attention kernel
-(head dim 64, rotary) at every configuration of each layer kind's table.  Registers decide how many
+(head dim 64, rotary) at every configuration of each layer kind's table, and its gathered form (the
+decision head's last layer, its queries at the positions read) at its one configuration.  Registers decide how many
 programs share a multiprocessor (:func:`programs`); a configuration with local memory spills.
 """
 
@@ -51,12 +52,29 @@ ATTENTION_SIGNATURE = {
     **dict.fromkeys(("S", "stride_qb", "stride_qs", "stride_cb", "stride_cs", "stride_ob", "stride_os"), "i32"),
     **dict.fromkeys(("H", "D", "WINDOW", "SCALE", "ROTARY", "BLOCK_M", "BLOCK_N", "PREFETCH"), "constexpr"),
 }
+GATHERED_SIGNATURE = {
+    "QKV": "*bf16",
+    "COUNTS": "*i32",
+    "AT": "*i64",
+    "OUT": "*bf16",
+    **dict.fromkeys(("S", "P", "stride_qb", "stride_qs", "stride_ab", "stride_ob", "stride_os"), "i32"),
+    **dict.fromkeys(("H", "D", "SCALE", "BLOCK_M", "BLOCK_N", "PREFETCH"), "constexpr"),
+}
+
+GATHERED_UNDIVIDED = ("P", "stride_ab")  # 1 + slots positions a row
 
 
-def compiled(fn, signature: dict, constants: dict, num_warps: int, num_stages: int = 2) -> tuple[dict, str]:
+def compiled(
+    fn, signature: dict, constants: dict, num_warps: int, num_stages: int = 2, undivided: tuple = ()
+) -> tuple[dict, str]:
     """``(resources, sass)`` of ``fn`` compiled for sm_90: cuobjdump's resource table as ints
-    (``REG``, ``LOCAL``, ``STACK``, ...) and the disassembly."""
-    attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind != "constexpr"}
+    (``REG``, ``LOCAL``, ``STACK``, ...) and the disassembly.  Every argument but the constants
+    and those named in ``undivided`` is declared divisible by 16."""
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, (name, kind) in enumerate(signature.items())
+        if kind != "constexpr" and name not in undivided
+    }
     source = ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
     options = {"num_warps": num_warps, "num_stages": num_stages}
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
@@ -83,6 +101,11 @@ def norm_constants(rows: int, bias: bool = False) -> dict:
 
 def attention_constants(config: dict, window: int) -> dict:
     constants = {"H": 16, "D": 64, "WINDOW": window, "SCALE": 0.125 * ra.LOG2E, "ROTARY": True}
+    return {**constants, **{k: config[k] for k in ("BLOCK_M", "BLOCK_N", "PREFETCH")}}
+
+
+def gathered_constants(config: dict) -> dict:
+    constants = {"H": 16, "D": 64, "SCALE": 0.125 * ra.LOG2E}
     return {**constants, **{k: config[k] for k in ("BLOCK_M", "BLOCK_N", "PREFETCH")}}
 
 
@@ -125,6 +148,16 @@ def main(argv=None) -> int:
                 c["num_stages"],
             )
             rows.append(row(kind, c, *got))
+    c = ra.GATHERED
+    got = compiled(
+        ra._gathered_attention_kernel,
+        GATHERED_SIGNATURE,
+        gathered_constants(c),
+        c["num_warps"],
+        c["num_stages"],
+        GATHERED_UNDIVIDED,
+    )
+    rows.append(row("attention gathered", c, *got))
     for r in rows:
         ops = ", ".join(f"{k} {v}" for k, v in sorted(r["memory_ops"].items()))
         print(

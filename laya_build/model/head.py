@@ -8,10 +8,11 @@ outputs up to rounding:
 - attention ``fused``: each layer's attention is ``laya::packed_attention``
   (:mod:`laya_build.model.rotary_attention`, the encoder's kernel without rotary) on the packed
   in-projection, given each row's key count: no mask tensor and no cuDNN call in the package.
-- ``last_head_layer: read``: the last layer attends from every position as before (its keys
-  and values are every position's), but its output projection, residual, norm and feed-forward
-  run at the positions read only: ``1 + slots`` a row instead of the row's tokens.  At 7 rows of
-  256 tokens that is three quarters of a layer's GEMM work of the forward's 30.
+- ``last_head_layer: read``: the last layer's keys and values are every position's as before,
+  but its queries, output projection, residual, norm and feed-forward are at the positions read
+  only: ``1 + slots`` a row instead of the row's tokens (with ``fused``, the queries through
+  ``laya::gathered_attention``).  At 7 rows of 256 tokens that is three quarters of a layer's
+  GEMM work of the forward's 30.
 
 Semantics as the encoder's ``fused`` (right padding: each row's real positions first): every
 position attends to its row's real keys; a row of padding alone gets 0 where upstream's
@@ -94,9 +95,11 @@ def layer_forward(layer, x: torch.Tensor, padding: torch.Tensor, counts: torch.T
     if counts is not None:
         B, S, d = h.shape
         qkv = torch.nn.functional.linear(h, sa.in_proj_weight, sa.in_proj_bias).view(B, S, 3, sa.num_heads, sa.head_dim)
-        attended = torch.ops.laya.packed_attention(qkv, counts, sa.head_dim**-0.5, -1).reshape(B, S, d)
-        if at is not None:
-            attended, x = pick(attended, at), pick(x, at)
+        if at is None:
+            attended = torch.ops.laya.packed_attention(qkv, counts, sa.head_dim**-0.5, -1).reshape(B, S, d)
+        else:  # the queries at the positions read only
+            attended = torch.ops.laya.gathered_attention(qkv, counts, at, sa.head_dim**-0.5).reshape(B, -1, d)
+            x = pick(x, at)
         x = x + layer.dropout1(sa.out_proj(attended))
     else:  # the layer's own attention, its queries at the positions read only
         attended = sa(pick(h, at), h, h, key_padding_mask=padding, need_weights=False)[0]

@@ -25,7 +25,9 @@ time for every token count.
 Off CUDA the op runs :func:`reference`: transformers' rotary and SDPA with the boolean masks,
 the semantics the kernel is tested against on a GPU.  ``laya::packed_attention`` is the same
 kernel without rotary (``ROTARY`` a compile-time constant: no table is read), for the decision
-head's attention layers (:mod:`laya_build.model.head`).
+head's attention layers (:mod:`laya_build.model.head`); ``laya::gathered_attention`` computes such a
+layer's queries at given positions only (the head's last layer, whose output is read at ``1 +
+slots`` positions a row): one block of 16 a row and head, its own kernel around the same loop.
 
 Semantics (``counts[b]`` real positions at the start of row ``b``, right padding): query ``i``
 attends to keys ``j < counts[b]`` (and ``|i - j| <= window`` when ``window >= 0``).  A query
@@ -54,6 +56,8 @@ CONFIGS = ({"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "PRE
 # untimed, and what is left"; the package timed in "Attention blocks by kind of layer adopted").
 GLOBAL_CONFIGS = ({"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "PREFETCH": True}, CONFIG, SMALL)
 ALL_CONFIGS = tuple({repr(c): c for c in (*CONFIGS, *GLOBAL_CONFIGS)}.values())  # each one a shape can select
+# gathered queries (a row's few read positions, 1 + slots) take one block of the smallest configuration
+GATHERED = SMALL
 WAVE = 132  # programs that fill the GPU once: the H200's multiprocessors
 # The largest BLOCK_M x head dim a configuration other than CONFIG may hold in fp32 (128 queries of
 # a 64 head dim, as measured): larger head dims keep to CONFIG and the smaller blocks
@@ -127,20 +131,19 @@ def _rotate(x1, x2, c, s, ROTARY: tl.constexpr):
 
 
 @triton.jit
-def _rotary_attention_kernel(
-    QKV,
-    COS,
-    SIN,
-    COUNTS,
-    OUT,
-    S,
-    stride_qb,
+def _attend(
+    q1,
+    q2,
+    rows,
+    start_m,
+    count,
+    k_base,
+    v_base,
+    cos_base,
+    sin_base,
     stride_qs,
-    stride_cb,
     stride_cs,
-    stride_ob,
-    stride_os,
-    H: tl.constexpr,
+    HALF: tl.constexpr,
     D: tl.constexpr,
     WINDOW: tl.constexpr,
     SCALE: tl.constexpr,
@@ -149,27 +152,9 @@ def _rotary_attention_kernel(
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr,
 ):
-    HALF: tl.constexpr = D // 2
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    count = tl.load(COUNTS + b)
-    rows = start_m + tl.arange(0, BLOCK_M)
-    half = tl.arange(0, HALF)
-    dims = tl.arange(0, D)
-    row_ok = (rows < S)[:, None]
-    q_base = QKV + b.to(tl.int64) * stride_qb + h * D
-    k_base = q_base + H * D
-    v_base = q_base + 2 * H * D
-    cos_base = COS + b.to(tl.int64) * stride_cb
-    sin_base = SIN + b.to(tl.int64) * stride_cb
-
-    at = rows[:, None] * stride_qs + half[None, :]
-    tab = rows[:, None] * stride_cs + half[None, :]
-    a1, a2, ac, as_ = _tile(q_base, cos_base, sin_base, at, tab, row_ok, HALF, ROTARY)
-    q1, q2 = _rotate(a1, a2, ac, as_, ROTARY)
-
+    """A query block's attention (its two halves ``q1``, ``q2`` already rotated; ``rows``: their
+    positions, ``start_m`` the first, both read only with a window) over the row's ``count`` real
+    keys: the online softmax over key blocks, normalised; ``[BLOCK_M, D]`` in fp32."""
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -215,9 +200,138 @@ def _rotary_attention_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    return acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+
+
+@triton.jit
+def _rotary_attention_kernel(
+    QKV,
+    COS,
+    SIN,
+    COUNTS,
+    OUT,
+    S,
+    stride_qb,
+    stride_qs,
+    stride_cb,
+    stride_cs,
+    stride_ob,
+    stride_os,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SCALE: tl.constexpr,
+    ROTARY: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
+    HALF: tl.constexpr = D // 2
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    count = tl.load(COUNTS + b)
+    rows = start_m + tl.arange(0, BLOCK_M)
+    half = tl.arange(0, HALF)
+    dims = tl.arange(0, D)
+    row_ok = (rows < S)[:, None]
+    q_base = QKV + b.to(tl.int64) * stride_qb + h * D
+    k_base = q_base + H * D
+    v_base = q_base + 2 * H * D
+    cos_base = COS + b.to(tl.int64) * stride_cb
+    sin_base = SIN + b.to(tl.int64) * stride_cb
+
+    at = rows[:, None] * stride_qs + half[None, :]
+    tab = rows[:, None] * stride_cs + half[None, :]
+    a1, a2, ac, as_ = _tile(q_base, cos_base, sin_base, at, tab, row_ok, HALF, ROTARY)
+    q1, q2 = _rotate(a1, a2, ac, as_, ROTARY)
+    out = _attend(
+        q1,
+        q2,
+        rows,
+        start_m,
+        count,
+        k_base,
+        v_base,
+        cos_base,
+        sin_base,
+        stride_qs,
+        stride_cs,
+        HALF,
+        D,
+        WINDOW,
+        SCALE,
+        ROTARY,
+        BLOCK_M,
+        BLOCK_N,
+        PREFETCH,
+    )
     o_ptr = OUT + b.to(tl.int64) * stride_ob + h * D + rows[:, None] * stride_os + dims[None, :]
     tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def _gathered_attention_kernel(
+    QKV,
+    COUNTS,
+    AT,
+    OUT,
+    S,
+    P,
+    stride_qb,
+    stride_qs,
+    stride_ab,
+    stride_ob,
+    stride_os,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
+    """The kernel without rotary and without a window, its queries at the positions ``AT[b, :P]``
+    of the ``S`` in ``QKV`` (each row's keys and values all of them): output row ``i`` is the
+    attention of position ``AT[b, i]``; a position outside ``0 .. S-1`` reads nothing and gets 0."""
+    HALF: tl.constexpr = D // 2
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = start_m + tl.arange(0, BLOCK_M)  # output rows
+    half = tl.arange(0, HALF)
+    dims = tl.arange(0, D)
+    pos = tl.load(AT + b.to(tl.int64) * stride_ab + rows, mask=rows < P, other=-1)
+    inside = (pos >= 0) & (pos < S)
+    count = tl.load(COUNTS + b)
+    q_base = QKV + b.to(tl.int64) * stride_qb + h * D
+    at = pos.to(tl.int64)[:, None] * stride_qs + half[None, :]
+    q1, q2, _, _ = _tile(q_base, q_base, q_base, at, at, inside[:, None], HALF, False)
+    out = _attend(
+        q1,
+        q2,
+        rows,
+        start_m,
+        count,
+        q_base + H * D,
+        q_base + 2 * H * D,
+        q_base,
+        q_base,
+        stride_qs,
+        0,
+        HALF,
+        D,
+        -1,
+        SCALE,
+        False,
+        BLOCK_M,
+        BLOCK_N,
+        PREFETCH,
+    )
+    out = tl.where(inside[:, None], out, 0.0)
+    o_ptr = OUT + b.to(tl.int64) * stride_ob + h * D + rows[:, None] * stride_os + dims[None, :]
+    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=(rows < P)[:, None])
 
 
 @triton.jit
@@ -316,6 +430,33 @@ def launch(qkv, cos, sin, counts, scale: float, window: int, out, kernel=None, c
     )
 
 
+def launch_gathered(qkv, counts, at, scale: float, out, kernel=None, config=None) -> None:
+    """Run the gathered kernel (``kernel``: the JIT function or a wrapper of it; ``config``:
+    another launch configuration than :data:`GATHERED`) into ``out``, ``[B, P, H, D]``: the
+    attention of the queries at positions ``at`` (``[B, P]``, its last stride 1)."""
+    B, S, _, H, D = qkv.shape
+    P = at.shape[1]
+    kernel = kernel if kernel is not None else _gathered_attention_kernel
+    config = {**GATHERED, **(config or {})}
+    kernel[(triton.cdiv(P, config["BLOCK_M"]), B * H)](
+        qkv,
+        counts,
+        at,
+        out,
+        S,
+        P,
+        qkv.stride(0),
+        qkv.stride(1),
+        at.stride(0),
+        out.stride(0),
+        out.stride(1),
+        H=H,
+        D=D,
+        SCALE=scale * LOG2E,
+        **config,
+    )
+
+
 def check(qkv, cos, sin, counts) -> None:
     """The layouts the kernel reads: ``qkv`` a view of ``Wqkv``'s output (its last three strides
     ``H * D, D, 1``), cos and sin ``[1 or B, S, D / 2]`` (or both None), one key count a row."""
@@ -364,6 +505,25 @@ def _run(qkv, cos, sin, counts, scale: float, window: int) -> torch.Tensor:
     counts = counts.to(torch.int32)
     for config, use in launches(B, S, H, D, window):
         launch(qkv, *tables, counts, scale, window, out, wrap_triton(_rotary_attention_kernel), config, use)
+    return out
+
+
+@triton_op("laya::gathered_attention", mutates_args={})
+def gathered_attention(qkv: torch.Tensor, counts: torch.Tensor, at: torch.Tensor, scale: float) -> torch.Tensor:
+    """:func:`packed_attention` (global: no window) at some queries only: ``[B, S, 3, H, D]`` packed
+    q, k, v, ``[B]`` int32 key counts, ``[B, P]`` query positions -> ``[B, P, H, D]``, row ``i``
+    the attention of position ``at[:, i]`` over its row's real keys (0 for a position outside
+    ``0 .. S-1``): a layer whose output is read at a few positions (the decision head's last,
+    :mod:`laya_build.model.head`) computes no other query."""
+    check(qkv, None, None, counts)
+    B, S, _, H, D = qkv.shape
+    torch._check(at.dim() == 2 and at.shape[0] == B, lambda: f"at must be [B, P], got {tuple(at.shape)}")
+    if qkv.device.type != "cuda":
+        return gathered_reference(qkv, counts, at, scale)
+    torch._check(cuda_refusal(D, qkv.dtype) is None, lambda: f"the kernel needs {cuda_refusal(D, qkv.dtype)}")
+    torch._check(B * H < 65536, lambda: f"{B} rows of {H} heads is more programs than a grid's second axis holds")
+    out = torch.empty((B, at.shape[1], H, D), dtype=qkv.dtype, device=qkv.device)
+    launch_gathered(qkv, counts.to(torch.int32), at.contiguous(), scale, out, wrap_triton(_gathered_attention_kernel))
     return out
 
 
@@ -436,3 +596,12 @@ def reference(qkv, cos, sin, counts, scale: float, window: int) -> torch.Tensor:
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=seen, scale=scale)
     out = torch.where(seen.any(-1, keepdim=True), out, 0.0)
     return out.transpose(1, 2).contiguous()
+
+
+def gathered_reference(qkv, counts, at, scale: float) -> torch.Tensor:
+    """:func:`gathered_attention`'s semantics in torch ops: :func:`reference` without rotary or
+    window at every position, its rows at ``at`` (0 where a position is outside the row)."""
+    full = reference(qkv, None, None, counts, scale, -1)
+    inside = (at >= 0) & (at < qkv.shape[1])
+    picked = torch.gather(full, 1, at.clamp(0, qkv.shape[1] - 1)[:, :, None, None].expand(-1, -1, *full.shape[2:]))
+    return torch.where(inside[:, :, None, None], picked, 0.0).to(qkv.dtype)

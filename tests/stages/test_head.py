@@ -4,8 +4,8 @@ kernel (export.attention fused) and its last layer at the read positions only
 
 Both must give upstream's outputs (the model's own forward, layer by layer) up to rounding: on rows
 of several lengths, with masked marker slots, marker positions anywhere in the row (the first
-included), one and two head layers; the exported program must compute the last layer's
-feed-forward at ``1 + slots`` positions a row, with rows, tokens and slots dynamic.
+included), one and two head layers; the exported program must compute the last layer's queries
+and feed-forward at ``1 + slots`` positions a row, with rows, tokens and slots dynamic.
 """
 
 from __future__ import annotations
@@ -107,7 +107,11 @@ def test_read_exports_with_dynamic_rows_tokens_and_slots():
     with torch.inference_mode():
         program = torch.export.export(model, inputs(slots=3), dynamic_shapes=shapes)
     packed = [n for n in program.graph.nodes if n.target is torch.ops.laya.packed_attention.default]
-    assert len(packed) == 2
+    gathered = [n for n in program.graph.nodes if n.target is torch.ops.laya.gathered_attention.default]
+    assert len(packed) == 1 and len(gathered) == 1  # the last layer's queries at 1 + slots positions a row
+    assert str(gathered[0].meta["val"].shape[1]) == str(
+        [n for n in program.graph.nodes if n.name == "marker_pos"][0].meta["val"].shape[1] + 1
+    )
     sdpa = [n for n in program.graph.nodes if n.target is torch.ops.aten.scaled_dot_product_attention.default]
     assert sdpa == []  # no cuDNN call left in the model
     # the feed-forward's hidden width is 256: the first layer's at every token, the last's at 1 + slots

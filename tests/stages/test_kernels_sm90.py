@@ -3,8 +3,8 @@
 same source and the specialisation Inductor declares for the package's launches.  The attention
 kernel's registers here are the profiler's figures on an H100 (docs/measurements/runtime-h200.md).
 Checked: no configuration a shape can select spills to local memory, the attention table's first
-rows keep two programs a multiprocessor, and the add-and-norm kernel moves its rows in 128-bit
-loads and stores.
+rows keep two programs a multiprocessor (the gathered form of the head's last layer too), and the
+add-and-norm kernel moves its rows in 128-bit loads and stores.
 """
 
 from __future__ import annotations
@@ -54,6 +54,22 @@ def test_no_attention_configuration_a_shape_can_select_spills(window):
         assert resources["LOCAL"] == 0 and resources["STACK"] == 0, (config, resources)
         first = first or kr.row("attention", config, resources, sass)
     assert first["programs_a_multiprocessor"] >= 2, first
+
+
+def test_the_gathered_attention_kernel_does_not_spill():
+    """The decision head's last layer, its queries at the positions read (head dim 64, 1 + slots
+    positions a row: not a multiple of 16): no local memory, two programs a multiprocessor."""
+    c = ra.GATHERED
+    resources, sass = kr.compiled(
+        ra._gathered_attention_kernel,
+        kr.GATHERED_SIGNATURE,
+        kr.gathered_constants(c),
+        c["num_warps"],
+        c["num_stages"],
+        kr.GATHERED_UNDIVIDED,
+    )
+    assert resources["LOCAL"] == 0 and resources["STACK"] == 0, resources
+    assert kr.programs(resources["REG"], c["num_warps"]) >= 2, resources
 
 
 def test_a_kernel_that_does_not_compile_is_an_error_not_a_row():

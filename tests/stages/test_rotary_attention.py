@@ -291,6 +291,18 @@ INTERPRETED = textwrap.dedent(
                     assert (out[3] == 0).all(), "an empty row is not 0"
                     key = f"{dtype} {name} window {window} {config}"
                     worst[key] = (out.float() - ref.float()).abs().max().item()
+        # the gathered kernel: 11 query positions a row (not a multiple of a block), the first,
+        # the last, repeated ones, padding, and -1 and S (outside the row: 0)
+        at = torch.stack([torch.randint(0, S, (11,)) for _ in range(B)])
+        at[:, :4] = torch.tensor([0, S - 1, -1, S])
+        at[0, 4:6] = 5
+        ref = ra.gathered_reference(qkv, counts, at, D ** -0.5)
+        assert (ref[:, 2:4] == 0).all()
+        for config in ({}, {"BLOCK_N": 32, "PREFETCH": False}, {"BLOCK_M": 32}):
+            out = torch.full((B, 11, H, D), float("nan"), dtype=dtype)
+            ra.launch_gathered(qkv, counts, at, D ** -0.5, out, config=config)
+            assert (out[3] == 0).all() and (out[:, 2:4] == 0).all(), "an empty row or a position outside is not 0"
+            worst[f"gathered {dtype} {config}"] = (out.float() - ref.float()).abs().max().item()
     # the rows kernel: 150 positions (not a multiple of its block) of three [40, 32] tables, ids
     # a row, some outside the tables (a row of 0)
     tables = torch.randn(3, 40, D // 2)
@@ -335,7 +347,7 @@ def test_the_kernel_in_triton_s_interpreter_is_the_reference():
     configs += [c for c in ra.ALL_CONFIGS if c not in configs]  # every configuration a shape can select
     worst = interpreted(INTERPRETED, configs)
     assert worst.pop("rows") == 0  # a copy: bit for bit
-    assert len(worst) == 2 * 3 * 3 * len(configs)
+    assert len(worst) == 2 * 3 * 3 * len(configs) + 2 * 3  # and the gathered kernel's 3 configurations a dtype
     for key, err in worst.items():
         limit = 1e-5 if "float32" in key else 4e-3  # fp16: rounding of p and of the output
         assert err <= limit, f"{key}: {err}"
@@ -373,6 +385,11 @@ def test_the_kernel_on_cuda_is_the_reference():
             qkv[:1, :128].float(), cos[:, :128].float(), sin[:, :128].float(), counts[:1] // 2, D**-0.5, window
         )
         assert (short.float() - ref).abs().max().item() < 2e-2  # 1 x 128: the smallest query blocks
+    at = torch.tensor([[0, 255, 3, 3, -1], [0, 76, 77, 200, 5], [0, 15, 1, 2, S], [0, 1, 2, 3, 4]], device="cuda")
+    gathered = torch.ops.laya.gathered_attention(qkv, counts, at, D**-0.5)  # the head's last layer
+    ref = ra.gathered_reference(qkv.float(), counts, at, D**-0.5)
+    assert gathered.shape == (B, 5, H, D) and (gathered.float() - ref).abs().max().item() < 2e-2
+    assert (gathered[3] == 0).all() and (gathered[0, 4] == 0).all() and (gathered[2, 4] == 0).all()
     tables = torch.randn(4, 8192, D // 2, device="cuda", dtype=torch.bfloat16)
     ids = torch.arange(S, device="cuda")[None]
     rows = torch.ops.laya.rotary_rows(tables, ids)
