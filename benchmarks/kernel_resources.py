@@ -9,8 +9,9 @@ arguments divisible by 16, as Inductor declares them for the package's launches 
 sizes are multiples of 16 tokens).  Rows: the add-and-norm kernel at the model's width (1,024,
 bf16, with a weight) at every configuration of ``benchmarks/norm_probe.py``; the attention kernel
 (head dim 64, rotary) at every configuration of each layer kind's table, and its gathered form (the
-decision head's last layer, its queries at the positions read) at its one configuration.  Registers decide how many
-programs share a multiprocessor (:func:`programs`); a configuration with local memory spills.
+decision head's last layer, its queries at the positions read) at its one configuration.  Registers
+decide how many programs share a multiprocessor (:func:`programs`); a configuration with local
+memory spills.
 """
 
 from __future__ import annotations
@@ -99,14 +100,40 @@ def norm_constants(rows: int, bias: bool = False) -> dict:
     return {"EPS": EPS, "N": HIDDEN, "BLOCK_N": HIDDEN, "ROWS": rows, "HAS_WEIGHT": True, "HAS_BIAS": bias}
 
 
-def attention_constants(config: dict, window: int) -> dict:
-    constants = {"H": 16, "D": 64, "WINDOW": window, "SCALE": 0.125 * ra.LOG2E, "ROTARY": True}
-    return {**constants, **{k: config[k] for k in ("BLOCK_M", "BLOCK_N", "PREFETCH")}}
-
-
 def gathered_constants(config: dict) -> dict:
     constants = {"H": 16, "D": 64, "SCALE": 0.125 * ra.LOG2E}
     return {**constants, **{k: config[k] for k in ("BLOCK_M", "BLOCK_N", "PREFETCH")}}
+
+
+def attention_constants(config: dict, window: int) -> dict:
+    return {**gathered_constants(config), "WINDOW": window, "ROTARY": True}
+
+
+def norm(config: dict, bias: bool = False) -> tuple[dict, str]:
+    """The add-and-norm kernel at ``config`` (``ROWS``, ``num_warps``), :func:`compiled`."""
+    return compiled(an._add_norm_kernel, NORM_SIGNATURE, norm_constants(config["ROWS"], bias), config["num_warps"])
+
+
+def attention(config: dict, window: int) -> tuple[dict, str]:
+    """The attention kernel (rotary) at a launch configuration of a layer kind's table, :func:`compiled`."""
+    constants = attention_constants(config, window)
+    return compiled(
+        ra._rotary_attention_kernel, ATTENTION_SIGNATURE, constants, config["num_warps"], config["num_stages"]
+    )
+
+
+def gathered(config: dict) -> tuple[dict, str]:
+    """The gathered attention kernel at ``config``, :func:`compiled` (its positions' count and stride
+    undivided)."""
+    constants = gathered_constants(config)
+    return compiled(
+        ra._gathered_attention_kernel,
+        GATHERED_SIGNATURE,
+        constants,
+        config["num_warps"],
+        config["num_stages"],
+        GATHERED_UNDIVIDED,
+    )
 
 
 def programs(registers: int, num_warps: int) -> int:
@@ -131,33 +158,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="write the rows here as JSON")
     args = ap.parse_args(argv)
-    rows = []
-    for c in DEFAULT_CONFIGS:
-        rows.append(
-            row(
-                "add_norm", c, *compiled(an._add_norm_kernel, NORM_SIGNATURE, norm_constants(c["ROWS"]), c["num_warps"])
-            )
-        )
+    rows = [row("add_norm", c, *norm(c)) for c in DEFAULT_CONFIGS]
     for kind, window in (("attention global", -1), ("attention local", 64)):
-        for c in ra.configs(64, window):
-            got = compiled(
-                ra._rotary_attention_kernel,
-                ATTENTION_SIGNATURE,
-                attention_constants(c, window),
-                c["num_warps"],
-                c["num_stages"],
-            )
-            rows.append(row(kind, c, *got))
-    c = ra.GATHERED
-    got = compiled(
-        ra._gathered_attention_kernel,
-        GATHERED_SIGNATURE,
-        gathered_constants(c),
-        c["num_warps"],
-        c["num_stages"],
-        GATHERED_UNDIVIDED,
-    )
-    rows.append(row("attention gathered", c, *got))
+        rows += [row(kind, c, *attention(c, window)) for c in ra.configs(64, window)]
+    rows.append(row("attention gathered", ra.GATHERED, *gathered(ra.GATHERED)))
     for r in rows:
         ops = ", ".join(f"{k} {v}" for k, v in sorted(r["memory_ops"].items()))
         print(

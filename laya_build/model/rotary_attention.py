@@ -477,6 +477,13 @@ def check(qkv, cos, sin, counts) -> None:
         torch._check(cos.shape[0] == B, lambda: f"cos and sin must be [1 or B, S, D / 2], got {tuple(cos.shape)}")
 
 
+def check_cuda(B: int, H: int, D: int, dtype: torch.dtype) -> None:
+    """What the CUDA kernels take: a head dim and dtype :func:`cuda_refusal` accepts, and rows x
+    heads programs that a grid's second axis holds."""
+    torch._check(cuda_refusal(D, dtype) is None, lambda: f"the kernel needs {cuda_refusal(D, dtype)}")
+    torch._check(B * H < 65536, lambda: f"{B} rows of {H} heads is more programs than a grid's second axis holds")
+
+
 @triton_op("laya::rotary_attention", mutates_args={})
 def rotary_attention(
     qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, counts: torch.Tensor, scale: float, window: int
@@ -498,8 +505,7 @@ def _run(qkv, cos, sin, counts, scale: float, window: int) -> torch.Tensor:
     B, S, _, H, D = qkv.shape
     if qkv.device.type != "cuda":
         return reference(qkv, cos, sin, counts, scale, window)
-    torch._check(cuda_refusal(D, qkv.dtype) is None, lambda: f"the kernel needs {cuda_refusal(D, qkv.dtype)}")
-    torch._check(B * H < 65536, lambda: f"{B} rows of {H} heads is more programs than a grid's second axis holds")
+    check_cuda(B, H, D, qkv.dtype)
     out = torch.empty((B, S, H, D), dtype=qkv.dtype, device=qkv.device)
     tables = (cos.contiguous(), sin.contiguous()) if cos is not None else (None, None)
     counts = counts.to(torch.int32)
@@ -520,8 +526,7 @@ def gathered_attention(qkv: torch.Tensor, counts: torch.Tensor, at: torch.Tensor
     torch._check(at.dim() == 2 and at.shape[0] == B, lambda: f"at must be [B, P], got {tuple(at.shape)}")
     if qkv.device.type != "cuda":
         return gathered_reference(qkv, counts, at, scale)
-    torch._check(cuda_refusal(D, qkv.dtype) is None, lambda: f"the kernel needs {cuda_refusal(D, qkv.dtype)}")
-    torch._check(B * H < 65536, lambda: f"{B} rows of {H} heads is more programs than a grid's second axis holds")
+    check_cuda(B, H, D, qkv.dtype)
     out = torch.empty((B, at.shape[1], H, D), dtype=qkv.dtype, device=qkv.device)
     launch_gathered(qkv, counts.to(torch.int32), at.contiguous(), scale, out, wrap_triton(_gathered_attention_kernel))
     return out
@@ -604,4 +609,4 @@ def gathered_reference(qkv, counts, at, scale: float) -> torch.Tensor:
     full = reference(qkv, None, None, counts, scale, -1)
     inside = (at >= 0) & (at < qkv.shape[1])
     picked = torch.gather(full, 1, at.clamp(0, qkv.shape[1] - 1)[:, :, None, None].expand(-1, -1, *full.shape[2:]))
-    return torch.where(inside[:, :, None, None], picked, 0.0).to(qkv.dtype)
+    return torch.where(inside[:, :, None, None], picked, 0.0)

@@ -27,9 +27,7 @@ pytestmark = pytest.mark.skipif(not os.access(kr.CUOBJDUMP, os.X_OK), reason="Tr
 def test_the_add_norm_kernel_moves_its_rows_in_128_bit_accesses_without_spilling(config, bias):
     """The model's width (1,024, bf16): the two operands, the sum and the norm of each row of a
     program, and the parameters once, in 16-byte accesses and nothing narrower; no local memory."""
-    resources, sass = kr.compiled(
-        an._add_norm_kernel, kr.NORM_SIGNATURE, kr.norm_constants(config["ROWS"], bias), config["num_warps"]
-    )
+    resources, sass = kr.norm(config, bias)
     assert resources["LOCAL"] == 0 and resources["STACK"] == 0, resources
     ops = kr.memory_ops(sass)
     assert set(ops) == {"LDG.E.128", "STG.E.128"}, ops
@@ -44,13 +42,7 @@ def test_no_attention_configuration_a_shape_can_select_spills(window):
     multiprocessor."""
     first = None
     for config in ra.configs(64, window):
-        resources, sass = kr.compiled(
-            ra._rotary_attention_kernel,
-            kr.ATTENTION_SIGNATURE,
-            kr.attention_constants(config, window),
-            config["num_warps"],
-            config["num_stages"],
-        )
+        resources, sass = kr.attention(config, window)
         assert resources["LOCAL"] == 0 and resources["STACK"] == 0, (config, resources)
         first = first or kr.row("attention", config, resources, sass)
     assert first["programs_a_multiprocessor"] >= 2, first
@@ -59,17 +51,9 @@ def test_no_attention_configuration_a_shape_can_select_spills(window):
 def test_the_gathered_attention_kernel_does_not_spill():
     """The decision head's last layer, its queries at the positions read (head dim 64, 1 + slots
     positions a row: not a multiple of 16): no local memory, two programs a multiprocessor."""
-    c = ra.GATHERED
-    resources, sass = kr.compiled(
-        ra._gathered_attention_kernel,
-        kr.GATHERED_SIGNATURE,
-        kr.gathered_constants(c),
-        c["num_warps"],
-        c["num_stages"],
-        kr.GATHERED_UNDIVIDED,
-    )
+    resources, _ = kr.gathered(ra.GATHERED)
     assert resources["LOCAL"] == 0 and resources["STACK"] == 0, resources
-    assert kr.programs(resources["REG"], c["num_warps"]) >= 2, resources
+    assert kr.programs(resources["REG"], ra.GATHERED["num_warps"]) >= 2, resources
 
 
 def test_a_kernel_that_does_not_compile_is_an_error_not_a_row():
