@@ -12,8 +12,9 @@ package before it), the plain padded call, and the graph replay again (``replay`
 plain call: on the H200 a graph of this model replays faster there, see
 docs/measurements/runtime-h200.md, "two replay speeds"), each timed with
 :func:`laya_build.runtime.timing.time_calls` (TIMING, JSON).  Reports per package and shape
-the median over rounds of each round's median, every round's figure, and whether the outputs
-of the packages are equal.  Interleaving keeps clock and thermal drift out of the comparison.
+the median over rounds of each round's median, every round's figure with the GPU's clocks,
+power and clock limits while it was timed (``gpu``, :mod:`laya_build.runtime.gpu_state`), and
+whether the outputs of the packages are equal.  Interleaving keeps clock and thermal drift out of the comparison.
 ``--profile N`` then, after all timing, records per package and shape N graph replays under
 torch.profiler: the GPU work of one forward (kernels, memsets and copies: count, GPU time, the
 span from the first one's start to the last one's end), every kernel by name, the most time
@@ -116,11 +117,14 @@ def run_rounds(torch, args, result: dict, workers: dict) -> None:
             "outputs_equal_to_first": {n: all(torch.equal(a, b) for a, b in zip(first, o)) for n, o in outs.items()},
             "max_abs_vs_first": {n: max(float((a - b).abs().max()) for a, b in zip(first, o)) for n, o in outs.items()},
             "ms": {n: {m: [] for m in modes[n]} for n in workers},
+            "gpu": {n: {m: [] for m in modes[n]} for n in workers},
         }
         for _ in range(args.rounds):
             for name, worker in workers.items():
                 for mode in modes[name]:
-                    rows[shape]["ms"][name][mode].append(worker.ask("time", shape, mode))
+                    timed = worker.ask("time", shape, mode)
+                    rows[shape]["ms"][name][mode].append(timed["ms"])
+                    rows[shape]["gpu"][name][mode].append(timed["gpu"])
         rows[shape]["median_ms"] = {
             n: {m: statistics.median(v) for m, v in by_mode.items()} for n, by_mode in rows[shape]["ms"].items()
         }
@@ -232,7 +236,8 @@ def serve(conn, setup: dict) -> None:
             what, shape, arg = request
             if what == "time":
                 fn, fn_args = cases[shape][arg]
-                conn.send(("ok", time_calls(fn, fn_args, setup["timing"], device)["median_ms"]))
+                timed = time_calls(fn, fn_args, setup["timing"], device)
+                conn.send(("ok", {"ms": timed["median_ms"], "gpu": timed.get("gpu")}))
             else:
                 measure = launch_times if what == "launch" else kernel_profile
                 conn.send(("ok", measure(torch, cases[shape]["replay"][0], arg)))
@@ -244,7 +249,10 @@ def serve(conn, setup: dict) -> None:
 def launch_times(torch, replay, calls: int) -> dict:
     """Where a replay's time goes without a profiler: the host's time in each ``replay()`` call
     (the launch alone, the GPU idle before it), and the GPU's time for ``calls`` replays back to
-    back, from CUDA events recorded around them, against the wall time of the same replays."""
+    back, from CUDA events recorded around them, against the wall time of the same replays (the
+    GPU's clocks and power sampled meanwhile)."""
+    from laya_build.runtime.gpu_state import GpuSampler, device_id
+
     torch.cuda.synchronize()
     host = []
     for _ in range(calls):
@@ -254,14 +262,16 @@ def launch_times(torch, replay, calls: int) -> dict:
         torch.cuda.synchronize()
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
-    wall = time.perf_counter()
-    begin.record()
-    for _ in range(calls):
-        replay()
-    end.record()
-    end.synchronize()
-    wall = time.perf_counter() - wall
+    with GpuSampler(device_id(torch.cuda.current_device())) as sampler:
+        wall = time.perf_counter()
+        begin.record()
+        for _ in range(calls):
+            replay()
+        end.record()
+        end.synchronize()
+        wall = time.perf_counter() - wall
     return {
+        "gpu": sampler.summary,
         "calls": calls,
         "host_launch_us_median": round(statistics.median(host) * 1e6, 2),
         "events_us_per_replay": round(begin.elapsed_time(end) * 1e3 / calls, 2),

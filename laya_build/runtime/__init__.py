@@ -8,6 +8,8 @@
 * :mod:`.formats`: the saved-input and eager-output formats, calling a program on saved batches;
 * :mod:`.parity`: comparing heads, decision probabilities calibrated as upstream Laya publishes them;
 * :mod:`.timing`: timing calls to a budget (``torch.utils.benchmark``);
+* :mod:`.gpu_state`: the GPU's clocks, power and clock limits while calls are timed (``nvidia-smi``;
+  no torch);
 * :mod:`.digest`: a file's sha256 in large blocks (no torch);
 * :mod:`.preload`: what a process loads before a package (no torch).
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import importlib
 
-SUBMODULES = ("serving", "start", "buckets", "digest", "preload", "formats", "parity", "timing")
+SUBMODULES = ("serving", "start", "buckets", "digest", "preload", "formats", "parity", "timing", "gpu_state")
 
 
 def __getattr__(name: str):

@@ -29,9 +29,12 @@ def time_calls(fn, args: tuple, timing: dict, device: str, *, called: int = 0) -
     CUDA kernel its calls launched; the torch thread count is left as the process has it
     (the Timer's default would time single-threaded).  Returns the median and IQR of the
     per-call times of the blocks, how many calls they rest on (``runs`` = blocks x
-    ``block_size``) and each block's mean.
+    ``block_size``) and each block's mean; on a CUDA device timed to a budget also ``gpu``, the
+    GPU's clocks, power and clock limits while the blocks ran (:mod:`laya_build.runtime.gpu_state`).
     """
     from torch.utils.benchmark import Timer
+
+    from laya_build.runtime.gpu_state import GpuSampler, device_id
 
     def clock() -> float:
         synchronize(device)
@@ -49,16 +52,23 @@ def time_calls(fn, args: tuple, timing: dict, device: str, *, called: int = 0) -
                 raw_times=[t for b in blocks for t in b.raw_times],
                 task_spec=blocks[0].task_spec,
             )
-        elif timing.get("max_run_time_s"):
-            m = timer.adaptive_autorange(
-                threshold=IQR_THRESHOLD, min_run_time=timing["min_run_time_s"], max_run_time=timing["max_run_time_s"]
-            )
+            gpu = None
         else:
-            m = timer.blocked_autorange(min_run_time=timing["min_run_time_s"])
+            with GpuSampler(device_id(device)) as sampler:
+                if timing.get("max_run_time_s"):
+                    m = timer.adaptive_autorange(
+                        threshold=IQR_THRESHOLD,
+                        min_run_time=timing["min_run_time_s"],
+                        max_run_time=timing["max_run_time_s"],
+                    )
+                else:
+                    m = timer.blocked_autorange(min_run_time=timing["min_run_time_s"])
+            gpu = sampler.summary
     return {
         "median_ms": m.median * 1e3,
         "iqr_ms": m.iqr * 1e3,
         "runs": m.number_per_run * len(m.raw_times),
         "block_size": m.number_per_run,
         "blocks_ms": [t * 1e3 / m.number_per_run for t in m.raw_times],
+        **({"gpu": gpu} if gpu is not None else {}),
     }

@@ -1,0 +1,198 @@
+"""laya_build.runtime.gpu_state: the GPU's clocks, power and clock limits sampled beside a timing.
+
+These machines have no GPU, so ``nvidia-smi`` is a stand-in on ``PATH`` that answers the query
+as the real one does (``--format=csv,noheader,nounits``, a line every ``-lms`` milliseconds),
+records what it was asked and its process id, and ends on a broken pipe as a C program does.
+The summaries, the schema, the process table and the messages are then the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jsonschema
+import pytest
+
+from laya_build.runtime import gpu_state
+from laya_build.schema import _registry
+
+FAKE = textwrap.dedent(
+    """\
+    #!{python}
+    import json, os, sys, time
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "asked.json"), "w") as fh:
+        json.dump({{"argv": sys.argv[1:], "pid": os.getpid()}}, fh)
+    mode = os.environ.get("FAKE_SMI_MODE", "ok")
+    if mode == "fail":
+        print('Field "clocks_event_reasons.active" is not a valid field to query.', flush=True)
+        sys.exit(2)
+    lines = json.loads(os.environ["FAKE_SMI_LINES"])
+    interval = int(sys.argv[sys.argv.index("-lms") + 1]) / 1000
+    i = 0
+    try:
+        while True:
+            sys.stdout.write(lines[i % len(lines)] + "\\n")
+            sys.stdout.flush()
+            i += 1
+            time.sleep(interval)
+    except BrokenPipeError:  # the reader is gone: end, as SIGPIPE ends nvidia-smi
+        os._exit(141)
+    """
+)
+
+LINES = [
+    "1980, 3201, 512.30, 52, 0x0000000000000000",
+    "1890, 3201, 699.80, 58, 0x0000000000000004",
+    "1860, 3201, 701.20, 59, 0x0000000000000004",
+    "1935, 3201, [N/A], 59, 0x0000000000000000",
+]
+
+
+@pytest.fixture
+def fake_smi(tmp_path, monkeypatch):
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    exe = folder / "nvidia-smi"
+    exe.write_text(FAKE.format(python=sys.executable))
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SMI_LINES", json.dumps(LINES))
+    return folder
+
+
+def asked(folder) -> dict:
+    deadline = time.monotonic() + 10
+    while not (folder / "asked.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return json.loads((folder / "asked.json").read_text())
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:  # a zombie is no running process
+        return fh.read().split(") ", 1)[1][0] != "Z"
+
+
+def gpu_state_validator():
+    schema = {"$ref": "model_common.schema.json#/$defs/gpu_state"}
+    return jsonschema.Draft202012Validator(schema, registry=_registry())
+
+
+def test_a_sampled_block_reports_clocks_power_and_the_limits_active(fake_smi):
+    with gpu_state.GpuSampler("GPU-1234", interval_ms=20) as sampler:
+        time.sleep(0.5)
+    summary = sampler.summary
+    assert summary["samples"] >= 8 and summary["interval_ms"] == 20
+    assert summary["sm_clock_mhz"]["min"] == 1860 and summary["sm_clock_mhz"]["max"] == 1980
+    assert 1860 <= summary["sm_clock_mhz"]["median"] <= 1980
+    assert summary["memory_clock_mhz"] == {"median": 3201}
+    assert summary["power_w"]["max"] == 701.2  # "[N/A]" samples count for the clocks only
+    assert summary["temperature_c"] == {"max": 59}
+    assert list(summary["clock_limits"]) == ["sw_power_cap"]
+    assert 0.3 <= summary["clock_limits"]["sw_power_cap"] <= 0.7  # two lines of four
+    gpu_state_validator().validate(summary)
+    argv = asked(fake_smi)["argv"]
+    assert argv[:2] == ["-i", "GPU-1234"] and argv[-2:] == ["-lms", "20"]
+    assert f"--query-gpu={','.join(gpu_state.QUERY)}" in argv and "--format=csv,noheader,nounits" in argv
+
+
+def test_the_sampler_ends_with_its_block_also_when_the_block_raises(fake_smi):
+    with pytest.raises(RuntimeError, match="timed call failed"):
+        with gpu_state.GpuSampler("GPU-1234", interval_ms=20) as sampler:
+            time.sleep(0.1)
+            raise RuntimeError("timed call failed")
+    pid = asked(fake_smi)["pid"]
+    assert not alive(pid)
+    assert sampler.summary["samples"] >= 1  # what was sampled before the failure is kept
+
+
+def test_a_killed_timing_process_leaves_no_sampler_behind(fake_smi):
+    code = (
+        "import time; from laya_build.runtime.gpu_state import GpuSampler\n"
+        "with GpuSampler('GPU-1234', interval_ms=20):\n"
+        "    print('sampling', flush=True); time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "sampling"
+        pid = asked(fake_smi)["pid"]
+        assert alive(pid)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(pid), "the sampler outlived the process that timed"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_failing_or_missing_nvidia_smi_says_why_and_the_timing_stands(fake_smi, monkeypatch):
+    monkeypatch.setenv("FAKE_SMI_MODE", "fail")
+    with gpu_state.GpuSampler("GPU-1234") as sampler:
+        time.sleep(0.1)
+    assert sampler.summary == {
+        "unavailable": 'nvidia-smi gave no sample (exit code 2: Field "clocks_event_reasons.active" '
+        "is not a valid field to query.)"
+    }
+    gpu_state_validator().validate(sampler.summary)
+    monkeypatch.setenv("PATH", str(fake_smi / "nowhere"))
+    with gpu_state.GpuSampler("GPU-1234") as sampler:
+        pass
+    assert sampler.summary == {"unavailable": "nvidia-smi is not on PATH"}
+    with gpu_state.GpuSampler(None) as sampler:  # no CUDA device: nothing is asked for
+        pass
+    assert sampler.summary is None
+
+
+def test_lines_that_are_no_sample_are_left_out():
+    assert gpu_state.parse("1980, 3201, 120.5, 36, 0x0000000000000001")["reasons"] == 1
+    assert gpu_state.parse("No devices were found") is None
+    assert gpu_state.parse("[N/A], 3201, 120.5, 36, 0x1") is None  # no SM clock: no sample
+    assert gpu_state.parse("1980, 3201, 120.5, 36, [N/A]")["reasons"] is None
+
+
+def test_a_cpu_timing_records_no_gpu_state():
+    import torch
+
+    from laya_build.runtime.timing import time_calls
+
+    result = time_calls(lambda t: t.sum(), (torch.ones(8),), {"warmup": 1, "min_run_time_s": 0.01}, "cpu")
+    assert "gpu" not in result and gpu_state.device_id("cpu") is None
+
+
+def test_the_sentence_of_a_latency_table_names_the_clocks_and_the_limits():
+    limited = gpu_state.summarise([gpu_state.parse(line) for line in LINES])
+    free = gpu_state.summarise([gpu_state.parse(LINES[0])])
+    assert gpu_state.describe([limited, free]) == (
+        "The GPU while timed (2 timings, nvidia-smi): SM clock 1860-1980 MHz; up to 701.2 W; "
+        "clock limits active: sw_power_cap in 1 of 2."
+    )
+    assert gpu_state.describe([free]).endswith("no clock limit active.")
+    assert gpu_state.describe([None, None]) is None
+    assert gpu_state.describe([{"unavailable": "nvidia-smi is not on PATH"}]) == (
+        "The GPU's clocks were not sampled: nvidia-smi is not on PATH."
+    )
+
+
+def test_the_schema_names_every_clock_limit_the_sampler_reports():
+    schema = json.loads((gpu_state_schema_path()).read_text())["$defs"]["gpu_state"]
+    sampled = next(s for s in schema["oneOf"] if "samples" in s["properties"])
+    assert sampled["properties"]["clock_limits"]["propertyNames"]["enum"] == list(gpu_state.REASONS.values())
+
+
+def gpu_state_schema_path():
+    from laya_build.schema import SCHEMA_DIR
+
+    return SCHEMA_DIR / "model_common.schema.json"
