@@ -315,12 +315,22 @@ def run_export(
         raise InputsMismatchError(f"{inputs_path}: {exc.detail}") from None
     programs = [p for p in PROGRAMS if cfg["single_slot"] or not p.single_slot]
 
-    from laya_build.model import attention, fused_linear, head, linear_bias, native_geglu, native_linear, rotary
+    from laya_build.model import (
+        attention,
+        fused_linear,
+        head,
+        linear_bias,
+        native_geglu,
+        native_linear,
+        padded_linear,
+        rotary,
+    )
 
     model, _, _ = load_checkpoint(checkpoint_dir)
     model = eval_copy(model, torch_dtype(dtype), target)
     zero_bias = list(cfg["zero_bias"].get(target, []))
     fused_linears = list(cfg["fused_linears"].get(target, []))
+    padded_linears = list(cfg["padded_linears"].get(target, []))
     native_linears = list(cfg["native_linears"].get(target, []))
     geglu = bool(cfg["native_geglu"].get(target))
     if geglu and "mlp.Wi" in native_linears:
@@ -356,6 +366,7 @@ def run_export(
         named = native_linear.use(model, native_linears, algorithms, cutlass, cfg["cutlass_configs"]["linear"])
         if geglu:
             native_geglu.use(model, cfg["cutlass_configs"]["geglu"])
+        padded_linear.use(model, padded_linears, fused=fused_linears)
         fused_linear.use(model, fused_linears)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -375,6 +386,7 @@ def run_export(
         "attention": cfg["attention"][target],
         "zero_bias": zero_bias,
         "fused_linears": fused_linears,
+        "padded_linears": padded_linears,
         "native_linears": native_linears,
         "native_residual": bool(cfg["native_residual"].get(target)),
         "add_norms": bool(cfg["add_norms"].get(target)),
