@@ -14,6 +14,10 @@ outputs up to rounding:
   ``laya::gathered_attention``).  At 7 rows of 256 tokens that is three quarters of a layer's
   GEMM work of the forward's 30.
 
+Either way the layers' feed-forward runs as :func:`feed_forward` does: on CUDA in half precision
+the ReLU after the first GEMM is that GEMM's epilogue (cuBLASLt's bias-and-ReLU), not a kernel of
+its own.
+
 Semantics as the encoder's ``fused`` (right padding: each row's real positions first): every
 position attends to its row's real keys; a row of padding alone gets 0 where upstream's
 attention gives NaN (no real row reads it).
@@ -27,6 +31,10 @@ import types
 import torch
 
 LAST_LAYER = ("all", "read")  # export.last_head_layer's values
+# where feed_forward's first GEMM takes its ReLU as an epilogue: an addmm of these dtypes with a
+# vector bias is cuBLASLt's on CUDA
+EPILOGUE_DEVICES = ("cuda",)
+EPILOGUE_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def use(model: torch.nn.Module, attention: str, last_layer: str) -> str | None:
@@ -104,4 +112,20 @@ def layer_forward(layer, x: torch.Tensor, padding: torch.Tensor, counts: torch.T
     else:  # the layer's own attention, its queries at the positions read only
         attended = sa(pick(h, at), h, h, key_padding_mask=padding, need_weights=False)[0]
         x = pick(x, at) + layer.dropout1(attended)
-    return x + layer._ff_block(layer.norm2(x))
+    return x + feed_forward(layer, layer.norm2(x))
+
+
+def feed_forward(layer, h: torch.Tensor) -> torch.Tensor:
+    """A norm-first ``nn.TransformerEncoderLayer``'s feed-forward block on ``h`` (its ``_ff_block``,
+    in eval mode).  A ReLU layer on CUDA in half precision computes its first GEMM as
+    ``aten._addmm_activation``: cuBLASLt adds the bias and takes the ReLU in the GEMM's epilogue, in
+    fp32 before rounding (the same numbers: rounding and ReLU commute), where the exported
+    ``linear`` and ``relu`` compile to a GEMM and a pointwise kernel that reads its output again
+    (AOTInductor calls the op through ATen; it has no lowering of its own)."""
+    first = layer.linear1
+    if layer.activation_relu_or_gelu != 1 or first.bias is None:
+        return layer._ff_block(h)
+    if first.weight.device.type not in EPILOGUE_DEVICES or first.weight.dtype not in EPILOGUE_DTYPES:
+        return layer._ff_block(h)
+    hidden = torch._addmm_activation(first.bias, h.reshape(-1, h.shape[-1]), first.weight.t())
+    return layer.dropout2(layer.linear2(layer.dropout(hidden.view(*h.shape[:-1], -1))))

@@ -169,3 +169,38 @@ def test_a_cuda_head_the_kernel_cannot_take_keeps_its_own_attention():
         assert head.use(model, "fused", "read") == "sdpa"
         got = model(*args)
     close(got, expected, atol=0.1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_relu_of_a_cuda_half_feed_forward_is_its_gemm_s_epilogue(dtype, monkeypatch):
+    """On CUDA in bf16 or fp16 the head's feed-forward runs its first GEMM with the ReLU as its
+    epilogue (``aten._addmm_activation``, cuBLASLt's); the same numbers, and elsewhere nothing
+    changes.  The CPU stands in for CUDA here (its ``_addmm_activation`` computes the same)."""
+    model = model_with(2).to(dtype)
+    args = inputs()
+    head.use(model, "sdpa", "read")
+
+    def epilogues(program):
+        return [n for n in program.graph.nodes if n.target is torch.ops.aten._addmm_activation.default]
+
+    def exported():
+        with torch.inference_mode():
+            return torch.export.export(model, args)
+
+    with torch.no_grad():
+        expected = model(*args)
+    assert epilogues(exported()) == []  # a CPU model: upstream's linear and relu
+    monkeypatch.setattr(head, "EPILOGUE_DEVICES", ("cuda", "cpu"))
+    with torch.no_grad():
+        got = model(*args)
+    program = exported()
+    # the last layer runs through layer_forward (read); in bf16 its first GEMM takes the ReLU
+    assert len(epilogues(program)) == (1 if dtype == torch.bfloat16 else 0)
+    relus = [n for n in program.graph.nodes if n.target is torch.ops.aten.relu.default]
+    assert len(relus) == (1 if dtype == torch.bfloat16 else 2)  # the first layer's, upstream's call
+    for g, e in zip(got, expected):
+        assert torch.equal(g, e)  # bit for bit: bias, ReLU and rounding in another order only on the GPU
+    layer = model.head.layers[-1]
+    h = torch.randn(3, 4, 64).to(dtype)
+    with torch.no_grad():
+        assert torch.equal(head.feed_forward(layer, h), layer._ff_block(h))
