@@ -66,14 +66,23 @@ def candidates(model: nn.Module) -> list[str]:
 def use(model: nn.Module, names: list[str]) -> None:
     """Replace each linear layer of ``names`` (module paths, of :func:`candidates`) by a
     :class:`FusedLinear` of the same parameters."""
+    replace(model, names, "export.fused_linears", "fuse", FusedLinear)
+
+
+def replace(model: nn.Module, names: list[str], option: str, verb: str, make, check=None) -> None:
+    """Replace each linear layer of ``names`` (module paths, of :func:`candidates`) by
+    ``make(layer)``, after every name has been checked: a name :func:`candidates` lacks is refused
+    as ``option``'s, with the names it takes; ``check(name)`` may raise a ValueError of its own."""
     allowed = candidates(model)
     for name in names:
         if name not in allowed:
             raise ValueError(
-                f"export.fused_linears {name!r} is not a linear layer this model's forward can fuse; "
+                f"{option} {name!r} is not a linear layer this model's forward can {verb}; "
                 f"name one of {', '.join(allowed)}"
             )
+        if check is not None:
+            check(name)
     for name in names:
         parent, _, child = name.rpartition(".")
         owner = model.get_submodule(parent) if parent else model
-        setattr(owner, child, FusedLinear(getattr(owner, child)))
+        setattr(owner, child, make(getattr(owner, child)))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from laya_build.model.fused_linear import candidates
+from laya_build.model.fused_linear import replace
 
 MULTIPLE = 8  # elements: 16 bytes of bf16 or fp16
 
@@ -48,13 +48,8 @@ def use(model: nn.Module, names: list[str], fused: list[str] = ()) -> None:
     :func:`laya_build.model.fused_linear.candidates`, whose input width is no multiple of
     :data:`MULTIPLE`, none of them in ``fused``: ``export.fused_linears``) by a
     :class:`PaddedLinear` of the same parameters."""
-    allowed = candidates(model)
-    for name in names:
-        if name not in allowed:
-            raise ValueError(
-                f"export.padded_linears {name!r} is not a linear layer this model's forward can pad; "
-                f"name one of {', '.join(allowed)}"
-            )
+
+    def check(name: str) -> None:
         if name in fused:
             raise ValueError(
                 f"export.padded_linears {name!r} is also in export.fused_linears: a layer is padded or fused, "
@@ -66,7 +61,5 @@ def use(model: nn.Module, names: list[str], fused: list[str] = ()) -> None:
                 f"export.padded_linears {name!r} takes {width} inputs, already a multiple of {MULTIPLE}: "
                 "it has nothing to pad; leave it out"
             )
-    for name in names:
-        parent, _, child = name.rpartition(".")
-        owner = model.get_submodule(parent) if parent else model
-        setattr(owner, child, PaddedLinear(getattr(owner, child)))
+
+    replace(model, names, "export.padded_linears", "pad", PaddedLinear, check)
