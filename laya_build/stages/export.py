@@ -360,7 +360,8 @@ def run_export(
             (out / name).unlink(missing_ok=True)
     try:
         attention.use(model, cfg["attention"][target])
-        head_attention = head.use(model, cfg["attention"][target], cfg["last_head_layer"])
+        relu_epilogue = bool(cfg["relu_epilogue"].get(target))
+        head_attention = head.use(model, cfg["attention"][target], cfg["last_head_layer"], relu_epilogue)
         rotary.use(model, cfg["rotary"], halves=cfg["attention"][target] == "fused")
         linear_bias.use(model, zero_bias)
         named = native_linear.use(model, native_linears, algorithms, cutlass, cfg["cutlass_configs"]["linear"])
@@ -393,6 +394,7 @@ def run_export(
         "native_cutlass": cutlass,
         **({"cutlass_configs": configs} if configs else {}),
         "native_geglu": geglu,
+        "relu_epilogue": relu_epilogue,
         "native_library": library,
         "native_algorithms": algorithms_in,
         "last_head_layer": cfg["last_head_layer"],

@@ -172,35 +172,40 @@ def test_a_cuda_head_the_kernel_cannot_take_keeps_its_own_attention():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_relu_of_a_cuda_half_feed_forward_is_its_gemm_s_epilogue(dtype, monkeypatch):
-    """On CUDA in bf16 or fp16 the head's feed-forward runs its first GEMM with the ReLU as its
-    epilogue (``aten._addmm_activation``, cuBLASLt's); the same numbers, and elsewhere nothing
-    changes.  The CPU stands in for CUDA here (its ``_addmm_activation`` computes the same)."""
-    model = model_with(2).to(dtype)
+@pytest.mark.parametrize("attn, last_layer", [("sdpa", "read"), ("fused", "all"), ("fused", "read")])
+def test_relu_epilogue_computes_the_feed_forward_s_relu_with_its_first_gemm(dtype, attn, last_layer):
+    """With ``relu_epilogue`` every head layer's feed-forward runs its first GEMM and ReLU as one
+    ``aten._addmm_activation`` (cuBLASLt's epilogue on CUDA), with the same outputs; without it the
+    exported program keeps the linear and the relu."""
     args = inputs()
-    head.use(model, "sdpa", "read")
 
-    def epilogues(program):
-        return [n for n in program.graph.nodes if n.target is torch.ops.aten._addmm_activation.default]
-
-    def exported():
+    def run(epilogue: bool):
+        model = model_with(2).to(dtype)
+        attention.use(model, attn)
+        head.use(model, attn, last_layer, relu_epilogue=epilogue)
         with torch.inference_mode():
-            return torch.export.export(model, args)
+            return model(*args), torch.export.export(model, args)
 
-    with torch.no_grad():
-        expected = model(*args)
-    assert epilogues(exported()) == []  # a CPU model: upstream's linear and relu
-    monkeypatch.setattr(head, "EPILOGUE_DEVICES", ("cuda", "cpu"))
-    with torch.no_grad():
-        got = model(*args)
-    program = exported()
-    # the last layer runs through layer_forward (read); in bf16 its first GEMM takes the ReLU
-    assert len(epilogues(program)) == (1 if dtype == torch.bfloat16 else 0)
-    relus = [n for n in program.graph.nodes if n.target is torch.ops.aten.relu.default]
-    assert len(relus) == (1 if dtype == torch.bfloat16 else 2)  # the first layer's, upstream's call
+    def count(program, op):
+        return sum(1 for n in program.graph.nodes if n.target is op)
+
+    expected, plain = run(False)
+    got, program = run(True)
     for g, e in zip(got, expected):
-        assert torch.equal(g, e)  # bit for bit: bias, ReLU and rounding in another order only on the GPU
-    layer = model.head.layers[-1]
-    h = torch.randn(3, 4, 64).to(dtype)
+        assert torch.equal(g, e)  # bias, ReLU and rounding in one order either way on the CPU
+    assert count(plain, torch.ops.aten._addmm_activation.default) == 0
+    assert count(program, torch.ops.aten._addmm_activation.default) == 2  # both head layers'
+    assert count(program, torch.ops.aten.relu.default) == count(plain, torch.ops.aten.relu.default) - 2
+    layer = model_with(1).head.layers[0]
+    h = torch.randn(3, 4, 64)
     with torch.no_grad():
         assert torch.equal(head.feed_forward(layer, h), layer._ff_block(h))
+        layer.activation_relu_or_gelu, layer.activation = 2, torch.nn.functional.gelu
+        assert torch.equal(head.feed_forward(layer, h), layer._ff_block(h))  # a GELU layer: upstream's
+
+
+def test_relu_epilogue_needs_the_head_run_as_written_out():
+    with pytest.raises(
+        ValueError, match="export.relu_epilogue runs .* export.attention fused or export.last_head_layer read"
+    ):
+        head.use(model_with(2), "sdpa", "all", relu_epilogue=True)
