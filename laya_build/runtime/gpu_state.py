@@ -129,7 +129,8 @@ def describe(summaries: list[dict]) -> str | None:
     limits = sorted({r for s in got for r in s["clock_limits"] if r != "gpu_idle"})
     limited = [f"{r} in {sum(1 for s in got if r in s['clock_limits'])} of {len(got)}" for r in limits]
     parts.append("clock limits active: " + ", ".join(limited) if limited else "no clock limit active")
-    return f"The GPU while timed ({len(got)} timings, nvidia-smi): " + "; ".join(parts) + "."
+    timings = f"{len(got)} timing{'s' if len(got) != 1 else ''}"
+    return f"The GPU while timed ({timings}, nvidia-smi): " + "; ".join(parts) + "."
 
 
 class GpuSampler:
@@ -168,6 +169,7 @@ class GpuSampler:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 text=True,
+                errors="replace",
                 start_new_session=True,  # its own group: ended whole below
             )
         except OSError as exc:

@@ -196,3 +196,30 @@ def gpu_state_schema_path():
     from laya_build.schema import SCHEMA_DIR
 
     return SCHEMA_DIR / "model_common.schema.json"
+
+
+def test_latency_md_says_the_gpu_s_state_under_its_table():
+    from laya_build.stages.latency import markdown
+
+    limited = gpu_state.summarise([gpu_state.parse(line) for line in LINES])
+
+    def record(gpu):
+        latency = {"median_ms": 3.1, "iqr_ms": 0.01, "runs": 40, "block_size": 4, "blocks_ms": [3.1]}
+        batch = {"batch": 0, "shape": {"rows": 7, "tokens": 256, "slots": 4}, "latency": {**latency, **gpu}}
+        variant = {"name": "package_graphed", "dtype": "bfloat16", "description": "d", "batches": [batch]}
+        variant["parity_vs_eager_amp"] = None
+        return {
+            "target": "cuda",
+            "timing": {"warmup": 10, "min_run_time_s": 1.0, "max_run_time_s": 5.0},
+            "packages": [{"dtype": "bfloat16", "sha256": "0" * 64}],
+            "skipped_packages": [],
+            "variants": [variant],
+        }
+
+    shapes = [{"rows": 7, "tokens": 256, "slots": 4}]
+    text = markdown(record({"gpu": limited}), shapes)
+    assert text.rstrip().endswith(
+        "The GPU while timed (1 timing, nvidia-smi): SM clock 1860-1980 MHz; up to 701.2 W; "
+        "clock limits active: sw_power_cap in 1 of 1."
+    )
+    assert "The GPU" not in markdown(record({}), shapes)  # a CPU timing: no sentence
