@@ -271,14 +271,37 @@ def _fresh_load(record) -> dict | None:
 
 
 def _latencies(records) -> dict:
-    """(variant label, batch) -> median ms of a target's latency records (in their order)."""
+    """(variant label, batch) -> the latency figure (``median_ms``, and on a GPU ``gpu``) of a
+    target's latency records (in their order)."""
     return {
-        (variant_label(v, r.get("dtype")), b["batch"]): b["latency"]["median_ms"]
+        (variant_label(v, r.get("dtype")), b["batch"]): b["latency"]
         for r in records
         if r["status"] == "ok"
         for v in r["variants"]
         for b in v["batches"]
     }
+
+
+def _clock(latency: dict | None) -> dict:
+    """A latency figure's GPU state as release_diff rows carry it: the median SM clock and the
+    clock limits active in some sample (the GPU's idling left out); nothing where none was sampled."""
+    gpu = (latency or {}).get("gpu") or {}
+    if "samples" not in gpu:
+        return {}
+    limits = sorted(r for r in gpu["clock_limits"] if r != "gpu_idle")
+    return {"sm_clock_mhz": gpu.get("sm_clock_mhz", {}).get("median"), "clock_limits": limits}
+
+
+CLOCK_APART = 0.02  # median SM clocks further apart than this share: figures of unlike clocks
+
+
+def unlike_clocks(row: dict) -> bool:
+    """Whether a latency row's two figures were taken at unlike clocks: median SM clocks more than
+    :data:`CLOCK_APART` apart, or other clock limits active."""
+    old, new = row.get("old_sm_clock_mhz"), row.get("new_sm_clock_mhz")
+    if old is None or new is None:
+        return False
+    return abs(old - new) > CLOCK_APART * max(old, new) or row["old_clock_limits"] != row["new_clock_limits"]
 
 
 def diff(old_recs: dict, new_recs: dict) -> dict:
@@ -346,15 +369,20 @@ def diff(old_recs: dict, new_recs: dict) -> dict:
     for target in sorted(set(old_l) | set(new_l)):
         lo, ln = _latencies(old_l.get(target, [])), _latencies(new_l.get(target, []))
         for variant, batch in dict.fromkeys([*ln, *lo]):  # the new release's order, then what only the old has
-            result["latency"].append(
-                {
-                    "target": target,
-                    "variant": variant,
-                    "batch": batch,
-                    "old_ms": lo.get((variant, batch)),
-                    "new_ms": ln.get((variant, batch)),
-                }
-            )
+            o, n = lo.get((variant, batch)), ln.get((variant, batch))
+            row = {
+                "target": target,
+                "variant": variant,
+                "batch": batch,
+                "old_ms": o and o["median_ms"],
+                "new_ms": n and n["median_ms"],
+            }
+            clocks = {side: _clock(f) for side, f in (("old", o), ("new", n))}
+            if any(clocks.values()):
+                row.update(
+                    {f"{side}_{k}": c.get(k) for side, c in clocks.items() for k in ("sm_clock_mhz", "clock_limits")}
+                )
+            result["latency"].append(row)
     return result
 
 
@@ -438,14 +466,29 @@ def diff_sections(model: dict, old: str, new: str) -> list[str]:
             ),
         ]
     if model["latency"]:
-        out += [
-            "## Latency (median ms)\n",
-            table(
-                ["target", "variant", "batch", old, new],
-                [
-                    [r.get("target", r.get("build")), r["variant"], r["batch"], r["old_ms"], r["new_ms"]]
-                    for r in model["latency"]
-                ],
-            ),
-        ]
+        rows = model["latency"]
+        clocked = any("old_sm_clock_mhz" in r for r in rows)
+        head = ["target", "variant", "batch", old, new]
+        if clocked:
+            head += [f"{old} SM MHz", f"{new} SM MHz", "clock limits (old / new)"]
+
+        def cells(r):
+            base = [r.get("target", r.get("build")), r["variant"], r["batch"], r["old_ms"], r["new_ms"]]
+            if not clocked:
+                return base
+            if "old_sm_clock_mhz" not in r:  # neither figure has a GPU state
+                return base + ["", "", ""]
+            mhz = [f"{v:.0f}" if v is not None else "" for v in (r["old_sm_clock_mhz"], r["new_sm_clock_mhz"])]
+            limits = " / ".join(", ".join(r[f"{side}_clock_limits"] or []) or "-" for side in ("old", "new"))
+            return base + mhz + [limits + (" (unlike clocks)" if unlike_clocks(r) else "")]
+
+        out += ["## Latency (median ms)\n"]
+        if clocked:
+            out.append(
+                "The GPU's median SM clock and the clock limits active while each figure was timed "
+                f"(`nvidia-smi`); figures whose clocks are more than {CLOCK_APART:.0%} apart, or whose "
+                "clock limits differ, are marked: a compute-bound forward slows by as much as its clock "
+                "is lowered, so they compare the GPUs' states as much as the releases.\n"
+            )
+        out.append(table(head, [cells(r) for r in rows]))
     return out

@@ -223,3 +223,35 @@ def test_latency_md_says_the_gpu_s_state_under_its_table():
         "clock limits active: sw_power_cap in 1 of 1."
     )
     assert "The GPU" not in markdown(record({}), shapes)  # a CPU timing: no sentence
+
+
+def test_release_diff_marks_latencies_taken_at_unlike_clocks():
+    from laya_build.release import model_report
+
+    full = gpu_state.summarise([gpu_state.parse(LINES[0])])  # 1,980 MHz, no limit
+    capped = gpu_state.summarise([gpu_state.parse(line) for line in LINES[1:3]])  # 1,860-1,890 MHz, power cap
+
+    def release(figures):
+        batches = [
+            {"batch": i, "shape": {"rows": 1, "tokens": 128, "slots": 3}, "latency": {"median_ms": ms, **gpu}}
+            for i, (ms, gpu) in enumerate(figures)
+        ]
+        variant = {"name": "package_graphed", "dtype": "bfloat16", "batches": batches}
+        return {"latency": [("latency.json", {"status": "ok", "target": "cuda", "variants": [variant]})]}
+
+    old = release([(1.00, {"gpu": full}), (3.00, {"gpu": full}), (0.50, {})])
+    new = release([(1.01, {"gpu": full}), (3.10, {"gpu": capped}), (0.50, {})])
+    rows = model_report.diff(old, new)["latency"]
+    assert [(r["old_ms"], r["new_ms"]) for r in rows] == [(1.00, 1.01), (3.00, 3.10), (0.50, 0.50)]
+    assert rows[1]["old_sm_clock_mhz"] == 1980 and rows[1]["new_sm_clock_mhz"] == 1875
+    assert rows[1]["old_clock_limits"] == [] and rows[1]["new_clock_limits"] == ["sw_power_cap"]
+    assert [model_report.unlike_clocks(r) for r in rows] == [False, True, False]
+    assert "old_sm_clock_mhz" not in rows[2]  # a figure without a GPU state on either side
+    md = "\n".join(model_report.diff_sections({"packages": [], "verify": [], "latency": rows}, "0.1", "0.2"))
+    assert "| 0.1 SM MHz | 0.2 SM MHz | clock limits (old / new) |" in md
+    assert "| 3 | 3.1 | 1980 | 1875 | - / sw_power_cap (unlike clocks) |" in md
+    assert "| 1 | 1.01 | 1980 | 1980 | - / - |" in md
+    assert "| 2 | 0.5 | 0.5 |  |  |  |" in md
+    plain = model_report.diff(release([(1.0, {})]), release([(1.1, {})]))
+    md = "\n".join(model_report.diff_sections({"packages": [], "verify": [], **plain}, "0.1", "0.2"))
+    assert "SM MHz" not in md  # releases timed without a GPU state keep the table they had
