@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from laya_build.release.markdown import table
+from laya_build.runtime.gpu_state import describe
 
 
 def _key(record: dict) -> str:
@@ -56,6 +57,8 @@ def _latency_sections(records) -> list[str]:
             runs = [n for v in r["variants"] for b in v["batches"] if (n := _runs(b["latency"])) is not None]
             notes = [f"Each figure rests on {min(runs)} to {max(runs)} timed calls."] if runs else []
             notes += [f"Not measured: the {p['dtype']} package ({p['reason']})." for p in r.get("skipped_packages", [])]
+            gpu = describe([b["latency"].get("gpu") for v in r["variants"] for b in v["batches"]])
+            notes += [gpu] if gpu else []
             for v, label in zip(r["variants"], labels):
                 if "runner" in v:
                     used = ", ".join(f"batch {b['batch']}: {_bucket(b.get('bucket'))}" for b in v["batches"])
@@ -154,6 +157,16 @@ def sections(recs: dict) -> list[str]:
                 "Package latency in the verification process (median ms per call):\n",
                 table(["target", "program", "batch", "rows×tokens×slots", "median ms", "calls"], lat),
             ]
+            gpu = describe(
+                [
+                    b["latency"].get("gpu")
+                    for r in verifies.values()
+                    if r["status"] == "ok"
+                    for p in r["programs"]
+                    for b in p["batches"]
+                ]
+            )
+            out += [gpu + "\n"] if gpu else []
         out += _runtime_sections(verifies)
     out += _latency_sections(recs.get("latency", []))
     return out

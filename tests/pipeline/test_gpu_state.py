@@ -255,3 +255,32 @@ def test_release_diff_marks_latencies_taken_at_unlike_clocks():
     plain = model_report.diff(release([(1.0, {})]), release([(1.1, {})]))
     md = "\n".join(model_report.diff_sections({"packages": [], "verify": [], **plain}, "0.1", "0.2"))
     assert "SM MHz" not in md  # releases timed without a GPU state keep the table they had
+
+
+def test_a_release_report_says_the_gpu_s_state_under_its_latency_tables():
+    from laya_build.release import model_report
+
+    capped = gpu_state.summarise([gpu_state.parse(line) for line in LINES])
+    latency = {"median_ms": 3.1, "iqr_ms": 0.01, "runs": 40, "block_size": 4, "blocks_ms": [3.1], "gpu": capped}
+    batch = {"batch": 0, "shape": {"rows": 7, "tokens": 256, "slots": 4}, "latency": latency}
+    variant = {"name": "package_graphed", "dtype": "bfloat16", "description": "d", "batches": [batch]}
+    record = {
+        "status": "ok",
+        "target": "cuda",
+        "timing": {"warmup": 10, "min_run_time_s": 1.0, "max_run_time_s": 5.0},
+        "variants": [variant],
+    }
+    heads = {
+        h: {"max_logit_delta": 0.1, "max_prob_delta": 0.01, "argmax_agree": 3, "rows": 3} for h in ("decision", "act")
+    }
+    program = {"name": "decision", "batches": [{**batch, "compare": {}}], "summary": heads, "load_s": 1.0}
+    verify = {"status": "ok", "target": "cuda", "dtype": "bfloat16", "programs": [program]}
+    sentence = (
+        "The GPU while timed (1 timing, nvidia-smi): SM clock 1860-1980 MHz; up to 701.2 W; "
+        "clock limits active: sw_power_cap in 1 of 1."
+    )
+    assert "\n".join(model_report._latency_sections([("latency.json", record)])).rstrip().endswith(sentence)
+    assert sentence + "\n" in model_report.sections({"verify": [("verify.json", verify)]})
+    latency.pop("gpu")  # CPU figures: no sentence in either place
+    assert "The GPU while timed" not in "\n".join(model_report._latency_sections([("latency.json", record)]))
+    assert "The GPU while timed" not in "\n".join(model_report.sections({"verify": [("verify.json", verify)]}))
