@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from laya_build.release.markdown import table
-from laya_build.runtime.gpu_state import describe
+from laya_build.runtime.gpu_state import describe, limits
 
 
 def _key(record: dict) -> str:
@@ -29,6 +29,12 @@ def _latency_by_target(records) -> dict[str, list[dict]]:
     for _, r in sorted(records, key=lambda item: (item[1].get("target", "?"), item[1].get("dtype", ""))):
         out.setdefault(r.get("target", "?"), []).append(r)
     return out
+
+
+def gpu_sentence(record: dict) -> str | None:
+    """:func:`laya_build.runtime.gpu_state.describe` of every figure of a latency record (None:
+    none has the GPU's state)."""
+    return describe([b["latency"].get("gpu") for v in record["variants"] for b in v["batches"]])
 
 
 def _latency_sections(records) -> list[str]:
@@ -57,7 +63,7 @@ def _latency_sections(records) -> list[str]:
             runs = [n for v in r["variants"] for b in v["batches"] if (n := _runs(b["latency"])) is not None]
             notes = [f"Each figure rests on {min(runs)} to {max(runs)} timed calls."] if runs else []
             notes += [f"Not measured: the {p['dtype']} package ({p['reason']})." for p in r.get("skipped_packages", [])]
-            gpu = describe([b["latency"].get("gpu") for v in r["variants"] for b in v["batches"]])
+            gpu = gpu_sentence(r)
             notes += [gpu] if gpu else []
             for v, label in zip(r["variants"], labels):
                 if "runner" in v:
@@ -301,8 +307,7 @@ def _clock(latency: dict | None) -> dict:
     gpu = (latency or {}).get("gpu") or {}
     if "samples" not in gpu:
         return {}
-    limits = sorted(r for r in gpu["clock_limits"] if r != "gpu_idle")
-    return {"sm_clock_mhz": gpu.get("sm_clock_mhz", {}).get("median"), "clock_limits": limits}
+    return {"sm_clock_mhz": gpu.get("sm_clock_mhz", {}).get("median"), "clock_limits": limits(gpu)}
 
 
 CLOCK_APART = 0.02  # median SM clocks further apart than this share: figures of unlike clocks

@@ -111,6 +111,12 @@ def summarise(samples: list[dict], interval_ms: int = INTERVAL_MS) -> dict:
     return out
 
 
+def limits(summary: dict) -> list[str]:
+    """The clock limits active in some sample of a :func:`summarise` dict, the GPU's idling left
+    out (no limit on a timing's clock), by name."""
+    return sorted(r for r in summary["clock_limits"] if r != "gpu_idle")
+
+
 def describe(summaries: list[dict]) -> str | None:
     """One sentence on the GPU's state over several timings' summaries (None: no GPU was
     sampled): the SM clock's range, the most power drawn, and the clock limits that were active."""
@@ -126,8 +132,8 @@ def describe(summaries: list[dict]) -> str | None:
     powers = [s["power_w"]["max"] for s in got if "power_w" in s]
     if powers:
         parts.append(f"up to {max(powers):g} W")
-    limits = sorted({r for s in got for r in s["clock_limits"] if r != "gpu_idle"})
-    limited = [f"{r} in {sum(1 for s in got if r in s['clock_limits'])} of {len(got)}" for r in limits]
+    active = sorted({r for s in got for r in limits(s)})
+    limited = [f"{r} in {sum(1 for s in got if r in s['clock_limits'])} of {len(got)}" for r in active]
     parts.append("clock limits active: " + ", ".join(limited) if limited else "no clock limit active")
     timings = f"{len(got)} timing{'s' if len(got) != 1 else ''}"
     return f"The GPU while timed ({timings}, nvidia-smi): " + "; ".join(parts) + "."
@@ -214,11 +220,3 @@ class GpuSampler:
         proc.wait()
         self._reader.join(STOP_WAIT_S)
         proc.stdout.close()
-
-
-def sampled(device, fn, *args, **kwargs):
-    """``(fn(*args, **kwargs), summary)``: ``fn`` called with the GPU of torch's ``device`` sampled
-    (summary None for a device that is no CUDA GPU)."""
-    with GpuSampler(device_id(device)) as sampler:
-        value = fn(*args, **kwargs)
-    return value, sampler.summary

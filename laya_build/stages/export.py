@@ -331,6 +331,7 @@ def run_export(
     zero_bias = list(cfg["zero_bias"].get(target, []))
     fused_linears = list(cfg["fused_linears"].get(target, []))
     padded_linears = list(cfg["padded_linears"].get(target, []))
+    relu_epilogue = bool(cfg["relu_epilogue"].get(target))
     native_linears = list(cfg["native_linears"].get(target, []))
     geglu = bool(cfg["native_geglu"].get(target))
     if geglu and "mlp.Wi" in native_linears:
@@ -360,7 +361,6 @@ def run_export(
             (out / name).unlink(missing_ok=True)
     try:
         attention.use(model, cfg["attention"][target])
-        relu_epilogue = bool(cfg["relu_epilogue"].get(target))
         head_attention = head.use(model, cfg["attention"][target], cfg["last_head_layer"], relu_epilogue)
         rotary.use(model, cfg["rotary"], halves=cfg["attention"][target] == "fused")
         linear_bias.use(model, zero_bias)

@@ -33,11 +33,10 @@ from laya_build.environment import device_snapshot, unsupported_reason, versions
 from laya_build.errors import ConfigError, StageError
 from laya_build.layout import LATENCY_TABLE_NAME, child_log_name, record_name
 from laya_build.records import check_record, sha256_file
-from laya_build.release.model_report import variant_label
+from laya_build.release.model_report import gpu_sentence, variant_label
 from laya_build.runner import Child, run
 from laya_build.runner.folders import inductor_cache, vec_isa_root
 from laya_build.runtime.buckets import parse_buckets
-from laya_build.runtime.gpu_state import describe
 from laya_build.stages.common import check_sha256, skip, upstream
 
 # Compilers this stage runs (torch.compile): part of its up-to-date check (laya_build.environment).
@@ -89,7 +88,7 @@ def markdown(record: dict, shapes: list[dict]) -> str:
             agree = [f"{p[h]['argmax_agree']}/{p[h]['rows']}" for h in ("decision", "act")]
             agree.append("n/a" if p["decision"]["max_prob_delta"] is None else f"{p['decision']['max_prob_delta']:.3g}")
         lines.append(f"| {variant_label(v)} | {v['description']} | " + " | ".join(cells + agree) + " |")
-    gpu = describe([b["latency"].get("gpu") for v in record["variants"] for b in v["batches"]])
+    gpu = gpu_sentence(record)
     if gpu:
         lines += ["", gpu]
     return "\n".join(lines) + "\n"
