@@ -5,8 +5,10 @@ the next with ``layer_norm(x)``.  Inductor fuses the two into one persistent red
 a program, at one launch configuration for every row count of the dynamic token axis.
 ``laya::add_norm`` computes the same two tensors (the sum, rounded to the dtype as the eager add
 rounds it, and the norm of that sum in fp32, rounded) with a launch configuration chosen by the
-row count (:data:`CONFIGS`): a few rows a program where there are many rows.  In the exported
-program :func:`take_norms` replaces each ``add`` whose sum a ``layer_norm`` reads with one call.
+row count (:data:`CONFIGS`).  In the exported program :func:`take_norms` replaces each ``add``
+whose sum a ``layer_norm`` reads with one call; with a least row count, with a ``torch.cond`` on the
+row count that runs the call from that many rows on and the add and norm as they were below it, so
+that Inductor's own fused kernel still serves the small shapes.
 AOTInductor compiles the kernel into the package, as the attention kernel's
 (:mod:`laya_build.model.rotary_attention`); on the CPU the op computes with torch ops.
 """
@@ -21,11 +23,10 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 # Launch configurations, fewest rows first: a call runs the last one whose ``min_rows`` its row
-# count reaches (benchmarks/norm_probe.py times them; docs/measurements/runtime-h200.md).
-CONFIGS = (
-    {"ROWS": 1, "num_warps": 4, "min_rows": 0},
-    {"ROWS": 4, "num_warps": 4, "min_rows": 512},
-)
+# count reaches (benchmarks/norm_probe.py times them; docs/measurements/runtime-h200.md, "The add
+# and norm op at one row and one warp a program": on the H200 one row a program with one warp was
+# the fastest of 16 configurations at 128 rows and even with the fastest at 1,792).
+CONFIGS = ({"ROWS": 1, "num_warps": 1, "min_rows": 0},)
 MAX_N = 16384  # the widest row the kernel holds in registers at once
 
 
@@ -164,10 +165,103 @@ def _norm_of_add(node):
     return x
 
 
-def take_norms(ep) -> int:
+def _branch(params, vals, body) -> torch.fx.GraphModule:
+    """A ``torch.cond`` branch: a graph of placeholders ``params`` (names, their values ``vals``)
+    whose output is ``body(graph, *placeholders)`` (a pair of nodes)."""
+    graph = torch.fx.Graph()
+    args = []
+    for name, val in zip(params, vals, strict=True):
+        args.append(graph.placeholder(name))
+        args[-1].meta["val"] = val
+    graph.output(tuple(body(graph, *args)))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def _valued(node, val):
+    node.meta["val"] = val
+    return node
+
+
+def rows_of(x) -> object:
+    """The product of the dimensions of the node ``x``'s value but the last: an int, or a symbolic
+    size of the program's dynamic dimensions."""
+    val, rows = x.meta["val"], 1
+    for size in val.shape[:-1]:
+        rows = rows * size
+    return rows
+
+
+def _rows_reach(graph, x, min_rows: int):
+    """Nodes (inserted at the graph's insertion point) for ``rows_of(x) >= min_rows``: a symbolic
+    boolean of the program's sizes."""
+    val = x.meta["val"]
+    rows = None
+    for dim in range(val.dim() - 1):
+        size = graph.call_function(torch.ops.aten.sym_size.int, (x, dim))
+        size.meta["val"] = val.shape[dim]
+        if rows is not None:
+            size = graph.call_function(operator.mul, (rows, size))
+            size.meta["val"] = rows.meta["val"] * val.shape[dim]
+        rows = size
+    reach = graph.call_function(operator.ge, (rows, min_rows))
+    reach.meta["val"] = rows.meta["val"] >= min_rows
+    return reach
+
+
+def _conditional(ep, graph, node, add, weight, bias, eps: float, min_rows: int):
+    """A ``torch.cond`` node on ``rows >= min_rows`` whose true branch calls the op and whose false
+    branch is ``add`` and the norm ``node`` as they were; its two outputs are the sum and the norm."""
+    operands = [*add.args] + [t for t in (weight, bias) if isinstance(t, torch.fx.Node)]
+    params = ["a", "b"] + ["weight" if weight is not None else None, "bias" if bias is not None else None]
+    params = [p for p in params if p is not None]
+
+    def named(args):  # weight and bias: a placeholder, or None as in the norm
+        names = dict(zip(params, args))
+        return names["a"], names["b"], names.get("weight"), names.get("bias")
+
+    total_val, normed_val = add.meta["val"], node.meta["val"]
+
+    def op_call(g, *args):
+        a, b, w, bi = named(args)
+        call = _valued(g.call_function(torch.ops.laya.add_norm.default, (a, b, w, bi, eps)), (total_val, normed_val))
+        return (_valued(g.call_function(operator.getitem, (call, i)), v) for i, v in enumerate((total_val, normed_val)))
+
+    def as_before(g, *args):
+        a, b, w, bi = named(args)
+        total = _valued(g.call_function(torch.ops.aten.add.Tensor, (a, b)), total_val)
+        normed = g.call_function(torch.ops.aten.layer_norm.default, (total, node.args[1], w, bi, *node.args[4:]))
+        return total, _valued(normed, normed_val)
+
+    owner = ep.graph_module
+    names = []
+    vals = [t.meta["val"] for t in operands]
+    for kind, body in (("true", op_call), ("false", as_before)):
+        index = 0
+        while hasattr(owner, f"laya_add_norm_{kind}_{index}"):
+            index += 1
+        names.append(f"laya_add_norm_{kind}_{index}")
+        owner.register_module(names[-1], _branch(params, vals, body))
+    reach = _rows_reach(graph, add.args[0], min_rows)
+    branches = [graph.get_attr(name) for name in names]
+    return graph.call_function(torch.ops.higher_order.cond, (reach, *branches, tuple(operands)))
+
+
+def _rename_outputs(ep, names: dict) -> None:
+    """The program's output specs renamed from the replaced nodes' names to their replacements'."""
+    for spec in ep.graph_signature.output_specs:
+        name = getattr(spec.arg, "name", None)
+        if name in names:
+            spec.arg.name = names[name]
+
+
+def take_norms(ep, min_rows: int = 0) -> int:
     """Replace each ``layer_norm(a + b)`` over the last dimension in the exported program ``ep``
     (its graph changed in place) by one ``laya::add_norm`` call, whose sum also takes the add's
-    other readers (the residual stream); how many calls there are now."""
+    other readers (the residual stream); how many calls there are now.  With ``min_rows`` the call
+    runs only where the product of the operands' dimensions but the last reaches it: a
+    ``torch.cond`` on that size, the add and the norm as they were in its other branch (a size
+    known when the program runs: AOTInductor decides it on the host, and a captured graph holds
+    the branch of its shape)."""
     graph = ep.graph_module.graph
     taken = 0
     for node in list(graph.nodes):
@@ -176,8 +270,14 @@ def take_norms(ep) -> int:
             continue
         args = list(node.args) + [None] * (5 - len(node.args))
         weight, bias, eps = args[2], args[3], args[4] if args[4] is not None else 1e-5
+        rows = rows_of(add.args[0])
+        if isinstance(rows, int) and rows < min_rows:
+            continue  # a static size below the least: the add and norm stay
         with graph.inserting_before(add):  # every operand is defined by here, every reader after
-            call = graph.call_function(torch.ops.laya.add_norm.default, (*add.args, weight, bias, float(eps)))
+            if min_rows > 0 and not isinstance(rows, int):
+                call = _conditional(ep, graph, node, add, weight, bias, float(eps), min_rows)
+            else:
+                call = graph.call_function(torch.ops.laya.add_norm.default, (*add.args, weight, bias, float(eps)))
             total = graph.call_function(operator.getitem, (call, 0))
             normed = graph.call_function(operator.getitem, (call, 1))
         call.meta = {**node.meta, "val": (add.meta["val"], node.meta["val"])}
@@ -185,6 +285,7 @@ def take_norms(ep) -> int:
         normed.meta = {**node.meta}
         node.replace_all_uses_with(normed)
         add.replace_all_uses_with(total)
+        _rename_outputs(ep, {node.name: normed.name, add.name: total.name})
         graph.erase_node(node)
         graph.erase_node(add)
         taken += 1

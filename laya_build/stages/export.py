@@ -182,15 +182,18 @@ def taken_norms(ep, cfg: dict, target: str) -> dict:
     """With ``export.add_norms.<target>``, the layer norms of residual adds in ``ep`` replaced by
     ``laya::add_norm`` calls, counted as the program record's ``add_norms``; a program with none
     is refused (the setting would change nothing)."""
-    if not cfg["add_norms"].get(target):
+    setting = cfg["add_norms"].get(target)
+    if not setting:
         return {}
     from laya_build.model.add_norm import take_norms
 
-    taken = take_norms(ep)
+    taken = take_norms(ep, min_rows=0 if setting is True else setting)
     if taken == 0:
         moved = cfg["native_residual"].get(target)  # its adds are inside the native op by now
+        shown = "true" if setting is True else setting
         raise ConfigError(
-            f"export.add_norms.{target} is true and no layer norm in the exported program reads an add",
+            f"export.add_norms.{target} is {shown} and no layer norm in the exported program reads an add"
+            + ("" if setting is True else f" of {setting} positions or more"),
             hint=f"export.native_residual.{target} moves the residual adds into the native op: set one of the two "
             "to false"
             if moved
@@ -390,7 +393,7 @@ def run_export(
         "padded_linears": padded_linears,
         "native_linears": native_linears,
         "native_residual": bool(cfg["native_residual"].get(target)),
-        "add_norms": bool(cfg["add_norms"].get(target)),
+        "add_norms": cfg["add_norms"].get(target) or False,
         "native_cutlass": cutlass,
         **({"cutlass_configs": configs} if configs else {}),
         "native_geglu": geglu,

@@ -249,8 +249,11 @@ def test_h200_config_is_valid_and_differs_only_where_documented(tmp_path):
     expected["export"]["attention"]["cuda"] = "fused"  # the export that tuning file was made for
     expected["export"]["last_head_layer"] = "read"
     expected["export"]["zero_bias"]["cuda"] = ["mlp.Wo"]  # the MLP's output GEMM through cuBLASLt
-    # the scorer's last layer as a reduction fused with the GELU before it
-    expected["export"]["fused_linears"]["cuda"] = ["scorer.3"]
+    # the scorer's and the act head's last layers as reductions fused with the GELU before each, the
+    # act head's first layer padded to a multiple of 8, the head's ReLUs in their GEMMs' epilogue
+    expected["export"]["fused_linears"]["cuda"] = ["scorer.3", "act_head.2"]
+    expected["export"]["padded_linears"]["cuda"] = ["act_head.0"]
+    expected["export"]["relu_epilogue"]["cuda"] = True
     # the attention's GEMMs through the native op, with the algorithms chosen on the H200
     expected["export"]["native_linears"]["cuda"] = ["attn.Wqkv", "attn.Wo"]
     expected["export"]["native_algorithms"] = {"cuda-bfloat16": "tuning/h200-cublaslt.json"}

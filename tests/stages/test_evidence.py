@@ -732,7 +732,7 @@ def test_h200_the_act_head_fused_made_every_1x128_replay_slower_despite_less_gpu
 def test_h200_head_tail_builds_timed_nothing_and_new_rebuilt_to_its_bytes_on_a_second_machine():
     """``new`` gave one package tuned afresh and from the committed empty tuning file on another
     machine; every build's tuning file is the committed one; ``base`` gave the bytes of the
-    revision before again; the committed configuration is ``flsc``'s."""
+    revision before again; ``flsc``'s fused scorer is in the committed configuration."""
     logs = {n: digests((EVIDENCE / TAIL / f"variants-{n}.log").read_text()) for n in (1, 2, 3)}
     assert len(logs[1]["new"]) == 1 and logs[2]["new"] == logs[1]["new"]
     assert {load(f"{TAIL}/new-verify-1.json")["programs"][0]["package"]["sha256"]} == logs[1]["new"]
@@ -740,7 +740,7 @@ def test_h200_head_tail_builds_timed_nothing_and_new_rebuilt_to_its_bytes_on_a_s
     committed = committed_tuning()
     for name in ("base-tuning-1", "new-tuning-1", "new-tuning-2", "nofl-tuning-2", "flact-tuning-3", "flsc-tuning-3"):
         assert (EVIDENCE / TAIL / f"{name}.json").read_bytes() == committed
-    assert h200_config()["export"]["fused_linears"] == {"cpu": [], "cuda": ["scorer.3"]}
+    assert "scorer.3" in h200_config()["export"]["fused_linears"]["cuda"]
 
 
 ONE = "2026-12-04-h200-one-gather"  # one rotary gather a forward; the key counts once; two replay speeds
