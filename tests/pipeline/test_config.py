@@ -254,6 +254,8 @@ def test_h200_config_is_valid_and_differs_only_where_documented(tmp_path):
     expected["export"]["fused_linears"]["cuda"] = ["scorer.3", "act_head.2"]
     expected["export"]["padded_linears"]["cuda"] = ["act_head.0"]
     expected["export"]["relu_epilogue"]["cuda"] = True
+    # each residual add and its layer norm as the project's Triton op from 512 positions on
+    expected["export"]["add_norms"]["cuda"] = 512
     # the attention's GEMMs through the native op, with the algorithms chosen on the H200
     expected["export"]["native_linears"]["cuda"] = ["attn.Wqkv", "attn.Wo"]
     expected["export"]["native_algorithms"] = {"cuda-bfloat16": "tuning/h200-cublaslt.json"}
