@@ -23,9 +23,10 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 # Launch configurations, fewest rows first: a call runs the last one whose ``min_rows`` its row
-# count reaches (benchmarks/norm_probe.py times them; docs/measurements/runtime-h200.md, "The add
-# and norm op at one row and one warp a program": on the H200 one row a program with one warp was
-# the fastest of 16 configurations at 128 rows and even with the fastest at 1,792).
+# count reaches (benchmarks/norm_probe.py times them; docs/measurements/runtime-h200.md, "The
+# decision head's tail timed, and the add-and-norm op from 512 positions on": on the H200 one row a
+# program with one warp was the fastest of 16 configurations at 128 rows and even with the fastest
+# at 1,792).
 CONFIGS = ({"ROWS": 1, "num_warps": 1, "min_rows": 0},)
 MAX_N = 16384  # the widest row the kernel holds in registers at once
 

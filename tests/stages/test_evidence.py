@@ -1819,3 +1819,83 @@ def test_the_geglu_candidates_at_1792_rows_as_tabled():
     assert round(median["cublas"], 2) == 35.56 and min(mine.values()) - median["cublas"] > 4
     assert round(median["cublas, geglu"], 2) == 44.48
     assert all(r["max_abs_vs_cublas_geglu"] < 1.3e-4 for r in probe["rows"] if "config" in r)
+
+
+TAIL_NORMS = "2026-12-07-h100-tail-and-norms"
+
+
+def rounds(run: int, shape: str) -> dict:
+    return load(f"{TAIL_NORMS}/latency-{run}.json")["shapes"][shape]
+
+
+def test_h100_the_head_tail_was_faster_at_both_shapes_in_every_round_verified_and_is_committed():
+    """Run 1: every ``tail`` replay after the plain call faster than every ``cur`` one at both
+    shapes, by the medians quoted; ``verify`` passed with the deltas quoted; the three options are in
+    pipeline.h200.yaml."""
+    for shape, (cur, tail) in {"1x128x3": (1.005, 0.988), "7x256x4": (3.185, 3.161)}.items():
+        ms = rounds(1, shape)["ms"]
+        assert max(ms["tail"]["replay"]) < min(ms["cur"]["replay"]), shape
+        medians = rounds(1, shape)["median_ms"]
+        assert (round(medians["cur"]["replay"], 3), round(medians["tail"]["replay"], 3)) == (cur, tail)
+    verified_as_quoted(f"{TAIL_NORMS}/tail-verify-1.json", {"decision": (0.023, 0.0045), "act": (0.049, 0.0131)})
+    export = h200_config()["export"]
+    assert export["fused_linears"]["cuda"] == ["scorer.3", "act_head.2"]
+    assert export["padded_linears"]["cuda"] == ["act_head.0"] and export["relu_epilogue"]["cuda"] is True
+
+
+def test_h100_add_norms_from_512_positions_on_gained_at_7x256_only_and_is_committed():
+    """Run 2: ``anc`` faster than ``cur`` at 7x256 in every round (51 µs in the medians) and within
+    2 µs at 1x128, where ``an`` (the op at every size) was at least 10 µs slower; the op ran 58 times a
+    7x256 forward and never at 1x128; ``verify`` passed; pipeline.h200.yaml sets 512."""
+    big, small = rounds(2, "7x256x4"), rounds(2, "1x128x3")
+    assert max(big["ms"]["anc"]["replay"]) < min(big["ms"]["cur"]["replay"])
+    gain = big["median_ms"]["cur"]["replay"] - big["median_ms"]["anc"]["replay"]
+    assert round(gain * 1000) == 51
+    assert abs(small["median_ms"]["anc"]["replay"] - small["median_ms"]["cur"]["replay"]) < 0.002
+    assert min(small["ms"]["an"]["replay"]) - max(small["ms"]["cur"]["replay"]) > 0.010
+    ops = {s: {t["name"]: t for t in rounds(2, s)["profile"]["anc"]["top"]} for s in ("1x128x3", "7x256x4")}
+    assert ops["7x256x4"]["kernel: _add_norm_kernel"]["per_forward"] == 58
+    assert "kernel: _add_norm_kernel" not in ops["1x128x3"]
+    verified_as_quoted(f"{TAIL_NORMS}/anc-verify-2.json", {"decision": (0.022, 0.0046), "act": (0.047, 0.0129)})
+    assert (
+        "PASSED tests/stages/test_add_norm.py::test_the_kernel_on_cuda_is_the_reference"
+        in (EVIDENCE / TAIL_NORMS / "variants-2.log").read_text()
+    )
+    assert h200_config()["export"]["add_norms"]["cuda"] == 512
+
+
+def test_h100_each_configuration_built_twice_gave_one_package():
+    """``cur`` of run 1 is the H200's bytes of 04:10; ``tail`` (run 1) is run 2's ``cur``; ``anc``
+    (run 2) is run 3's ``cur``, verified there."""
+    logs = {n: digests((EVIDENCE / TAIL_NORMS / f"variants-{n}.log").read_text()) for n in (1, 2, 3)}
+    h200 = digests((EVIDENCE / "2026-12-07-gathered-head" / "variants-1.log").read_text())
+    assert logs[1]["cur"] == h200["cur"]
+    assert logs[1]["tail"] == logs[2]["cur"] and logs[2]["anc"] == logs[3]["cur"]
+    assert {verified_today(f"{TAIL_NORMS}/cur-verify-3.json")["programs"][0]["package"]["sha256"]} == logs[3]["cur"]
+
+
+def test_h100_the_gpu_held_its_clock_at_1x128_and_met_its_power_limit_at_7x256():
+    """The recorded GPU state of every timing: 1,980 MHz and no limit at 1x128; at 7x256
+    ``sw_power_cap`` in at least 74 % of a replay timing's samples at a median clock of 1,860-1,920
+    MHz, in at least a third of a plain call timing's."""
+    for run in (1, 2, 3):
+        for shape in ("1x128x3", "7x256x4"):
+            for states in rounds(run, shape)["gpu"].values():
+                for kind, timings in states.items():
+                    for state in timings:
+                        clock, cap = state["sm_clock_mhz"]["median"], state["clock_limits"].get("sw_power_cap", 0)
+                        if shape == "1x128x3":
+                            assert clock == 1980.0 and state["clock_limits"] == {}
+                        elif kind == "plain":
+                            assert cap >= 0.33 and 1950 <= clock <= 1980
+                        else:
+                            assert cap >= 0.73 and 1860 <= clock <= 1920
+
+
+def test_h100_the_committed_package_kept_its_answers_in_mixed_work_and_answered_within_its_import():
+    steps = [json.loads(line) for line in (EVIDENCE / TAIL_NORMS / "mixed-3.jsonl").read_text().splitlines()]
+    assert [s["replay_unchanged"] for s in steps if "step" in s] == [True] * 4
+    assert {"done": True, "replay_vs_plain": True, "replay_vs_plain_after": True} in steps
+    first = {r["variant"]: r for r in load(f"{TAIL_NORMS}/first-3.json")["rows"]}
+    assert first["start_build"]["rc"] == 0
+    assert first["start_build"]["first_s"] - first["import torch"]["first_s"] < 1.5
