@@ -212,9 +212,9 @@ def _rows_reach(graph, x, min_rows: int):
 def _conditional(ep, graph, node, add, weight, bias, eps: float, min_rows: int):
     """A ``torch.cond`` node on ``rows >= min_rows`` whose true branch calls the op and whose false
     branch is ``add`` and the norm ``node`` as they were; its two outputs are the sum and the norm."""
-    operands = [*add.args] + [t for t in (weight, bias) if isinstance(t, torch.fx.Node)]
-    params = ["a", "b"] + ["weight" if weight is not None else None, "bias" if bias is not None else None]
-    params = [p for p in params if p is not None]
+    given = [(name, t) for name, t in (("weight", weight), ("bias", bias)) if t is not None]
+    operands = [*add.args] + [t for _, t in given]
+    params = ["a", "b"] + [name for name, _ in given]
 
     def named(args):  # weight and bias: a placeholder, or None as in the norm
         names = dict(zip(params, args))
