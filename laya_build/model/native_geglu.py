@@ -13,7 +13,11 @@ whose accumulator each thread holds two adjacent outputs' input and gate product
 epilogue rounds them to bf16 (as the GEMM's output would be) and writes ``gelu(input) * gate``.
 ``configs`` (``export.cutlass_configs.geglu``) names its launch configuration by row count.  On
 the CPU the op puts the rows back in order and computes the module's own arithmetic: the same bits
-as the layers it replaces.
+as the layers it replaces.  With a least number of positions (``export.native_geglu.<target>`` a
+number) the op runs from that many positions on; below it the MLP multiplies by the interleaved
+weight as a plain linear layer and takes the gated GELU of its columns block by block
+(:func:`plain`): a ``torch.cond`` on the size, so that small shapes keep cuBLAS's GEMM and
+Inductor's pointwise kernel.
 
 The op lives in the project's native op library (:mod:`laya_build.native`), built with its CUDA
 kernels by nvcc when ``export.native_geglu.cuda`` is on; the package calls it through torch's
@@ -74,11 +78,13 @@ def check(model: torch.nn.Module, target: str) -> None:
         )
 
 
-def use(model: torch.nn.Module, configs: list[int]) -> int:
+def use(model: torch.nn.Module, configs: list[int], least: int = 0) -> int:
     """Run every encoder layer's MLP's first GEMM and gated GELU through
     ``laya_native::geglu_linear`` with the launch configurations ``configs`` (``[m_max,
-    configuration]`` groups), its ``Wi`` rows interleaved in place; how many layers.  The op's
-    library must be loaded (:func:`laya_build.runtime.serving.load_library`)."""
+    configuration]`` groups), its ``Wi`` rows interleaved in place; how many layers.  With
+    ``least``, the op only from that many positions on (the product of the input's dimensions but
+    the last), :func:`plain` below.  The op's library must be loaded
+    (:func:`laya_build.runtime.serving.load_library`)."""
     register_fake()
     with torch.no_grad():
         for layer in model.encoder.layers:
@@ -87,10 +93,35 @@ def use(model: torch.nn.Module, configs: list[int]) -> int:
             if mlp.Wi.bias is not None:
                 mlp.Wi.bias.copy_(interleave(mlp.Wi.bias))
             mlp.laya_geglu_configs = list(configs)
+            mlp.laya_geglu_least = least
             mlp.forward = types.MethodType(_forward, mlp)
     return len(model.encoder.layers)
 
 
+def plain(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act) -> torch.Tensor:
+    """What the op computes, as a linear layer of the interleaved ``weight`` (and ``bias``) and
+    ``act(input) * gate`` over its output's blocks of :data:`BLOCK` columns, input and gate in turn."""
+    both = torch.nn.functional.linear(x, weight, bias).unflatten(-1, (-1, 2, BLOCK))
+    return (act(both[..., 0, :]) * both[..., 1, :]).flatten(-2)
+
+
 def _forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    both = torch.ops.laya_native.geglu_linear(hidden_states, self.Wi.weight, self.Wi.bias, self.laya_geglu_configs)
+    configs, act, weight, bias = self.laya_geglu_configs, self.act, self.Wi.weight, self.Wi.bias
+    width = int(weight.shape[0]) // 2  # the output's: a constant, as both branches of a cond must say
+
+    def native(x):
+        torch._check(weight.shape[0] == 2 * width)
+        return torch.ops.laya_native.geglu_linear(x, weight, bias, configs)
+
+    def as_linear(x):
+        torch._check(weight.shape[0] == 2 * width)
+        return plain(x, weight, bias, act)
+
+    rows = hidden_states.numel() // hidden_states.shape[-1]
+    if not self.laya_geglu_least:
+        both = torch.ops.laya_native.geglu_linear(hidden_states, weight, bias, configs)
+    elif isinstance(rows, int):  # a static size: one branch
+        both = (native if rows >= self.laya_geglu_least else as_linear)(hidden_states)
+    else:
+        both = torch.cond(rows >= self.laya_geglu_least, native, as_linear, (hidden_states,))
     return self.Wo(self.drop(both))

@@ -336,10 +336,12 @@ def run_export(
     padded_linears = list(cfg["padded_linears"].get(target, []))
     relu_epilogue = bool(cfg["relu_epilogue"].get(target))
     native_linears = list(cfg["native_linears"].get(target, []))
-    geglu = bool(cfg["native_geglu"].get(target))
+    geglu_setting = cfg["native_geglu"].get(target) or False
+    geglu = bool(geglu_setting)
     if geglu and "mlp.Wi" in native_linears:
         raise ConfigError(
-            f"export.native_geglu.{target} is true and export.native_linears.{target} names mlp.Wi: the MLP's "
+            f"export.native_geglu.{target} is {'true' if geglu_setting is True else geglu_setting} and "
+            f"export.native_linears.{target} names mlp.Wi: the MLP's "
             "first GEMM runs in one op or the other",
             hint=f"drop mlp.Wi from export.native_linears.{target}, or set export.native_geglu.{target} to false",
         )
@@ -369,7 +371,7 @@ def run_export(
         linear_bias.use(model, zero_bias)
         named = native_linear.use(model, native_linears, algorithms, cutlass, cfg["cutlass_configs"]["linear"])
         if geglu:
-            native_geglu.use(model, cfg["cutlass_configs"]["geglu"])
+            native_geglu.use(model, cfg["cutlass_configs"]["geglu"], 0 if geglu_setting is True else geglu_setting)
         padded_linear.use(model, padded_linears, fused=fused_linears)
         fused_linear.use(model, fused_linears)
     except ValueError as exc:
@@ -396,7 +398,7 @@ def run_export(
         "add_norms": cfg["add_norms"].get(target) or False,
         "native_cutlass": cutlass,
         **({"cutlass_configs": configs} if configs else {}),
-        "native_geglu": geglu,
+        "native_geglu": geglu_setting,
         "relu_epilogue": relu_epilogue,
         "native_library": library,
         "native_algorithms": algorithms_in,

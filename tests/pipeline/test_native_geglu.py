@@ -10,6 +10,7 @@ package: tests/pipeline/test_native_library.py.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -89,6 +90,87 @@ def test_the_op_on_the_cpu_is_the_mlp_bit_for_bit_and_refuses_what_does_not_fit(
     assert "weight must be [2 x intermediate, K], intermediate a multiple of 8, its rows interleaved" in odd
     assert "x is BFloat16 and weight Float: give both one dtype" in other_dtype
     assert "groups of 2" in form
+
+
+BY_SIZE = """
+import json, sys, types, torch
+import torch.nn.functional as F
+from torch.export import Dim
+from laya_build.model import native_geglu
+from laya_build.stages.children.package import restore_symbol_hints
+torch.ops.load_library(sys.argv[1])
+torch.manual_seed(0)
+LEAST = 64  # positions: 2 x 16 below it, 2 x 32 and 2 x 128 from it on
+
+
+class MLP(torch.nn.Module):  # ModernBERT's, with its Wi, act, drop and Wo
+    def __init__(self, bias):
+        super().__init__()
+        self.Wi, self.act, self.drop = torch.nn.Linear(32, 2 * 24, bias=bias), torch.nn.GELU(), torch.nn.Identity()
+        self.Wo = torch.nn.Linear(24, 32)
+
+    def forward(self, x):
+        a, g = self.Wi(x).chunk(2, -1)
+        return self.Wo(self.drop(self.act(a) * g))
+
+
+class Model(torch.nn.Module):
+    def __init__(self, bias):
+        super().__init__()
+        self.encoder = torch.nn.Module()
+        self.encoder.layers = torch.nn.ModuleList([torch.nn.Module()])
+        self.encoder.layers[0].mlp = MLP(bias)
+
+    def forward(self, x):
+        return self.encoder.layers[0].mlp(x)
+
+
+out = {}
+for bias in (False, True):
+    model = Model(bias).eval()
+    sizes = [torch.randn(2, t, 32) for t in (16, 32, 128)]
+    with torch.no_grad():
+        want = [model(x) for x in sizes]
+        native_geglu.use(model, [-1, 0], least=LEAST)
+        ep = torch.export.export(model, (sizes[1],), dynamic_shapes=({1: 16 * Dim("t", min=1, max=8)},))
+        conds = [n for n in ep.graph.nodes if n.target is torch.ops.higher_order.cond]
+        branches = {name: [str(n.target) for n in getattr(ep.graph_module, name).graph.nodes]
+                    for name in (conds[0].args[1].target, conds[0].args[2].target)} if conds else {}
+        eager = [max((model(x) - w).abs().max().item() for x, w in zip(sizes, want))]
+        torch.export.save(ep, sys.argv[2] + f"/ep-{bias}.pt2")
+        loaded = torch.export.load(sys.argv[2] + f"/ep-{bias}.pt2")
+        restore_symbol_hints(loaded)
+        path = torch._inductor.aoti_compile_and_package(loaded, package_path=sys.argv[2] + f"/pk-{bias}.pt2")
+        package = torch._inductor.aoti_load_package(path)
+        aoti = [(package(x) - w).abs().max().item() for x, w in zip(sizes, want)]
+    out[str(bias)] = {"conds": len(conds), "branches": branches, "eager": eager, "aoti": aoti}
+print(json.dumps(out))
+"""
+
+
+def test_from_a_least_number_of_positions_the_op_runs_and_below_it_a_plain_linear_layer(cpu_library, tmp_path):
+    """``native_geglu.use(..., least=N)``: each MLP is a ``torch.cond`` on its input's positions,
+    the op from N on and a plain linear layer of the interleaved weight with the gated GELU of its
+    blocks below; exported, saved, loaded and compiled by AOTInductor, the program gives the
+    module's outputs on both sides of N, with and without a bias."""
+    import json
+
+    got = json.loads(_fresh(BY_SIZE, str(cpu_library), str(tmp_path)))
+    for bias, run in got.items():
+        assert run["conds"] == 1, bias
+        native_branch, plain_branch = run["branches"].values()
+        assert "laya_native.geglu_linear.default" in native_branch
+        assert "laya_native.geglu_linear.default" not in plain_branch and "aten.linear.default" in plain_branch
+        assert max(run["eager"]) < 1e-5 and max(run["aoti"]) < 1e-5, (bias, run)
+
+
+def test_the_plain_form_is_the_mlps_gated_gelu_of_the_interleaved_weight():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 2 * 24)
+    x = torch.randn(3, 5, 32)
+    a, g = lin(x).chunk(2, -1)
+    got = native_geglu.plain(x, native_geglu.interleave(lin.weight), native_geglu.interleave(lin.bias), torch.nn.GELU())
+    assert got.shape == (3, 5, 24) and torch.allclose(got, torch.nn.functional.gelu(a) * g, atol=1e-6)
 
 
 CONFIG_NAMES = """
@@ -516,3 +598,37 @@ def test_a_candidate_that_is_not_a_launch_configuration_is_refused_with_the_form
 
     with pytest.raises(ValueError, match=r"is not a launch configuration: write e\.g\. 'cooperative 128x192x64"):
         parse_candidate(line)
+
+
+def test_an_export_with_a_least_number_of_positions_records_it_and_each_mlp_is_a_cond(cpu_library, tmp_path):
+    """The export stage with ``export.native_geglu.cpu`` a number: the record says the number, and
+    each encoder layer's MLP in the saved program is a cond whose one branch calls the op."""
+    from laya_build.records import read_record
+    from tests.stage_calls import run_export, run_model
+
+    run_model({}, tmp_path / "model")
+    run_export(
+        {"native_geglu": {"cpu": 64}},
+        tmp_path / "model" / "checkpoint",
+        tmp_path / "model" / "inputs.pt",
+        tmp_path / "export",
+        "cpu",
+        "float32",
+    )
+    record = read_record(tmp_path / "export" / "export.json")
+    assert record["native_geglu"] == 64
+    counted = _fresh(
+        "import json, sys, torch\n"
+        "torch.ops.load_library(sys.argv[1])\n"
+        "from laya_build.model import native_linear\n"
+        "native_linear.register_fake()\n"
+        "ep = torch.export.load(sys.argv[2])\n"
+        "conds = [n for n in ep.graph.nodes if n.target is torch.ops.higher_order.cond]\n"
+        "calls = [n for c in conds for n in getattr(ep.graph_module, c.args[1].target).graph.nodes\n"
+        "         if 'geglu_linear' in str(n.target)]\n"
+        "print(json.dumps([len(conds), len(calls)]))",
+        str(tmp_path / "export" / record["native_library"]["path"]),
+        str(tmp_path / "export" / "exported.pt2"),
+    )
+    conds, calls = json.loads(counted)
+    assert conds == calls == 2  # the generated model's two encoder layers (laya_build/model/defaults.yaml)
