@@ -26,13 +26,15 @@ pytestmark = pytest.mark.skipif(not os.access(kr.CUOBJDUMP, os.X_OK), reason="Tr
 @pytest.mark.parametrize("bias", [False, True], ids=["weight", "weight-and-bias"])
 def test_the_add_norm_kernel_moves_its_rows_in_128_bit_accesses_without_spilling(config, bias):
     """The model's width (1,024, bf16): the two operands, the sum and the norm of each row of a
-    program, and the parameters once, in 16-byte accesses and nothing narrower; no local memory."""
+    program, and the parameters once, in 16-byte accesses (8 elements) and nothing narrower, as many
+    a thread as the width over the program's threads needs; no local memory."""
     resources, sass = kr.norm(config, bias)
     assert resources["LOCAL"] == 0 and resources["STACK"] == 0, resources
     ops = kr.memory_ops(sass)
     assert set(ops) == {"LDG.E.128", "STG.E.128"}, ops
-    assert ops["STG.E.128"] == 2 * config["ROWS"], ops
-    assert ops["LDG.E.128"] == 2 * config["ROWS"] + 1 + bias, ops
+    each = max(1, 1024 // (config["num_warps"] * 32 * 8))  # 16-byte accesses a thread for one row's tensor
+    assert ops["STG.E.128"] == 2 * config["ROWS"] * each, ops
+    assert ops["LDG.E.128"] == (2 * config["ROWS"] + 1 + bias) * each, ops
 
 
 @pytest.mark.parametrize("window", [-1, 64], ids=["global", "local"])
