@@ -106,7 +106,9 @@ def plain(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act)
 
 
 def _forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    configs, act, weight, bias = self.laya_geglu_configs, self.act, self.Wi.weight, self.Wi.bias
+    configs, weight, bias, least = self.laya_geglu_configs, self.Wi.weight, self.Wi.bias, self.laya_geglu_least
+    if not least:  # the op at every size (no size is asked for: the export traces the call alone)
+        return self.Wo(self.drop(torch.ops.laya_native.geglu_linear(hidden_states, weight, bias, configs)))
     # The output's width. Traced inside a cond the weight's rows are a size of their own; each
     # branch ties them to this constant, so both give [..., width], as a cond's branches must.
     width = int(weight.shape[0]) // 2
@@ -117,11 +119,8 @@ def _forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
 
     def as_linear(x):
         torch._check(weight.shape[0] == 2 * width)
-        return plain(x, weight, bias, act)
+        return plain(x, weight, bias, self.act)
 
-    least = self.laya_geglu_least
-    if not least:  # the op at every size (no size is asked for: the export traces the call alone)
-        return self.Wo(self.drop(torch.ops.laya_native.geglu_linear(hidden_states, weight, bias, configs)))
     rows = hidden_states.numel() // hidden_states.shape[-1]
     if isinstance(rows, int):  # a static size: one branch
         both = (native if rows >= least else as_linear)(hidden_states)

@@ -178,6 +178,13 @@ def moved_residuals(ep, cfg: dict, target: str) -> dict:
     return {"residual_adds": moved}
 
 
+def by_size(setting) -> tuple[int, str]:
+    """A per-target setting that is true (at every size) or a least number of positions
+    (``export.add_norms``, ``export.native_geglu``): that least (0: every size) and the setting as
+    the configuration writes it."""
+    return (0 if setting is True else int(setting or 0)), ("true" if setting is True else str(setting))
+
+
 def taken_norms(ep, cfg: dict, target: str) -> dict:
     """With ``export.add_norms.<target>``, the layer norms of residual adds in ``ep`` replaced by
     ``laya::add_norm`` calls, counted as the program record's ``add_norms``; a program with none
@@ -187,13 +194,13 @@ def taken_norms(ep, cfg: dict, target: str) -> dict:
         return {}
     from laya_build.model.add_norm import take_norms
 
-    taken = take_norms(ep, min_rows=0 if setting is True else setting)
+    least, shown = by_size(setting)
+    taken = take_norms(ep, min_rows=least)
     if taken == 0:
         moved = cfg["native_residual"].get(target)  # its adds are inside the native op by now
-        shown = "true" if setting is True else setting
         raise ConfigError(
             f"export.add_norms.{target} is {shown} and no layer norm in the exported program reads an add"
-            + ("" if setting is True else f" of {setting} positions or more"),
+            + (f" of {least} positions or more" if least else ""),
             hint=f"export.native_residual.{target} moves the residual adds into the native op: set one of the two "
             "to false"
             if moved
@@ -338,10 +345,10 @@ def run_export(
     native_linears = list(cfg["native_linears"].get(target, []))
     geglu_setting = cfg["native_geglu"].get(target) or False
     geglu = bool(geglu_setting)
+    geglu_least, geglu_shown = by_size(geglu_setting)
     if geglu and "mlp.Wi" in native_linears:
         raise ConfigError(
-            f"export.native_geglu.{target} is {'true' if geglu_setting is True else geglu_setting} and "
-            f"export.native_linears.{target} names mlp.Wi: the MLP's "
+            f"export.native_geglu.{target} is {geglu_shown} and export.native_linears.{target} names mlp.Wi: the MLP's "
             "first GEMM runs in one op or the other",
             hint=f"drop mlp.Wi from export.native_linears.{target}, or set export.native_geglu.{target} to false",
         )
@@ -371,7 +378,7 @@ def run_export(
         linear_bias.use(model, zero_bias)
         named = native_linear.use(model, native_linears, algorithms, cutlass, cfg["cutlass_configs"]["linear"])
         if geglu:
-            native_geglu.use(model, cfg["cutlass_configs"]["geglu"], 0 if geglu_setting is True else geglu_setting)
+            native_geglu.use(model, cfg["cutlass_configs"]["geglu"], geglu_least)
         padded_linear.use(model, padded_linears, fused=fused_linears)
         fused_linear.use(model, fused_linears)
     except ValueError as exc:
