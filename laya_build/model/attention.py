@@ -89,9 +89,12 @@ def counted_forward(self, input_ids=None, attention_mask=None, *args, **kwargs):
     of layer); with ``keeps_counts`` set (by :mod:`laya_build.model.head`) they are kept for the
     decision head, which takes them later in the same forward (:func:`forward_counts`).  A
     tabulated rotary that gives halves serves every kind of layer from one gather within the
-    forward (:meth:`laya_build.model.rotary.RotaryTable.one_forward`).  Nothing of one forward is
-    used by the next: the kept counts are dropped when the next forward starts."""
+    forward (:meth:`laya_build.model.rotary.RotaryTable.one_forward`).  With ``mlp_counts`` set
+    (by :func:`laya_build.model.native_geglu.use`, for export.skip_padding) every layer's MLP holds
+    them for the forward's length.  Nothing of one forward is used by the next: the kept counts are
+    dropped when the next forward starts."""
     self.key_counts = None
+    counts = None
     if attention_mask is not None and not isinstance(attention_mask, dict):
         if attention_mask.dim() != 2:
             raise ValueError(
@@ -103,9 +106,16 @@ def counted_forward(self, input_ids=None, attention_mask=None, *args, **kwargs):
         if getattr(self, "keeps_counts", False):
             self.key_counts = (attention_mask, counts)
         attention_mask = dict.fromkeys(sorted(set(self.config.layer_types)), counts)
+    mlps = [layer.mlp for layer in self.layers] if getattr(self, "mlp_counts", False) else []
+    for mlp in mlps:
+        mlp.laya_counts = counts
     scope = getattr(self.rotary_emb, "one_forward", None)
-    with scope() if scope is not None else contextlib.nullcontext():
-        return type(self).forward(self, input_ids, attention_mask, *args, **kwargs)
+    try:
+        with scope() if scope is not None else contextlib.nullcontext():
+            return type(self).forward(self, input_ids, attention_mask, *args, **kwargs)
+    finally:
+        for mlp in mlps:
+            mlp.laya_counts = None
 
 
 def forward_counts(encoder, attention_mask: torch.Tensor) -> torch.Tensor:

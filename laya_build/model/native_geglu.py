@@ -19,6 +19,13 @@ weight as a plain linear layer and takes the gated GELU of its columns block by 
 (:func:`plain`): a ``torch.cond`` on the size, so that small shapes keep cuBLAS's GEMM and
 Inductor's pointwise kernel.
 
+With ``export.skip_padding.<target>`` the op is also handed each row's count of real positions,
+the counts the fused attention makes once a forward (:func:`laya_build.model.attention.counted_forward`
+hands them to every MLP for the forward's length): its output at padding positions is 0, and on
+CUDA its kernel computes only the row tiles that hold a real position.  Nothing of the model reads a
+padding position's MLP output but that position's own later layers: the real positions' outputs
+are the same bits.
+
 The op lives in the project's native op library (:mod:`laya_build.native`), built with its CUDA
 kernels by nvcc when ``export.native_geglu.cuda`` is on; the package calls it through torch's
 dispatcher, the library beside it.
@@ -78,13 +85,22 @@ def check(model: torch.nn.Module, target: str) -> None:
         )
 
 
-def use(model: torch.nn.Module, configs: list[int], least: int = 0) -> int:
+def use(model: torch.nn.Module, configs: list[int], least: int = 0, *, skip_padding: bool = False) -> int:
     """Run every encoder layer's MLP's first GEMM and gated GELU through
     ``laya_native::geglu_linear`` with the launch configurations ``configs`` (``[m_max,
     configuration]`` groups), its ``Wi`` rows interleaved in place; how many layers.  With
     ``least``, the op only from that many positions on (the product of the input's dimensions but
-    the last), :func:`plain` below.  The op's library must be loaded
-    (:func:`laya_build.runtime.serving.load_library`)."""
+    the last), :func:`plain` below.  With ``skip_padding`` the op takes the rows' counts of real
+    positions the encoder hands its MLPs (which needs the fused attention, installed before).  The
+    op's library must be loaded (:func:`laya_build.runtime.serving.load_library`)."""
+    from laya_build.model.attention import counted_forward
+
+    if skip_padding and getattr(model.encoder.forward, "__func__", None) is not counted_forward:
+        raise ValueError(
+            "export.skip_padding hands the MLPs the rows' counts of real positions that the fused attention makes: "
+            "set export.attention to fused for this target"
+        )
+    model.encoder.mlp_counts = skip_padding
     register_fake()
     with torch.no_grad():
         for layer in model.encoder.layers:
@@ -94,6 +110,7 @@ def use(model: torch.nn.Module, configs: list[int], least: int = 0) -> int:
                 mlp.Wi.bias.copy_(interleave(mlp.Wi.bias))
             mlp.laya_geglu_configs = list(configs)
             mlp.laya_geglu_least = least
+            mlp.laya_counts = None  # the forward's counts of real positions, while one runs (skip_padding)
             mlp.forward = types.MethodType(_forward, mlp)
     return len(model.encoder.layers)
 
@@ -107,23 +124,25 @@ def plain(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act)
 
 def _forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     configs, weight, bias, least = self.laya_geglu_configs, self.Wi.weight, self.Wi.bias, self.laya_geglu_least
+    counts = self.laya_counts if hidden_states.dim() == 3 else None
     if not least:  # the op at every size (no size is asked for: the export traces the call alone)
-        return self.Wo(self.drop(torch.ops.laya_native.geglu_linear(hidden_states, weight, bias, configs)))
+        return self.Wo(self.drop(torch.ops.laya_native.geglu_linear(hidden_states, weight, bias, configs, counts)))
     # The output's width. Traced inside a cond the weight's rows are a size of their own; each
     # branch ties them to this constant, so both give [..., width], as a cond's branches must.
     width = int(weight.shape[0]) // 2
 
-    def native(x):
+    def native(x, *counted):
         torch._check(weight.shape[0] == 2 * width)
-        return torch.ops.laya_native.geglu_linear(x, weight, bias, configs)
+        return torch.ops.laya_native.geglu_linear(x, weight, bias, configs, *counted)
 
-    def as_linear(x):
+    def as_linear(x, *counted):  # every position computed: the padding's outputs are no one's
         torch._check(weight.shape[0] == 2 * width)
         return plain(x, weight, bias, self.act)
 
+    operands = (hidden_states,) if counts is None else (hidden_states, counts)
     rows = hidden_states.numel() // hidden_states.shape[-1]
     if isinstance(rows, int):  # a static size: one branch
-        both = (native if rows >= least else as_linear)(hidden_states)
+        both = (native if rows >= least else as_linear)(*operands)
     else:
-        both = torch.cond(rows >= least, native, as_linear, (hidden_states,))
+        both = torch.cond(rows >= least, native, as_linear, operands)
     return self.Wo(self.drop(both))

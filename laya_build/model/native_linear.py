@@ -49,7 +49,7 @@ def register_fake() -> None:
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
     @torch.library.register_fake("laya_native::geglu_linear")
-    def geglu_linear(x, weight, bias, configs):  # the interleaved rows: two a column of the output
+    def geglu_linear(x, weight, bias, configs, counts=None):  # the interleaved rows: two a column of the output
         return x.new_empty((*x.shape[:-1], weight.shape[0] // 2))
 
     _FAKE.extend((linear, geglu_linear))

@@ -25,10 +25,12 @@
 //   GEMM at that launch configuration instead, the residual added in its epilogue alike; a
 //   negative configuration: cuBLASLt as above.
 //
-// laya_native::geglu_linear(x, weight, bias, configs) computes an encoder MLP's first GEMM and its
-// gated GELU, gelu(input) * gate of the GEMM's two halves, from Wi's weight with its rows
-// interleaved in blocks of 8 (the input half's rows 0-7, the gate half's rows 0-7, the input
-// half's 8-15, ...; see laya_build/model/native_geglu.py).
+// laya_native::geglu_linear(x, weight, bias, configs, counts=None) computes an encoder MLP's first
+// GEMM and its gated GELU, gelu(input) * gate of the GEMM's two halves, from Wi's weight with its
+// rows interleaved in blocks of 8 (the input half's rows 0-7, the gate half's rows 0-7, the input
+// half's 8-15, ...; see laya_build/model/native_geglu.py).  With ``counts`` (int32 [rows]; x
+// [rows, tokens, K]) the positions of a row past its count are padding and their outputs are 0;
+// on CUDA the kernel skips the row tiles of padding only where its configuration allows.
 //
 // * CPU: the rows put back in order, at::linear, chunk, at::gelu and the product: the module's
 //   own arithmetic (the same bits as the layers it replaces).
@@ -48,6 +50,7 @@
 // made here only.
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/linear.h>
@@ -75,9 +78,9 @@ int laya_native_geglu_configs() __attribute__((weak));
 const char* laya_native_geglu_config_name(int config) __attribute__((weak));
 int laya_native_geglu_workspace(int config, int m, int n, int k, int device, size_t* needed, char* message,
                                 size_t size) __attribute__((weak));
-int laya_native_geglu(int config, const void* x, const void* weight, void* out, int m, int n, int k, int device,
-                      void* workspace, size_t workspace_size, void* stream, char* message,
-                      size_t size) __attribute__((weak));
+int laya_native_geglu(int config, const void* x, const void* weight, void* out, int m, int n, int k,
+                      const int32_t* counts, int rows, int tokens, int device, void* workspace, size_t workspace_size,
+                      void* stream, char* message, size_t size) __attribute__((weak));
 int laya_native_linear_configs() __attribute__((weak));
 const char* laya_native_linear_config_name(int config) __attribute__((weak));
 int laya_native_linear_workspace(int config, int m, int n, int k, int with_residual, int device, size_t* needed,
@@ -540,22 +543,45 @@ at::Tensor in_halves(const at::Tensor& t) {
   return t.reshape(grouped).transpose(0, 1).contiguous().reshape(shape);
 }
 
+// ``counts``, when given: an int32 vector of x's rows (x [rows, tokens, K]) on x's device, each
+// count of real positions at most tokens; true where it is given.
+bool check_counts(const std::optional<at::Tensor>& counts, const at::Tensor& x) {
+  if (!counts.has_value() || !counts->defined()) return false;
+  TORCH_CHECK(x.dim() == 3, "laya_native::geglu_linear: counts name each row's real positions of a [rows, tokens, K] "
+              "input, and x is ", x.sizes(), ": pass x unflattened, or no counts");
+  TORCH_CHECK(counts->dim() == 1 && counts->size(0) == x.size(0) && counts->scalar_type() == at::kInt,
+              "laya_native::geglu_linear: counts ", counts->sizes(), " ", counts->scalar_type(),
+              " is not an int32 vector of x's ", x.size(0), " rows");
+  TORCH_CHECK(counts->device() == x.device(), "laya_native::geglu_linear: x is on ", x.device(), " and counts on ",
+              counts->device(), ": give them one device");
+  return true;
+}
+
+// out's positions past their row's count (padding) set to 0.
+at::Tensor zero_padding(at::Tensor out, const at::Tensor& counts) {
+  const at::Tensor positions = at::arange(out.size(1), counts.options().dtype(at::kLong));
+  return out.masked_fill_(positions.unsqueeze(0).ge(counts.unsqueeze(1)).unsqueeze(-1), 0);
+}
+
 at::Tensor geglu_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                            at::OptionalIntArrayRef configs) {
+                            at::OptionalIntArrayRef configs, const std::optional<at::Tensor>& counts) {
   geglu_shape(x, weight, bias);
   check_configs("laya_native::geglu_linear", "configs", configs);  // the CPU has one way; the form is checked alike
+  const bool padded = check_counts(counts, x);
   const bool has_bias = bias.has_value() && bias->defined();
   const at::Tensor both =
       at::linear(x, in_halves(weight), has_bias ? std::optional<at::Tensor>(in_halves(*bias)) : std::nullopt);
   const std::vector<at::Tensor> halves = both.chunk(2, -1);
-  return at::mul(at::gelu(halves[0]), halves[1]);
+  at::Tensor out = at::mul(at::gelu(halves[0]), halves[1]);
+  return padded ? zero_padding(out, *counts) : out;
 }
 
 
 at::Tensor geglu_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                             at::OptionalIntArrayRef configs) {
+                             at::OptionalIntArrayRef configs, const std::optional<at::Tensor>& counts) {
   const std::vector<int64_t> shape = geglu_shape(x, weight, bias);
   check_configs("laya_native::geglu_linear", "configs", configs);
+  const bool padded = check_counts(counts, x);
   TORCH_CHECK(!(bias.has_value() && bias->defined()),
               "laya_native::geglu_linear: the CUDA kernel adds no bias (ModernBERT's MLP has none unless mlp_bias)");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16, "laya_native::geglu_linear runs bfloat16 on CUDA, not ",
@@ -578,6 +604,9 @@ at::Tensor geglu_linear_cuda(const at::Tensor& x, const at::Tensor& weight, cons
   const int c = static_cast<int>(chosen_config), mm = static_cast<int>(m), nn = static_cast<int>(n);
   const int kk = static_cast<int>(k);
   const at::Tensor a = aligned_16(x), w = aligned_16(weight);
+  const at::Tensor row_counts = padded ? counts->contiguous() : at::Tensor();
+  const int32_t* counts_pointer = padded ? row_counts.data_ptr<int32_t>() : nullptr;
+  const int rows = padded ? static_cast<int>(x.size(0)) : 0, tokens = padded ? static_cast<int>(x.size(1)) : 0;
   at::Tensor out = at::empty(shape, x.options());
   const int device = x.device().index();
   run_cutlass(
@@ -586,8 +615,8 @@ at::Tensor geglu_linear_cuda(const at::Tensor& x, const at::Tensor& weight, cons
         return laya_native_geglu_workspace(c, mm, nn, kk, device, needed, message, size);
       },
       [&](void* workspace, size_t bytes, void* stream, char* message, size_t size) {
-        return laya_native_geglu(c, a.data_ptr(), w.data_ptr(), out.data_ptr(), mm, nn, kk, device, workspace, bytes,
-                                 stream, message, size);
+        return laya_native_geglu(c, a.data_ptr(), w.data_ptr(), out.data_ptr(), mm, nn, kk, counts_pointer, rows,
+                                 tokens, device, workspace, bytes, stream, message, size);
       });
   return out;
 }
@@ -619,7 +648,7 @@ TORCH_LIBRARY(laya_native, m) {
   m.def(
       "linear(Tensor x, Tensor weight, Tensor? bias, int[]? algorithm, Tensor? residual=None, int[]? cutlass=None) "
       "-> Tensor");
-  m.def("geglu_linear(Tensor x, Tensor weight, Tensor? bias, int[]? configs) -> Tensor");
+  m.def("geglu_linear(Tensor x, Tensor weight, Tensor? bias, int[]? configs, Tensor? counts=None) -> Tensor");
   m.def("cutlass_configs(str op) -> str[]", &cutlass_configs);
 }
 

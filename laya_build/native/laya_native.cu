@@ -16,6 +16,13 @@
 // reads them back.  The
 // mainloop is CUTLASS's (TMA loads, warp-specialized, persistent).
 //
+// With each row's count of real positions (a [rows, tokens, K] input whose row b holds counts[b]
+// real positions, then padding), the op's output at padding positions is 0, and a configuration
+// without a cluster skips the row tiles that hold padding only: PaddingScheduler hands out the
+// other tiles alone (the work of a forward at 7 x 256 whose rows are a third real is two thirds
+// of the tiles), and the epilogue of each computed tile writes the zeros of the skipped tiles in
+// its columns, so every output element is written once a call.
+//
 // laya_native::linear's CUTLASS path: x @ W.T (+ a residual, added to the fp32 product before the
 // one rounding) with CUTLASS's stream-K tile scheduler, which spreads the K iterations of all
 // output tiles evenly over the multiprocessors: a GEMM of 1,024 output columns at 1,792 rows fills
@@ -57,6 +64,137 @@ using StrideOut = cute::Stride<int64_t, cute::Int<1>, int64_t>;  // row-major [M
 
 constexpr int kBlock = 8;  // Wi's rows interleave in blocks of 8: 8 inputs, their 8 gates, the next 8 inputs, ...
 
+// The padding of a [rows, tokens, K] input: row b's first counts[b] positions are real (counts
+// nullptr: every position is).  ``skip``: the scheduler skips the row tiles of padding only.
+struct Padding {
+  const int32_t* counts = nullptr;
+  int rows = 0;
+  int tokens = 0;
+  bool skip = false;
+};
+
+constexpr int kMaxTiles = 64;  // row tiles a skipping call may have: one bit each
+
+// The row tiles of ``tile_m`` positions that hold a real position, one bit each (tile t: bit t);
+// where no position is real, tile 0's, so that one tile is computed and its epilogue zeroes the rest.
+CUTLASS_DEVICE uint64_t real_tiles(Padding const& p, int tile_m) {
+  uint64_t tiles = 0;
+  CUTLASS_PRAGMA_NO_UNROLL
+  for (int b = 0; b < p.rows; ++b) {
+    int count = __ldg(p.counts + b);
+    count = count < 0 ? 0 : (count > p.tokens ? p.tokens : count);
+    if (count == 0) continue;
+    const int first = b * p.tokens;
+    const int lo = first / tile_m, span = (first + count - 1) / tile_m - lo + 1;
+    tiles |= (span >= kMaxTiles ? ~0ull : (1ull << span) - 1) << lo;
+  }
+  return tiles == 0 ? 1ull : tiles;
+}
+
+// The index of the i-th (from 0) set bit of ``bits``.
+CUTLASS_DEVICE int nth_bit(uint64_t bits, int i) {
+  for (; i > 0; --i) bits &= bits - 1;
+  return __ffsll(static_cast<long long>(bits)) - 1;
+}
+
+// CUTLASS's persistent scheduler (cluster 1 x 1) that, with Padding::skip, hands out only the row
+// tiles real_tiles names: work index w is row tile nth_bit(tiles, w % A), column tile w / A, for
+// the A such row tiles.  Without skip, CUTLASS's own order of tiles.  The kernel calls what is
+// declared here on this type; the rest is the base class's.
+class PaddingScheduler : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90 {
+  using Base = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90;
+
+ public:
+  using WorkTileInfo = typename Base::WorkTileInfo;
+  struct Arguments : Base::Arguments {
+    Padding padding{};
+  };
+  struct Params : Base::Params {
+    Padding padding{};
+    int tile_m = 0;
+    int tiles_n = 0;
+  };
+
+  template <class ProblemShapeMNKL, class TileShape, class ClusterShape>
+  static Params to_underlying_arguments(ProblemShapeMNKL problem_shape_mnkl, TileShape tile_shape,
+                                        ClusterShape cluster_shape, cutlass::KernelHardwareInfo const& hw_info,
+                                        Arguments const& args, void* workspace = nullptr,
+                                        const uint32_t epilogue_subtile = 1,
+                                        uint32_t ktile_start_alignment_count = 1u) {
+    static_assert(size(ClusterShape{}) == 1, "PaddingScheduler hands out tiles one at a time: no cluster");
+    Params params;
+    static_cast<Base::Params&>(params) =
+        Base::to_underlying_arguments(problem_shape_mnkl, tile_shape, cluster_shape, hw_info, args, workspace,
+                                      epilogue_subtile, ktile_start_alignment_count);
+    params.padding = args.padding;
+    params.tile_m = size<0>(tile_shape);
+    params.tiles_n = (get<1>(problem_shape_mnkl) + size<1>(tile_shape) - 1) / size<1>(tile_shape);
+    return params;
+  }
+
+  CUTLASS_HOST_DEVICE PaddingScheduler() {}
+
+  CUTLASS_DEVICE explicit PaddingScheduler(Params const& params) : Base(params), params_(params) {
+#if defined(__CUDA_ARCH__)
+    if (params.raster_order_ == RasterOrder::AlongN) {  // the base class's first work index
+      index_ = uint64_t(blockIdx.x) + uint64_t(blockIdx.y) * uint64_t(gridDim.x);
+    } else {
+      index_ = uint64_t(blockIdx.x) * uint64_t(gridDim.y) + uint64_t(blockIdx.y);
+    }
+    grid_ = uint64_t(gridDim.x) * uint64_t(gridDim.y) * uint64_t(gridDim.z);
+    if (params.padding.skip) {
+      tiles_ = real_tiles(params.padding, params.tile_m);
+      active_ = __popcll(tiles_);
+    }
+#endif
+  }
+
+  CUTLASS_DEVICE WorkTileInfo get_current_work_for_linear_idx(uint64_t index) const {
+    if (!params_.padding.skip) return Base::get_current_work_for_linear_idx(index);
+    if (index >= uint64_t(active_) * uint64_t(params_.tiles_n)) return WorkTileInfo::invalid_work_tile();
+    return {nth_bit(tiles_, static_cast<int>(index % active_)), static_cast<int32_t>(index / active_), 0, true};
+  }
+  template <class ClusterShape>
+  CUTLASS_DEVICE WorkTileInfo initial_work_tile_info(ClusterShape) {
+    return get_current_work();
+  }
+  CUTLASS_DEVICE WorkTileInfo get_current_work() const { return get_current_work_for_linear_idx(index_); }
+  CUTLASS_DEVICE void advance_to_next_work(uint32_t advance_count = 1) { index_ += grid_ * uint64_t(advance_count); }
+  CUTLASS_DEVICE bool is_last_tile(WorkTileInfo& work, uint32_t advance_count = 1) const {
+    if (continue_current_work(work)) return false;
+    return !get_current_work_for_linear_idx(index_ + grid_ * uint64_t(advance_count)).is_valid();
+  }
+  CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo work) {
+    if (continue_current_work(work)) return cute::make_tuple(work, true);
+    advance_to_next_work();
+    return cute::make_tuple(get_current_work(), true);
+  }
+  template <class Pipeline, class PipelineState>
+  CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo work, Pipeline&, PipelineState) {
+    return fetch_next_work(work);
+  }
+
+ private:
+  Params params_{};
+  uint64_t index_ = 0;
+  uint64_t grid_ = 0;
+  uint64_t tiles_ = 0;
+  int active_ = 0;
+};
+
+struct PaddingTag {};  // GemmUniversal's scheduler tag for PaddingScheduler
+
+}  // namespace laya_cuda
+
+namespace cutlass::gemm::kernel::detail {
+template <class ArchTag, class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
+struct TileSchedulerSelector<laya_cuda::PaddingTag, ArchTag, TileShape, ClusterShape, SchedulerPipelineStageCount> {
+  using Scheduler = laya_cuda::PaddingScheduler;
+};
+}  // namespace cutlass::gemm::kernel::detail
+
+namespace laya_cuda {
+
 // The epilogue: an input block's and its gate block's accumulator values to one output each.
 class GegluEpilogue {
  public:
@@ -80,6 +218,7 @@ class GegluEpilogue {
   struct Arguments {
     ElementD* ptr_D = nullptr;
     int64_t ldd = 0;  // the output's row stride, in elements
+    Padding padding{};  // padding positions' outputs are 0; with skip, also those of skipped tiles
   };
   using Params = Arguments;
 
@@ -131,6 +270,9 @@ class GegluEpilogue {
     CUTE_STATIC_ASSERT_V(size(tCcD) == size(accumulators), "one coordinate an accumulator value");
     ElementD* out = params.ptr_D;
     const int64_t ldd = params.ldd;
+    Padding const& padding = params.padding;
+    int last_m = -1;  // the row whose padding was looked up last, and whether it is padding
+    bool last_padding = false;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(accumulators); i += 8) {  // value (0, 0, j even) of each block pair
       CUTLASS_PRAGMA_UNROLL
@@ -138,15 +280,53 @@ class GegluEpilogue {
         const int m = get<0>(tCcD(i + r));
         const int n = get<1>(tCcD(i + r));  // in an input block: n % 16 < 8, and even
         if (m < M && n < N) {
-          const float a0 = float(ElementD(accumulators(i + r))), a1 = float(ElementD(accumulators(i + r + 1)));
-          const float g0 = float(ElementD(accumulators(i + r + 4))), g1 = float(ElementD(accumulators(i + r + 5)));
-          const ElementD lo(gelu(a0) * g0), hi(gelu(a1) * g1);
-          const uint32_t both = uint32_t(lo.raw()) | (uint32_t(hi.raw()) << 16);
+          if (m != last_m) {
+            last_m = m;
+            last_padding = is_padding(padding, m);
+          }
+          uint32_t both = 0;  // a padding position's two outputs: 0
+          if (!last_padding) {
+            const float a0 = float(ElementD(accumulators(i + r))), a1 = float(ElementD(accumulators(i + r + 1)));
+            const float g0 = float(ElementD(accumulators(i + r + 4))), g1 = float(ElementD(accumulators(i + r + 5)));
+            const ElementD lo(gelu(a0) * g0), hi(gelu(a1) * g1);
+            both = uint32_t(lo.raw()) | (uint32_t(hi.raw()) << 16);
+          }
           // output columns (n / 16) * 8 + n % 8 and the next: 4 bytes, aligned (ldd is a multiple of 8)
           *reinterpret_cast<uint32_t*>(out + m * ldd + (n >> 4) * kBlock + (n & (kBlock - 1))) = both;
         }
       }
     }
+    if (!padding.skip) return;
+    // The row tiles the scheduler skipped, A computed ones: the k-th skipped tile's zeros in these
+    // columns are written by the computed tile of rank k mod A, at the places this tile's are.
+    constexpr int tile_m = decltype(size<0>(blk_shape_MNK))::value;
+    const uint64_t tiles = real_tiles(padding, tile_m);
+    const int tiles_m = (M + tile_m - 1) / tile_m;
+    uint64_t skipped = (tiles_m >= kMaxTiles ? ~0ull : (1ull << tiles_m) - 1) & ~tiles;
+    const int active = __popcll(tiles);
+    const int rank = __popcll(tiles & ((1ull << int(m_coord)) - 1));
+    for (int k = 0; skipped != 0; ++k, skipped &= skipped - 1) {
+      if (k % active != rank) continue;
+      const int shift = (__ffsll(static_cast<long long>(skipped)) - 1 - int(m_coord)) * tile_m;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(accumulators); i += 8) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < 4; r += 2) {
+          const int m = get<0>(tCcD(i + r)) + shift;
+          const int n = get<1>(tCcD(i + r));
+          if (m < M && n < N) {
+            *reinterpret_cast<uint32_t*>(out + m * ldd + (n >> 4) * kBlock + (n & (kBlock - 1))) = 0u;
+          }
+        }
+      }
+    }
+  }
+
+  // Row m of the [rows x tokens] positions is padding (counts named, m past its row's count).
+  CUTLASS_DEVICE static bool is_padding(Padding const& padding, int m) {
+    if (padding.counts == nullptr) return false;
+    const int row = m / padding.tokens;
+    return m - row * padding.tokens >= __ldg(padding.counts + row);
   }
 
   // torch's gelu (approximate="none") in fp32: x/2 (1 + erf(x / sqrt 2))
@@ -178,8 +358,13 @@ struct Kernel {
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, kAlignment, Element,
       cutlass::layout::ColumnMajor, kAlignment, float, TileShape, ClusterShape, StageCount, Schedule>::CollectiveOp;
-  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
-                                                          cutlass::gemm::PersistentScheduler>;
+  // Without a cluster, the scheduler that can skip row tiles of padding; with one, CUTLASS's own
+  // (the padding's outputs are still 0: every tile is computed and the epilogue zeroes them).
+  static constexpr bool kSkips = size(ClusterShape{}) == 1;
+  static constexpr int kTileM = size<0>(TileShape{});
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
+      Shape<int, int, int, int>, Mainloop, Epilogue,
+      std::conditional_t<kSkips, PaddingTag, cutlass::gemm::PersistentScheduler>>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 };
 
@@ -262,6 +447,7 @@ struct Call {
   size_t* needed;
   char* message;
   size_t size;
+  Padding padding{};  // geglu's: the rows' counts of real positions (counts nullptr: none named)
 
   int fail(const char* what, const char* detail) const { return laya_cuda::fail(message, size, what, detail); }
 };
@@ -317,10 +503,19 @@ int run(Call const& c) {
       {c.m, c.n, c.k, 1},
       {static_cast<const Element*>(c.x), cutlass::make_cute_packed_stride(StrideA{}, make_shape(c.m, c.k, 1)),
        static_cast<const Element*>(c.weight), cutlass::make_cute_packed_stride(StrideB{}, make_shape(c.n, c.k, 1))},
-      {static_cast<Element*>(c.out), static_cast<int64_t>(c.n / 2)},
+      {static_cast<Element*>(c.out), static_cast<int64_t>(c.n / 2), Padding{}},
       cutlass::KernelHardwareInfo{c.device, sm_count(c.device)}};
   args.scheduler.raster_order = Config::kRaster;
   args.scheduler.max_swizzle_size = Config::kSwizzle;
+  if (c.padding.counts != nullptr) {
+    if (c.padding.rows <= 0 || c.padding.tokens <= 0 || int64_t(c.padding.rows) * c.padding.tokens != c.m) {
+      return c.fail("the rows' counts of real positions do not fit the input", " (rows x tokens must be its rows)");
+    }
+    Padding padding = c.padding;
+    padding.skip = Config::kSkips && (c.m + Config::kTileM - 1) / Config::kTileM <= kMaxTiles;
+    args.epilogue.padding = padding;
+    if constexpr (Config::kSkips) args.scheduler.padding = padding;
+  }
   return launch<Gemm>(args, c);
 }
 
@@ -507,11 +702,18 @@ int laya_native_geglu_workspace(int config, int m, int n, int k, int device, siz
 
 // out[M, N/2] = gelu(x @ inputs.T) * (x @ gates.T), x [M, K] and W [N, K] row-major bf16 (its rows
 // interleaved in blocks of 8: inputs 0-7, gates 0-7, inputs 8-15, ...), queued
-// on ``stream``; 0, or 1 with ``message`` saying why nothing was queued.
-int laya_native_geglu(int config, const void* x, const void* weight, void* out, int m, int n, int k, int device,
-                      void* workspace, size_t workspace_size, void* stream, char* message, size_t size) {
+// on ``stream``; 0, or 1 with ``message`` saying why nothing was queued.  With ``counts`` (int32
+// [rows], on the device; M = rows x tokens), position p is padding where p % tokens is at least
+// counts[p / tokens]: its outputs are 0, and the row tiles of padding only are skipped where the
+// configuration has no cluster.
+int laya_native_geglu(int config, const void* x, const void* weight, void* out, int m, int n, int k,
+                      const int32_t* counts, int rows, int tokens, int device, void* workspace, size_t workspace_size,
+                      void* stream, char* message, size_t size) {
   Call c{x,         weight, nullptr, out, m, n, k, device, workspace, workspace_size, static_cast<cudaStream_t>(stream),
          nullptr, message, size};
+  c.padding.counts = counts;
+  c.padding.rows = rows;
+  c.padding.tokens = tokens;
   return laya_cuda::dispatch(config, c);
 }
 

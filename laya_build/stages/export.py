@@ -185,6 +185,26 @@ def by_size(setting) -> tuple[int, str]:
     return (0 if setting is True else int(setting or 0)), ("true" if setting is True else str(setting))
 
 
+def padding_skipped(cfg: dict, target: str) -> bool:
+    """``export.skip_padding.<target>``, refused where the export has no op to tell (the native
+    GeGLU op) or no counts to tell it (the fused attention makes them)."""
+    if not cfg["skip_padding"].get(target):
+        return False
+    if not cfg["native_geglu"].get(target):
+        raise ConfigError(
+            f"export.skip_padding.{target} is true and export.native_geglu.{target} is off: the padding is skipped "
+            "by the native GeGLU op",
+            hint=f"set export.native_geglu.{target} to true, or export.skip_padding.{target} to false",
+        )
+    if cfg["attention"][target] != "fused":
+        raise ConfigError(
+            f"export.skip_padding.{target} is true and export.attention.{target} is {cfg['attention'][target]}: the "
+            "rows' counts of real positions are made once a forward by the fused attention",
+            hint=f"set export.attention.{target} to fused, or export.skip_padding.{target} to false",
+        )
+    return True
+
+
 def taken_norms(ep, cfg: dict, target: str) -> dict:
     """With ``export.add_norms.<target>``, the layer norms of residual adds in ``ep`` replaced by
     ``laya::add_norm`` calls, counted as the program record's ``add_norms``; a program with none
@@ -352,6 +372,7 @@ def run_export(
             "first GEMM runs in one op or the other",
             hint=f"drop mlp.Wi from export.native_linears.{target}, or set export.native_geglu.{target} to false",
         )
+    skip_padding = padding_skipped(cfg, target)
     cutlass = list(cfg["native_cutlass"].get(target, []))
     algorithms, algorithms_in = native_algorithms(cfg, target, dtype, root)
     try:  # before the library's compile
@@ -378,7 +399,7 @@ def run_export(
         linear_bias.use(model, zero_bias)
         named = native_linear.use(model, native_linears, algorithms, cutlass, cfg["cutlass_configs"]["linear"])
         if geglu:
-            native_geglu.use(model, cfg["cutlass_configs"]["geglu"], geglu_least)
+            native_geglu.use(model, cfg["cutlass_configs"]["geglu"], geglu_least, skip_padding=skip_padding)
         padded_linear.use(model, padded_linears, fused=fused_linears)
         fused_linear.use(model, fused_linears)
     except ValueError as exc:
@@ -406,6 +427,7 @@ def run_export(
         "native_cutlass": cutlass,
         **({"cutlass_configs": configs} if configs else {}),
         "native_geglu": geglu_setting,
+        "skip_padding": skip_padding,
         "relu_epilogue": relu_epilogue,
         "native_library": library,
         "native_algorithms": algorithms_in,

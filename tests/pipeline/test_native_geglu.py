@@ -92,6 +92,106 @@ def test_the_op_on_the_cpu_is_the_mlp_bit_for_bit_and_refuses_what_does_not_fit(
     assert "groups of 2" in form
 
 
+COUNTED = """
+import json, sys, torch
+torch.ops.load_library(sys.argv[1])
+from laya_build.model.native_geglu import interleave
+torch.manual_seed(0)
+lin = torch.nn.Linear(32, 2 * 24, bias=False)
+x = torch.randn(3, 20, 32)
+w = interleave(lin.weight.detach())
+counts = torch.tensor([20, 0, 7], dtype=torch.int32)
+full = torch.ops.laya_native.geglu_linear(x, w, None, None)
+got = torch.ops.laya_native.geglu_linear(x, w, None, None, counts)
+real = torch.arange(20)[None, :] < counts[:, None]
+refusals = []
+for args in ((x.view(60, 32), w, None, None, counts), (x, w, None, None, counts.long()),
+             (x, w, None, None, counts[:2])):
+    try:
+        torch.ops.laya_native.geglu_linear(*args)
+        refusals.append(None)
+    except RuntimeError as exc:
+        refusals.append(str(exc).splitlines()[0])
+print(json.dumps({"real": torch.equal(got[real], full[real]), "padding": got[~real].abs().sum().item(),
+                  "padding_before": full[~real].abs().sum().item(), "refusals": refusals}))
+"""
+
+
+def test_with_counts_the_padding_is_zero_and_the_real_positions_are_the_same_bits(cpu_library):
+    got = json.loads(_fresh(COUNTED, str(cpu_library)))
+    assert got["real"] is True
+    assert got["padding"] == 0 and got["padding_before"] > 0
+    flat, dtype, short = got["refusals"]
+    assert "[rows, tokens, K] input, and x is [60, 32]: pass x unflattened, or no counts" in flat
+    assert "is not an int32 vector of x's 3 rows" in dtype and "is not an int32 vector of x's 3 rows" in short
+
+
+SKIPPED = """
+import copy, json, sys, torch
+sys.path.insert(0, "tests/stages")
+torch.ops.load_library(sys.argv[1])
+from test_varlen_attention import small_model
+from test_head import inputs
+from laya_build.model import attention, head, native_geglu
+base = small_model().eval()
+args = inputs(lengths=(48, 30, 17, 5), width=48)
+outs, zero, ops = {}, {}, {}
+for skip in (False, True):
+    model = copy.deepcopy(base)
+    attention.use(model, "fused")
+    head.use(model, "fused", "all")
+    native_geglu.use(model, [-1, 0], skip_padding=skip)
+    seen = []
+    for layer in model.encoder.layers:
+        layer.mlp.Wo.register_forward_pre_hook(lambda m, a: seen.append(a[0].detach().clone()))
+    with torch.no_grad():
+        outs[skip] = model(*args)
+        mask = args[1].bool()
+        zero[skip] = [bool((s[~mask] == 0).all()) for s in seen]
+        ep = torch.export.export(model, args)
+        again = ep.module()(*args)
+    calls = [n for n in ep.graph.nodes if n.target is torch.ops.laya_native.geglu_linear.default]
+    ops[skip] = {"calls": len(calls), "with_counts": sum(len(n.args) == 5 for n in calls),
+                 "exported_same": all(torch.equal(a, b) for a, b in zip(again, outs[skip])),
+                 "held": [l.mlp.laya_counts is None for l in model.encoder.layers]}
+print(json.dumps({"same": all(torch.equal(a, b) for a, b in zip(outs[False], outs[True])), "zero": zero, "ops": ops}))
+"""
+
+
+def test_skipping_padding_leaves_the_models_outputs_the_same_bits_and_the_export_hands_the_op_its_counts(
+    cpu_library,
+):
+    """The real positions never read a padding position's MLP output: the decision model's
+    outputs with the op told the rows' real positions are the bits of those without, while every
+    layer's MLP output at padding is 0; the exported program passes the counts to every call and
+    computes the same; no forward leaves its counts on the MLPs."""
+    got = json.loads(_fresh(SKIPPED, str(cpu_library)))
+    assert got["same"] is True
+    assert got["zero"]["true"] == [True] * 4 and got["zero"]["false"] == [False] * 4
+    plain, skipped = got["ops"]["false"], got["ops"]["true"]
+    assert plain["calls"] == skipped["calls"] == 4 and (plain["with_counts"], skipped["with_counts"]) == (0, 4)
+    assert plain["exported_same"] and skipped["exported_same"]
+    assert skipped["held"] == [True] * 4
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        ({"native_geglu": {}, "attention": {"cuda": "fused"}}, "export.native_geglu.cuda is off"),
+        ({"native_geglu": {"cuda": True}, "attention": {"cuda": "sdpa"}}, "export.attention.cuda is sdpa"),
+    ],
+)
+def test_skipping_padding_is_refused_without_the_op_or_the_counts(settings, says):
+    from laya_build.errors import ConfigError
+    from laya_build.stages.export import padding_skipped
+
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        padding_skipped({"skip_padding": {"cuda": True}, **settings}, "cuda")
+    assert padding_skipped({"skip_padding": {"cuda": False}, **settings}, "cuda") is False
+    assert padding_skipped({"skip_padding": {"cuda": True}, "native_geglu": {"cuda": 256},
+                            "attention": {"cuda": "fused"}}, "cuda") is True
+
+
 BY_SIZE = """
 import json, sys, types, torch
 import torch.nn.functional as F

@@ -101,6 +101,65 @@ def test_a_graph_replay_is_the_plain_call(built):
     assert torch.equal(replayed(lambda: op(x, wi, None, None)), plain)
 
 
+# Rows of real positions and padding: 29 of 128 (one row tile of 64 real, one not), a row with
+# none, whole rows real, rows that end inside a tile, at the shapes a forward runs.
+COUNTS = {
+    (1, 128): [29],
+    (7, 256): [29, 48, 42, 134, 167, 71, 124],
+    (4, 512): [512, 0, 300, 1],
+    (3, 64): [0, 0, 0],
+    (2, 16): [16, 3],
+}
+
+
+@pytest.mark.parametrize(("rows", "tokens"), list(COUNTS))
+def test_with_counts_padding_is_zero_and_real_positions_are_the_same_bits(built, rows, tokens):
+    """Every configuration, those that skip the row tiles of padding (no cluster) and those that
+    compute them: the real positions' outputs are the bits of the call without counts, the
+    padding's 0, also in a buffer that held other values before (every output written once)."""
+    op, configs, _ = built
+    x, _, wi = operands(rows * tokens, seed=5)
+    x3 = x.view(rows, tokens, HIDDEN)
+    counts = torch.tensor(COUNTS[(rows, tokens)], device="cuda", dtype=torch.int32)
+    real = torch.arange(tokens, device="cuda")[None, :] < counts[:, None].long()
+    for config in range(configs):
+        full = op(x3, wi, None, [-1, config])
+        noise = torch.full_like(full, float("nan"))
+        del noise  # the allocator hands its block to the next output: every element must be written
+        got = op(x3, wi, None, [-1, config], counts)
+        assert torch.equal(got[real], full[real]), f"config {config}: real positions differ"
+        assert not got[~real].any(), f"config {config}: padding positions not 0"
+
+
+def test_a_replay_follows_the_counts_it_reads(built):
+    """A captured call reads the counts at replay: other counts, other tiles skipped, each replay
+    the plain call's bits."""
+    op, configs, _ = built
+    x, _, wi = operands(7 * 256, seed=6)
+    x3 = x.view(7, 256, HIDDEN)
+    counts = torch.tensor(COUNTS[(7, 256)], device="cuda", dtype=torch.int32)
+    plain = [op(x3, wi, None, [256, 2, -1, 7], counts).clone()]
+    others = torch.tensor([256, 1, 129, 0, 64, 200, 5], device="cuda", dtype=torch.int32)
+    plain.append(op(x3, wi, None, [256, 2, -1, 7], others).clone())
+    static = counts.clone()
+    outs = []
+    for replay in replays(lambda: op(x3, wi, None, [256, 2, -1, 7], static), times=2):
+        outs.append(replay.clone())
+        static.copy_(others)
+    assert torch.equal(outs[0], plain[0]) and torch.equal(outs[1], plain[1])
+
+
+def test_counts_refusals_name_what_is_wrong(built):
+    op, _, _ = built
+    x, _, wi = operands(64, seed=7)
+    with pytest.raises(RuntimeError, match=r"\[rows, tokens, K\] input"):
+        op(x, wi, None, None, torch.tensor([3], device="cuda", dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="is not an int32 vector of x's 2 rows"):
+        op(x.view(2, 32, HIDDEN), wi, None, None, torch.tensor([3, 4], device="cuda"))
+    with pytest.raises(RuntimeError, match="give them one device"):
+        op(x.view(2, 32, HIDDEN), wi, None, None, torch.tensor([3, 4], dtype=torch.int32))
+
+
 def test_refusals_name_what_is_wrong(built):
     op, configs, _ = built
     x, _, wi = operands(16, seed=4)
