@@ -134,7 +134,8 @@ class PaddingScheduler : public cutlass::gemm::kernel::detail::PersistentTileSch
 
   CUTLASS_HOST_DEVICE PaddingScheduler() {}
 
-  CUTLASS_DEVICE explicit PaddingScheduler(Params const& params) : Base(params), params_(params) {
+  CUTLASS_DEVICE explicit PaddingScheduler(Params const& params)
+      : Base(params), skip_(params.padding.skip), tiles_n_(params.tiles_n) {
 #if defined(__CUDA_ARCH__)
     if (params.raster_order_ == RasterOrder::AlongN) {  // the base class's first work index
       index_ = uint64_t(blockIdx.x) + uint64_t(blockIdx.y) * uint64_t(gridDim.x);
@@ -150,8 +151,8 @@ class PaddingScheduler : public cutlass::gemm::kernel::detail::PersistentTileSch
   }
 
   CUTLASS_DEVICE WorkTileInfo get_current_work_for_linear_idx(uint64_t index) const {
-    if (!params_.padding.skip) return Base::get_current_work_for_linear_idx(index);
-    if (index >= uint64_t(active_) * uint64_t(params_.tiles_n)) return WorkTileInfo::invalid_work_tile();
+    if (!skip_) return Base::get_current_work_for_linear_idx(index);
+    if (index >= uint64_t(active_) * uint64_t(tiles_n_)) return WorkTileInfo::invalid_work_tile();
     return {nth_bit(tiles_, static_cast<int>(index % active_)), static_cast<int32_t>(index / active_), 0, true};
   }
   template <class ClusterShape>
@@ -175,7 +176,8 @@ class PaddingScheduler : public cutlass::gemm::kernel::detail::PersistentTileSch
   }
 
  private:
-  Params params_{};
+  bool skip_ = false;
+  int tiles_n_ = 0;
   uint64_t index_ = 0;
   uint64_t grid_ = 0;
   uint64_t tiles_ = 0;
