@@ -34,10 +34,106 @@
 // nvcc -DLAYA_PART=p compiles part p's kernels; part 0 also holds the dispatch and the C entry
 // points.  Without LAYA_PART the file is the whole library in one object.
 
+#include <cstdint>
+
+// ------------------------------------------------------------------ the padding's row tiles
+// Host and device code of its own: with LAYA_PADDING_TILES_ONLY the file is this part alone, which
+// a C++ compiler builds for the host test of which tiles are computed and which zeroed
+// (tests/pipeline/test_native_geglu.py).
+#if defined(__CUDACC__)
+#define LAYA_HD __host__ __device__ __forceinline__
+#else
+#define LAYA_HD inline
+#endif
+
+namespace laya_padding {
+
+// The padding of a [rows, tokens, K] input: row b's first counts[b] positions are real (counts
+// nullptr: every position is).  ``skip``: the scheduler skips the row tiles of padding only.
+struct Padding {
+  const int32_t* counts = nullptr;
+  int rows = 0;
+  int tokens = 0;
+  bool skip = false;
+};
+
+constexpr int kMaxTiles = 64;  // row tiles a skipping call may have: one bit each
+
+LAYA_HD int count_of(Padding const& p, int row) {
+#if defined(__CUDA_ARCH__)
+  return __ldg(p.counts + row);
+#else
+  return p.counts[row];
+#endif
+}
+LAYA_HD int ones(uint64_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __popcll(bits);
+#else
+  return __builtin_popcountll(bits);
+#endif
+}
+LAYA_HD int lowest(uint64_t bits) {  // the index of the lowest set bit (bits not 0)
+#if defined(__CUDA_ARCH__)
+  return __ffsll(static_cast<long long>(bits)) - 1;
+#else
+  return __builtin_ffsll(static_cast<long long>(bits)) - 1;
+#endif
+}
+
+// The row tiles of ``tile_m`` positions that hold a real position, one bit each (tile t: bit t);
+// where no position is real, tile 0's, so that one tile is computed and its epilogue zeroes the rest.
+LAYA_HD uint64_t real_tiles(Padding const& p, int tile_m) {
+  uint64_t tiles = 0;
+  for (int b = 0; b < p.rows; ++b) {
+    int count = count_of(p, b);
+    count = count < 0 ? 0 : (count > p.tokens ? p.tokens : count);
+    if (count == 0) continue;
+    const int first = b * p.tokens;
+    const int lo = first / tile_m, span = (first + count - 1) / tile_m - lo + 1;
+    tiles |= (span >= kMaxTiles ? ~0ull : (1ull << span) - 1) << lo;
+  }
+  return tiles == 0 ? 1ull : tiles;
+}
+
+// Position m of the [rows x tokens] positions is padding (counts named, m past its row's count).
+LAYA_HD bool is_padding(Padding const& p, int m) {
+  if (p.counts == nullptr) return false;
+  const int row = m / p.tokens;
+  return m - row * p.tokens >= count_of(p, row);
+}
+
+// The work of index ``index`` when only the row tiles ``tiles`` are computed: row tile the
+// (index mod A)-th of them, column tile index / A (A of them; ``tiles_n`` column tiles).  False
+// past the last.
+LAYA_HD bool work_of(uint64_t tiles, int tiles_n, uint64_t index, int& m, int& n) {
+  const int active = ones(tiles);
+  if (index >= uint64_t(active) * uint64_t(tiles_n)) return false;
+  uint64_t bits = tiles;
+  for (int i = static_cast<int>(index % active); i > 0; --i) bits &= bits - 1;
+  m = lowest(bits);
+  n = static_cast<int>(index / active);
+  return true;
+}
+
+// The skipped row tiles (of ``tiles_m``) whose zeros computed row tile ``m`` writes in its columns:
+// the k-th skipped one is the computed one's of rank k mod A among the A computed.
+LAYA_HD uint64_t zeroed_by(uint64_t tiles, int tiles_m, int m) {
+  uint64_t skipped = (tiles_m >= kMaxTiles ? ~0ull : (1ull << tiles_m) - 1) & ~tiles, mine = 0;
+  const int active = ones(tiles), rank = ones(tiles & ((1ull << m) - 1));
+  for (int k = 0; skipped != 0; ++k, skipped &= skipped - 1) {
+    if (k % active == rank) mine |= skipped & (~skipped + 1);  // the lowest skipped one left
+  }
+  return mine;
+}
+
+}  // namespace laya_padding
+
+#if !defined(LAYA_PADDING_TILES_ONLY)
+
 #include <cuda_runtime.h>
 
 #include <array>
-#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <tuple>
@@ -58,48 +154,16 @@
 namespace laya_cuda {
 
 using namespace cute;
+using laya_padding::kMaxTiles;
+using laya_padding::Padding;
 
 using Element = cutlass::bfloat16_t;
 using StrideOut = cute::Stride<int64_t, cute::Int<1>, int64_t>;  // row-major [M, N/2]
 
 constexpr int kBlock = 8;  // Wi's rows interleave in blocks of 8: 8 inputs, their 8 gates, the next 8 inputs, ...
 
-// The padding of a [rows, tokens, K] input: row b's first counts[b] positions are real (counts
-// nullptr: every position is).  ``skip``: the scheduler skips the row tiles of padding only.
-struct Padding {
-  const int32_t* counts = nullptr;
-  int rows = 0;
-  int tokens = 0;
-  bool skip = false;
-};
-
-constexpr int kMaxTiles = 64;  // row tiles a skipping call may have: one bit each
-
-// The row tiles of ``tile_m`` positions that hold a real position, one bit each (tile t: bit t);
-// where no position is real, tile 0's, so that one tile is computed and its epilogue zeroes the rest.
-CUTLASS_DEVICE uint64_t real_tiles(Padding const& p, int tile_m) {
-  uint64_t tiles = 0;
-  CUTLASS_PRAGMA_NO_UNROLL
-  for (int b = 0; b < p.rows; ++b) {
-    int count = __ldg(p.counts + b);
-    count = count < 0 ? 0 : (count > p.tokens ? p.tokens : count);
-    if (count == 0) continue;
-    const int first = b * p.tokens;
-    const int lo = first / tile_m, span = (first + count - 1) / tile_m - lo + 1;
-    tiles |= (span >= kMaxTiles ? ~0ull : (1ull << span) - 1) << lo;
-  }
-  return tiles == 0 ? 1ull : tiles;
-}
-
-// The index of the i-th (from 0) set bit of ``bits``.
-CUTLASS_DEVICE int nth_bit(uint64_t bits, int i) {
-  for (; i > 0; --i) bits &= bits - 1;
-  return __ffsll(static_cast<long long>(bits)) - 1;
-}
-
 // CUTLASS's persistent scheduler (cluster 1 x 1) that, with Padding::skip, hands out only the row
-// tiles real_tiles names: work index w is row tile nth_bit(tiles, w % A), column tile w / A, for
-// the A such row tiles.  Without skip, CUTLASS's own order of tiles.  The kernel calls what is
+// tiles real_tiles names, in work_of's order.  Without skip, CUTLASS's own order of tiles.  The kernel calls what is
 // declared here on this type; the rest is the base class's.
 class PaddingScheduler : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90 {
   using Base = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90;
@@ -143,17 +207,15 @@ class PaddingScheduler : public cutlass::gemm::kernel::detail::PersistentTileSch
       index_ = uint64_t(blockIdx.x) * uint64_t(gridDim.y) + uint64_t(blockIdx.y);
     }
     grid_ = uint64_t(gridDim.x) * uint64_t(gridDim.y) * uint64_t(gridDim.z);
-    if (params.padding.skip) {
-      tiles_ = real_tiles(params.padding, params.tile_m);
-      active_ = __popcll(tiles_);
-    }
+    if (params.padding.skip) tiles_ = laya_padding::real_tiles(params.padding, params.tile_m);
 #endif
   }
 
   CUTLASS_DEVICE WorkTileInfo get_current_work_for_linear_idx(uint64_t index) const {
     if (!skip_) return Base::get_current_work_for_linear_idx(index);
-    if (index >= uint64_t(active_) * uint64_t(tiles_n_)) return WorkTileInfo::invalid_work_tile();
-    return {nth_bit(tiles_, static_cast<int>(index % active_)), static_cast<int32_t>(index / active_), 0, true};
+    int m = 0, n = 0;
+    if (!laya_padding::work_of(tiles_, tiles_n_, index, m, n)) return WorkTileInfo::invalid_work_tile();
+    return {m, n, 0, true};
   }
   template <class ClusterShape>
   CUTLASS_DEVICE WorkTileInfo initial_work_tile_info(ClusterShape) {
@@ -181,7 +243,6 @@ class PaddingScheduler : public cutlass::gemm::kernel::detail::PersistentTileSch
   uint64_t index_ = 0;
   uint64_t grid_ = 0;
   uint64_t tiles_ = 0;
-  int active_ = 0;
 };
 
 struct PaddingTag {};  // GemmUniversal's scheduler tag for PaddingScheduler
@@ -284,7 +345,7 @@ class GegluEpilogue {
         if (m < M && n < N) {
           if (m != last_m) {
             last_m = m;
-            last_padding = is_padding(padding, m);
+            last_padding = laya_padding::is_padding(padding, m);
           }
           uint32_t both = 0;  // a padding position's two outputs: 0
           if (!last_padding) {
@@ -299,17 +360,13 @@ class GegluEpilogue {
       }
     }
     if (!padding.skip) return;
-    // The row tiles the scheduler skipped, A computed ones: the k-th skipped tile's zeros in these
-    // columns are written by the computed tile of rank k mod A, at the places this tile's are.
+    // The row tiles the scheduler skipped whose zeros in these columns this tile writes (zeroed_by),
+    // at the places this tile's outputs are.
     constexpr int tile_m = decltype(size<0>(blk_shape_MNK))::value;
-    const uint64_t tiles = real_tiles(padding, tile_m);
-    const int tiles_m = (M + tile_m - 1) / tile_m;
-    uint64_t skipped = (tiles_m >= kMaxTiles ? ~0ull : (1ull << tiles_m) - 1) & ~tiles;
-    const int active = __popcll(tiles);
-    const int rank = __popcll(tiles & ((1ull << int(m_coord)) - 1));
-    for (int k = 0; skipped != 0; ++k, skipped &= skipped - 1) {
-      if (k % active != rank) continue;
-      const int shift = (__ffsll(static_cast<long long>(skipped)) - 1 - int(m_coord)) * tile_m;
+    const uint64_t tiles = laya_padding::real_tiles(padding, tile_m);
+    for (uint64_t mine = laya_padding::zeroed_by(tiles, (M + tile_m - 1) / tile_m, int(m_coord)); mine != 0;
+         mine &= mine - 1) {
+      const int shift = (laya_padding::lowest(mine) - int(m_coord)) * tile_m;
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(accumulators); i += 8) {
         CUTLASS_PRAGMA_UNROLL
@@ -324,12 +381,6 @@ class GegluEpilogue {
     }
   }
 
-  // Row m of the [rows x tokens] positions is padding (counts named, m past its row's count).
-  CUTLASS_DEVICE static bool is_padding(Padding const& padding, int m) {
-    if (padding.counts == nullptr) return false;
-    const int row = m / padding.tokens;
-    return m - row * padding.tokens >= __ldg(padding.counts + row);
-  }
 
   // torch's gelu (approximate="none") in fp32: x/2 (1 + erf(x / sqrt 2))
   CUTLASS_DEVICE static float gelu(float x) { return (x * 0.5f) * (1.0f + erff(x * 0.70710678118654752f)); }
@@ -724,3 +775,5 @@ int laya_native_geglu(int config, const void* x, const void* weight, void* out, 
 #else
 }  // namespace laya_cuda
 #endif
+
+#endif  // !LAYA_PADDING_TILES_ONLY

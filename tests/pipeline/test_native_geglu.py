@@ -188,8 +188,12 @@ def test_skipping_padding_is_refused_without_the_op_or_the_counts(settings, says
     with pytest.raises(ConfigError, match=re.escape(says)):
         padding_skipped({"skip_padding": {"cuda": True}, **settings}, "cuda")
     assert padding_skipped({"skip_padding": {"cuda": False}, **settings}, "cuda") is False
-    assert padding_skipped({"skip_padding": {"cuda": True}, "native_geglu": {"cuda": 256},
-                            "attention": {"cuda": "fused"}}, "cuda") is True
+    assert (
+        padding_skipped(
+            {"skip_padding": {"cuda": True}, "native_geglu": {"cuda": 256}, "attention": {"cuda": "fused"}}, "cuda"
+        )
+        is True
+    )
 
 
 BY_SIZE = """
@@ -552,6 +556,99 @@ def test_the_record_names_the_configurations_an_export_calls(monkeypatch):
     }
     assert cutlass_configs(cfg, ["linear"], cuda_kernels=False) == {"linear": [256, -1, -1, 1], "names": {}}
     assert cutlass_configs(cfg, [], cuda_kernels=True) is None
+
+
+TILES_CHECK = """
+#define LAYA_PADDING_TILES_ONLY
+#include "{source}"
+#include <cstdio>
+#include <random>
+#include <vector>
+
+using namespace laya_padding;
+
+// One call as the kernel runs it: ``grid`` CTAs, each from its own index, a grid's length at a
+// time, computing work_of's tiles; each computed tile zeroing zeroed_by's.  Every row tile with a
+// real position (by brute force over the positions) must be computed once in each column, every
+// other one zeroed once in each column and never computed, the padding flagged where it is.
+int check(const std::vector<int>& counts, int tokens, int tile_m, int tiles_n, int grid) {
+  const int rows = int(counts.size()), M = rows * tokens, tiles_m = (M + tile_m - 1) / tile_m;
+  Padding p{counts.data(), rows, tokens, true};
+  std::vector<int> real(tiles_m, 0);
+  bool any = false;
+  for (int m = 0; m < M; ++m) {
+    const bool pad = m % tokens >= counts[m / tokens];
+    if (pad != is_padding(p, m)) return 1;
+    if (!pad) real[m / tile_m] = 1, any = true;
+  }
+  if (!any) real[0] = 1;  // no real position: tile 0 is computed
+  const uint64_t tiles = real_tiles(p, tile_m);
+  std::vector<int> computed(tiles_m * tiles_n, 0), zeroed(tiles_m * tiles_n, 0);
+  for (int cta = 0; cta < grid; ++cta) {
+    int m = 0, n = 0;
+    for (uint64_t index = cta; work_of(tiles, tiles_n, index, m, n); index += grid) {
+      if (m < 0 || m >= tiles_m || n < 0 || n >= tiles_n) return 2;
+      ++computed[m * tiles_n + n];
+      for (uint64_t mine = zeroed_by(tiles, tiles_m, m); mine != 0; mine &= mine - 1) {
+        ++zeroed[lowest(mine) * tiles_n + n];
+      }
+    }
+  }
+  for (int t = 0; t < tiles_m; ++t) {
+    if (((tiles >> t) & 1) != uint64_t(real[t])) return 3;
+    for (int n = 0; n < tiles_n; ++n) {
+      const int c = computed[t * tiles_n + n], z = zeroed[t * tiles_n + n];
+      if (real[t] ? (c != 1 || z != 0) : (c != 0 || z != 1)) return 4;
+    }
+  }
+  return 0;
+}
+
+int main() {
+  std::mt19937 rng(1234);
+  int cases = 0, bad = 0;
+  const int tiles[] = {64, 128, 256};
+  for (int round = 0; round < 3000; ++round) {
+    const int rows = 1 + int(rng() % 8), tokens = 16 * (1 + int(rng() % 32)), tile_m = tiles[rng() % 3];
+    if ((rows * tokens + tile_m - 1) / tile_m > kMaxTiles) continue;
+    std::vector<int> counts(rows);
+    for (int& c : counts) {
+      const int kind = int(rng() % 5);  // none, all, more than all, a few, any
+      c = kind == 0 ? 0 : kind == 1 ? tokens : kind == 2 ? tokens + 7 : kind == 3 ? 1 + int(rng() % 16)
+                                                                                 : int(rng() % (tokens + 1));
+    }
+    const int tiles_n = 1 + int(rng() % 30), grid = 1 + int(rng() % 140);
+    const int why = check(counts, tokens, tile_m, tiles_n, grid);
+    ++cases;
+    if (why != 0 && bad++ < 5) std::printf("failed %d: rows %d tokens %d tile %d\\n", why, rows, tokens, tile_m);
+  }
+  // the saved 7 x 256 batch at 128-row tiles: 9 of 14 row tiles computed
+  const std::vector<int> saved{29, 48, 42, 134, 167, 71, 124};
+  Padding p{saved.data(), 7, 256, true};
+  std::printf("cases %d bad %d saved %d %d\\n", cases, bad, ones(real_tiles(p, 128)), check(saved, 256, 128, 28, 132));
+  return bad != 0;
+}
+"""
+
+
+def test_the_computed_row_tiles_are_those_with_a_real_position_and_every_other_one_is_zeroed_once(tmp_path):
+    """The skipping scheduler's and epilogue's arithmetic (host and device code of the kernels'
+    source, built for the host with the C++ compiler): over random rows, counts (none real, all,
+    more than the row, a few, any), row tiles of 64, 128 and 256 positions, column tiles and grid
+    sizes, every row tile with a real position is computed once in each column and every other
+    one zeroed once and never computed; the padding flag agrees with the counts."""
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no C++ compiler")
+    program = tmp_path / "tiles_check.cc"
+    program.write_text(TILES_CHECK.replace("{source}", str(native.CUDA_SOURCE)))
+    exe = tmp_path / "tiles_check"
+    subprocess.run([compiler, "-std=c++17", "-O1", "-x", "c++", str(program), "-o", str(exe)], check=True, timeout=300)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout
+    cases, bad, saved, saved_check = re.match(r"cases (\d+) bad (\d+) saved (\d+) (\d+)", proc.stdout).groups()
+    assert int(cases) > 1000 and bad == "0"
+    assert (saved, saved_check) == ("9", "0")
 
 
 LAYOUT_CHECK = """
