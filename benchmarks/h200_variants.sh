@@ -19,7 +19,9 @@
 #   2. benchmarks/package_latency.py over every package, interleaved (ROUNDS, default 4; PROFILE
 #      replays of each profiled when set; LAUNCH replays of each timed by host launch and CUDA events
 #      when set; BLAS='NAME=LIBRARY ...' times NAME's package once more
-#      as NAME-LIBRARY, its graphs captured with torch.backends.cuda.preferred_blas_library(LIBRARY));
+#      as NAME-LIBRARY, its graphs captured with torch.backends.cuda.preferred_blas_library(LIBRARY);
+#      FILL='full saved' times them once with every position of a row real, the default, and once
+#      with each row its saved decision's own length, then padding: latency-full.json, latency-saved.json);
 #   2b. with STATES (a comma-separated list of benchmarks/replay_states.py's conditions, e.g.
 #      plain,other,one-at-a-time,plain-one-at-a-time), that probe over every package (STATES_REPEAT
 #      repeats, default 1), to $OUT/states.json;
@@ -119,13 +121,16 @@ if [ ${#built[@]} -gt 0 ] && ! late 70 latency; then
     n=${b%%=*}
     [ -f "$(pkg "$n")/decision.pt2" ] && args+=("$n-${b#*=}=$(pkg "$n")/decision.pt2") blas+=(--blas "$n-${b#*=}=${b#*=}")
   done
-  s=$SECONDS
-  (cd "$WORK/$first" && PYTHONPATH="${PYTHONPATH:-}:$WORK/$first" "$PY" "$SRC/benchmarks/package_latency.py" \
-    "artifacts/$VERSION/export/$BUILD" "artifacts/$VERSION/model/inputs.pt" "${args[@]}" \
-    "${blas[@]}" --rounds "${ROUNDS:-4}" --preload lib:tvm_ffi ${PROFILE:+--profile "$PROFILE"} ${LAUNCH:+--launch "$LAUNCH"} --out "$OUT/latency.json") \
-    > "$WORK/latency.log" 2>&1
-  say "latency (${built[*]}) rc $? in $((SECONDS - s)) s"
-  grep -v Warning "$WORK/latency.log" | tail -8 | cut -c1-400 | tee -a "$log"
+  for fill in ${FILL:-full}; do  # FILL='full saved': the rounds once with each
+    late 70 "latency ($fill rows)" && break
+    s=$SECONDS name=latency${FILL:+-$fill}
+    (cd "$WORK/$first" && PYTHONPATH="${PYTHONPATH:-}:$WORK/$first" "$PY" "$SRC/benchmarks/package_latency.py" \
+      "artifacts/$VERSION/export/$BUILD" "artifacts/$VERSION/model/inputs.pt" "${args[@]}" --fill "$fill" \
+      "${blas[@]}" --rounds "${ROUNDS:-4}" --preload lib:tvm_ffi ${PROFILE:+--profile "$PROFILE"} ${LAUNCH:+--launch "$LAUNCH"} --out "$OUT/$name.json") \
+      > "$WORK/$name.log" 2>&1
+    say "latency (${built[*]}, $fill rows) rc $? in $((SECONDS - s)) s"
+    grep -v Warning "$WORK/$name.log" | tail -8 | cut -c1-400 | tee -a "$log"
+  done
 fi
 
 if [ -n "${STATES:-}" ] && [ ${#built[@]} -gt 0 ] && ! late 90 "replay states"; then

@@ -6,7 +6,9 @@ Each package is loaded, in a process of its own (a process holds one build of th
 library, and two packages may ship different ones), through the project's runtime
 (``laya_build.runtime.load_package``, single-threaded) behind a
 :class:`laya_build.runtime.DecisionRunner` with CUDA-graph buckets at the measured shapes
-(default 1x128x3 and 7x256x4: rows x tokens x slots); one process runs at a time.  Then, ROUNDS
+(default 1x128x3 and 7x256x4: rows x tokens x slots; ``--fill``: every position of a row real,
+the default, or each row its saved decision's own length and then padding); one process runs at a
+time.  Then, ROUNDS
 times, for each shape and each package in turn: the graph replay (``replay_before_plain``, after the
 package before it), the plain padded call, and the graph replay again (``replay``, right after the
 plain call: on the H200 a graph of this model replays faster there, see
@@ -55,6 +57,13 @@ def main(argv=None) -> int:
     parser.add_argument("--timing", default='{"warmup": 10, "min_run_time_s": 0.4}')
     parser.add_argument("--preload", default="tilelang")
     parser.add_argument("--out", default="latency.json")
+    parser.add_argument(
+        "--fill",
+        default="full",
+        choices=("full", "saved"),
+        help="full: every position of a row real (the saved tokens repeated); saved: each row its saved "
+        "decision's own length, then padding",
+    )
     parser.add_argument("--profile", type=int, default=0, help="graph replays to profile per package and shape")
     parser.add_argument(
         "--launch",
@@ -83,11 +92,13 @@ def main(argv=None) -> int:
         "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "timing": timing,
         "rounds": args.rounds,
+        "fill": args.fill,
         "process": os.getpid(),
         "packages": {},
     }
     blas = dict(spec.split("=", 1) for spec in args.blas)
     setup = {"export_dir": args.export_dir, "inputs": args.inputs, "shapes": shapes, "timing": timing}
+    setup["fill"] = args.fill
     setup["preload"] = [m for m in args.preload.split(",") if m]
     workers = {}
     try:
@@ -211,7 +222,7 @@ def serve(conn, setup: dict) -> None:
         cases, outputs = {}, {}
         for r, t, s in setup["shapes"]:
             shape = f"{r}x{t}x{s}"
-            call = tuple(x.to(runner.device) for x in synthetic_call(inputs, r, t, s))
+            call = tuple(x.to(runner.device) for x in synthetic_call(inputs, r, t, s, setup["fill"]))
             bucket = runner.bucket_for(r, t, s)
             padded = runner.padded_inputs(call)
             with torch.inference_mode():

@@ -170,25 +170,36 @@ def fresh_load(args) -> int:
 # ------------------------------------------------------------------------------ runner
 
 
-def synthetic_call(inputs: dict, rows: int, tokens: int, slots: int):
-    """A full call of this shape from the saved decisions' tokens (repeated to fill each row)."""
+FILLS = ("full", "saved")  # every position of a row real; a row as long as its saved decision
+
+
+def synthetic_call(inputs: dict, rows: int, tokens: int, slots: int, fill: str = "full"):
+    """A call of this shape from the saved decisions' tokens: with ``fill`` full, each row's
+    tokens repeated to fill it (every position real); with ``saved``, each row its decision's own
+    tokens (up to ``tokens``), then padding, the markers inside the real part."""
     import torch
 
+    if fill not in FILLS:
+        raise ValueError(f"fill {fill!r} is not one of {', '.join(FILLS)}")
     saved = [
         (b["input_ids"][r, :n], q)
         for b in inputs["batches"]
         for r, (n, q) in enumerate(zip(b["valid_tokens"], b["qtype"].tolist()))
     ]
-    ids = torch.stack(
-        [
-            torch.tensor(list(itertools.islice(itertools.cycle(saved[r % len(saved)][0].tolist()), tokens)))
-            for r in range(rows)
-        ]
-    )
-    pos = (torch.arange(slots) * 3 + 4).clamp(max=tokens - 1).repeat(rows, 1)
+    own = [saved[r % len(saved)][0].tolist() for r in range(rows)]
+    if fill == "full":
+        real = [tokens] * rows
+        ids = torch.stack([torch.tensor(list(itertools.islice(itertools.cycle(t), tokens))) for t in own])
+    else:
+        real = [min(len(t), tokens) for t in own]
+        ids = torch.full((rows, tokens), inputs["special_ids"]["pad_token_id"], dtype=torch.long)
+        for r, t in enumerate(own):
+            ids[r, : real[r]] = torch.tensor(t[: real[r]])
+    mask = (torch.arange(tokens)[None, :] < torch.tensor(real)[:, None]).long()
+    pos = torch.stack([(torch.arange(slots) * 3 + 4).clamp(max=n - 1) for n in real])
     return (
         ids,
-        torch.ones(rows, tokens, dtype=torch.long),
+        mask,
         pos,
         torch.ones(rows, slots, dtype=torch.long),
         torch.tensor([saved[r % len(saved)][1] for r in range(rows)]),

@@ -137,3 +137,34 @@ def test_a_profile_summary_lists_one_forward_in_order_with_the_idle_time_before_
         ["kernel: norm", 3.0, 5.0, None],
     ]
     assert trace_summary([event("cpu_op", "aten::mm", 0.0, 1.0)], calls=2) == {"calls": 2, "events_per_forward": 0}
+
+
+def test_a_benchmark_call_fills_every_position_or_keeps_each_rows_saved_length():
+    """``benchmarks/runtime_bench.synthetic_call``: with ``full`` (the latency benchmarks' default)
+    every position of every row is real, the saved tokens repeated; with ``saved`` each row is its
+    saved decision's own tokens and then padding, its markers inside the real part."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from runtime_bench import synthetic_call
+
+    lengths, pad = [5, 9, 3], 0
+    ids = torch.full((3, 16), pad)
+    for r, n in enumerate(lengths):
+        ids[r, :n] = torch.arange(1, n + 1) + 10 * r
+    inputs = {
+        "special_ids": {"pad_token_id": pad},
+        "batches": [{"input_ids": ids, "valid_tokens": lengths, "qtype": torch.tensor([0, 1, 2])}],
+    }
+    full = synthetic_call(inputs, 4, 8, 3)
+    assert (
+        full[1].all() and full[0][0].tolist() == [1, 2, 3, 4, 5, 1, 2, 3] and full[0][3].tolist()[:5] == [1, 2, 3, 4, 5]
+    )
+    assert full[2].tolist() == [[4, 7, 7]] * 4 and full[4].tolist() == [0, 1, 2, 0]
+    saved = synthetic_call(inputs, 4, 8, 3, "saved")
+    assert saved[1].sum(1).tolist() == [5, 8, 3, 5]  # the second row cut at the call's 8 tokens
+    assert saved[0][2].tolist() == [21, 22, 23, pad, pad, pad, pad, pad]
+    assert saved[2].tolist() == [[4, 4, 4], [4, 7, 7], [2, 2, 2], [4, 4, 4]]
+    assert bool((saved[2] < saved[1].sum(1, keepdim=True)).all())
+    with pytest.raises(ValueError, match="fill 'half' is not one of full, saved"):
+        synthetic_call(inputs, 1, 8, 3, "half")
