@@ -334,31 +334,43 @@ class GegluEpilogue {
     ElementD* out = params.ptr_D;
     const int64_t ldd = params.ldd;
     Padding const& padding = params.padding;
-    int last_m = -1;  // the row whose padding was looked up last, and whether it is padding
-    bool last_padding = false;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(accumulators); i += 8) {  // value (0, 0, j even) of each block pair
+    // Every output of the tile; with counts (kPadded), a padding position's two are 0.  Without
+    // counts the loop is the one it was before there were any: no lookup, no test a pair.
+    auto store = [&](auto padded) {
+      constexpr bool kPadded = decltype(padded)::value;
+      int last_m = -1;  // the row whose padding was looked up last, and whether it is padding
+      bool last_padding = false;
       CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < 4; r += 2) {  // the pair's two rows
-        const int m = get<0>(tCcD(i + r));
-        const int n = get<1>(tCcD(i + r));  // in an input block: n % 16 < 8, and even
-        if (m < M && n < N) {
-          if (m != last_m) {
-            last_m = m;
-            last_padding = laya_padding::is_padding(padding, m);
+      for (int i = 0; i < size(accumulators); i += 8) {  // value (0, 0, j even) of each block pair
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < 4; r += 2) {  // the pair's two rows
+          const int m = get<0>(tCcD(i + r));
+          const int n = get<1>(tCcD(i + r));  // in an input block: n % 16 < 8, and even
+          if (m < M && n < N) {
+            if constexpr (kPadded) {
+              if (m != last_m) {
+                last_m = m;
+                last_padding = laya_padding::is_padding(padding, m);
+              }
+            }
+            uint32_t both = 0;
+            if (!kPadded || !last_padding) {
+              const float a0 = float(ElementD(accumulators(i + r))), a1 = float(ElementD(accumulators(i + r + 1)));
+              const float g0 = float(ElementD(accumulators(i + r + 4))), g1 = float(ElementD(accumulators(i + r + 5)));
+              const ElementD lo(gelu(a0) * g0), hi(gelu(a1) * g1);
+              both = uint32_t(lo.raw()) | (uint32_t(hi.raw()) << 16);
+            }
+            // output columns (n / 16) * 8 + n % 8 and the next: 4 bytes, aligned (ldd is a multiple of 8)
+            *reinterpret_cast<uint32_t*>(out + m * ldd + (n >> 4) * kBlock + (n & (kBlock - 1))) = both;
           }
-          uint32_t both = 0;  // a padding position's two outputs: 0
-          if (!last_padding) {
-            const float a0 = float(ElementD(accumulators(i + r))), a1 = float(ElementD(accumulators(i + r + 1)));
-            const float g0 = float(ElementD(accumulators(i + r + 4))), g1 = float(ElementD(accumulators(i + r + 5)));
-            const ElementD lo(gelu(a0) * g0), hi(gelu(a1) * g1);
-            both = uint32_t(lo.raw()) | (uint32_t(hi.raw()) << 16);
-          }
-          // output columns (n / 16) * 8 + n % 8 and the next: 4 bytes, aligned (ldd is a multiple of 8)
-          *reinterpret_cast<uint32_t*>(out + m * ldd + (n >> 4) * kBlock + (n & (kBlock - 1))) = both;
         }
       }
+    };
+    if (padding.counts == nullptr) {
+      store(std::false_type{});
+      return;
     }
+    store(std::true_type{});
     if (!padding.skip) return;
     // The row tiles the scheduler skipped whose zeros in these columns this tile writes (zeroed_by),
     // at the places this tile's outputs are.
