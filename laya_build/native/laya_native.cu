@@ -21,7 +21,8 @@
 // without a cluster skips the row tiles that hold padding only: PaddingScheduler hands out the
 // other tiles alone (the work of a forward at 7 x 256 whose rows are a third real is two thirds
 // of the tiles), and the epilogue of each computed tile writes the zeros of the skipped tiles in
-// its columns, so every output element is written once a call.
+// its columns, so every output element is written once a call.  A call of more than 64 row tiles
+// or 64 rows computes every tile.
 //
 // laya_native::linear's CUTLASS path: x @ W.T (+ a residual, added to the fp32 product before the
 // one rounding) with CUTLASS's stream-K tile scheduler, which spreads the K iterations of all
@@ -58,6 +59,7 @@ struct Padding {
 };
 
 constexpr int kMaxTiles = 64;  // row tiles a skipping call may have: one bit each
+constexpr int kMaxRows = 64;   // rows a skipping call may have: every thread reads each row's count once
 
 LAYA_HD int count_of(Padding const& p, int row) {
 #if defined(__CUDA_ARCH__)
@@ -207,6 +209,9 @@ class PaddingScheduler : public cutlass::gemm::kernel::detail::PersistentTileSch
       index_ = uint64_t(blockIdx.x) * uint64_t(gridDim.y) + uint64_t(blockIdx.y);
     }
     grid_ = uint64_t(gridDim.x) * uint64_t(gridDim.y) * uint64_t(gridDim.z);
+    // The counts are read here, before anything of the kernel waits on the grid before it: the
+    // kernels are launched without programmatic dependent launch, so the kernel that wrote them
+    // has finished.
     if (params.padding.skip) tiles_ = laya_padding::real_tiles(params.padding, params.tile_m);
 #endif
   }
@@ -338,8 +343,9 @@ class GegluEpilogue {
     // counts the loop is the one it was before there were any: no lookup, no test a pair.
     auto store = [&](auto padded) {
       constexpr bool kPadded = decltype(padded)::value;
-      int last_m = -1;  // the row whose padding was looked up last, and whether it is padding
-      bool last_padding = false;
+      // each of the pair's two rows (r / 2): the row looked up last, and whether it is padding
+      int last_m[2] = {-1, -1};
+      bool last_padding[2] = {false, false};
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(accumulators); i += 8) {  // value (0, 0, j even) of each block pair
         CUTLASS_PRAGMA_UNROLL
@@ -348,13 +354,13 @@ class GegluEpilogue {
           const int n = get<1>(tCcD(i + r));  // in an input block: n % 16 < 8, and even
           if (m < M && n < N) {
             if constexpr (kPadded) {
-              if (m != last_m) {
-                last_m = m;
-                last_padding = laya_padding::is_padding(padding, m);
+              if (m != last_m[r / 2]) {
+                last_m[r / 2] = m;
+                last_padding[r / 2] = laya_padding::is_padding(padding, m);
               }
             }
             uint32_t both = 0;
-            if (!kPadded || !last_padding) {
+            if (!kPadded || !last_padding[r / 2]) {
               const float a0 = float(ElementD(accumulators(i + r))), a1 = float(ElementD(accumulators(i + r + 1)));
               const float g0 = float(ElementD(accumulators(i + r + 4))), g1 = float(ElementD(accumulators(i + r + 5)));
               const ElementD lo(gelu(a0) * g0), hi(gelu(a1) * g1);
@@ -375,8 +381,11 @@ class GegluEpilogue {
     // The row tiles the scheduler skipped whose zeros in these columns this tile writes (zeroed_by),
     // at the places this tile's outputs are.
     constexpr int tile_m = decltype(size<0>(blk_shape_MNK))::value;
-    const uint64_t tiles = laya_padding::real_tiles(padding, tile_m);
-    for (uint64_t mine = laya_padding::zeroed_by(tiles, (M + tile_m - 1) / tile_m, int(m_coord)); mine != 0;
+    if (!have_tiles_) {  // read once a kernel: the counts do not change while it runs
+      tiles_ = laya_padding::real_tiles(padding, tile_m);
+      have_tiles_ = true;
+    }
+    for (uint64_t mine = laya_padding::zeroed_by(tiles_, (M + tile_m - 1) / tile_m, int(m_coord)); mine != 0;
          mine &= mine - 1) {
       const int shift = (laya_padding::lowest(mine) - int(m_coord)) * tile_m;
       CUTLASS_PRAGMA_UNROLL
@@ -399,6 +408,8 @@ class GegluEpilogue {
 
  private:
   Params params;
+  uint64_t tiles_ = 0;  // with skip: the row tiles computed (real_tiles), once read
+  bool have_tiles_ = false;
 };
 
 using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<GegluEpilogue>;
@@ -577,7 +588,8 @@ int run(Call const& c) {
       return c.fail("the rows' counts of real positions do not fit the input", " (rows x tokens must be its rows)");
     }
     Padding padding = c.padding;
-    padding.skip = Config::kSkips && (c.m + Config::kTileM - 1) / Config::kTileM <= kMaxTiles;
+    padding.skip = Config::kSkips && (c.m + Config::kTileM - 1) / Config::kTileM <= kMaxTiles &&
+                   c.padding.rows <= laya_padding::kMaxRows;
     args.epilogue.padding = padding;
     if constexpr (Config::kSkips) args.scheduler.padding = padding;
   }
