@@ -165,8 +165,9 @@ using StrideOut = cute::Stride<int64_t, cute::Int<1>, int64_t>;  // row-major [M
 constexpr int kBlock = 8;  // Wi's rows interleave in blocks of 8: 8 inputs, their 8 gates, the next 8 inputs, ...
 
 // CUTLASS's persistent scheduler (cluster 1 x 1) that, with Padding::skip, hands out only the row
-// tiles real_tiles names, in work_of's order.  Without skip, CUTLASS's own order of tiles.  The kernel calls what is
-// declared here on this type; the rest is the base class's.
+// tiles real_tiles names, in work_of's order; without skip, CUTLASS's own order of tiles.  The
+// kernels call what is declared here on this type (every call that reads the work index); the rest
+// is the base class's.
 class PaddingScheduler : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90 {
   using Base = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90;
 
@@ -209,9 +210,8 @@ class PaddingScheduler : public cutlass::gemm::kernel::detail::PersistentTileSch
       index_ = uint64_t(blockIdx.x) * uint64_t(gridDim.y) + uint64_t(blockIdx.y);
     }
     grid_ = uint64_t(gridDim.x) * uint64_t(gridDim.y) * uint64_t(gridDim.z);
-    // The counts are read here, before anything of the kernel waits on the grid before it: the
-    // kernels are launched without programmatic dependent launch, so the kernel that wrote them
-    // has finished.
+    // The counts are read here, at the kernel's start: the kernels are launched without
+    // programmatic dependent launch, so the kernel that wrote them has finished.
     if (params.padding.skip) tiles_ = laya_padding::real_tiles(params.padding, params.tile_m);
 #endif
   }
