@@ -156,6 +156,7 @@ LAYA_HD uint64_t zeroed_by(uint64_t tiles, int tiles_m, int m) {
 namespace laya_cuda {
 
 using namespace cute;
+using laya_padding::kMaxRows;
 using laya_padding::kMaxTiles;
 using laya_padding::Padding;
 
@@ -339,6 +340,11 @@ class GegluEpilogue {
     ElementD* out = params.ptr_D;
     const int64_t ldd = params.ldd;
     Padding const& padding = params.padding;
+    // Two adjacent outputs of row m as one 4-byte store: output columns (n / 16) * 8 + n % 8 and the
+    // next (aligned: ldd is a multiple of 8).
+    auto put = [&](int m, int n, uint32_t both) {
+      *reinterpret_cast<uint32_t*>(out + m * ldd + (n >> 4) * kBlock + (n & (kBlock - 1))) = both;
+    };
     // Every output of the tile; with counts (kPadded), a padding position's two are 0.  Without
     // counts the loop is the one it was before there were any: no lookup, no test a pair.
     auto store = [&](auto padded) {
@@ -366,8 +372,7 @@ class GegluEpilogue {
               const ElementD lo(gelu(a0) * g0), hi(gelu(a1) * g1);
               both = uint32_t(lo.raw()) | (uint32_t(hi.raw()) << 16);
             }
-            // output columns (n / 16) * 8 + n % 8 and the next: 4 bytes, aligned (ldd is a multiple of 8)
-            *reinterpret_cast<uint32_t*>(out + m * ldd + (n >> 4) * kBlock + (n & (kBlock - 1))) = both;
+            put(m, n, both);
           }
         }
       }
@@ -394,14 +399,11 @@ class GegluEpilogue {
         for (int r = 0; r < 4; r += 2) {
           const int m = get<0>(tCcD(i + r)) + shift;
           const int n = get<1>(tCcD(i + r));
-          if (m < M && n < N) {
-            *reinterpret_cast<uint32_t*>(out + m * ldd + (n >> 4) * kBlock + (n & (kBlock - 1))) = 0u;
-          }
+          if (m < M && n < N) put(m, n, 0u);
         }
       }
     }
   }
-
 
   // torch's gelu (approximate="none") in fp32: x/2 (1 + erf(x / sqrt 2))
   CUTLASS_DEVICE static float gelu(float x) { return (x * 0.5f) * (1.0f + erff(x * 0.70710678118654752f)); }
@@ -589,7 +591,7 @@ int run(Call const& c) {
     }
     Padding padding = c.padding;
     padding.skip = Config::kSkips && (c.m + Config::kTileM - 1) / Config::kTileM <= kMaxTiles &&
-                   c.padding.rows <= laya_padding::kMaxRows;
+                   c.padding.rows <= kMaxRows;
     args.epilogue.padding = padding;
     if constexpr (Config::kSkips) args.scheduler.padding = padding;
   }
