@@ -53,9 +53,9 @@ def task_write():  # a stage's process, writing its output under a temporary nam
         subprocess.run([sys.executable, "-c", WRITER, str(tmp), os.environ["WRITER_PID"]], check=True)
     return {"actions": [act], "targets": [str(DISK / "out" / "decision.pt2")]}
 
-def task_fill():  # fills the disk, then succeeds: doit cannot write the task's state
+def task_fill():  # fills the disk when the test says so, then succeeds: doit cannot write the task's state
     def act():
-        while not Path(os.environ["WRITER_PID"]).exists():
+        while not Path(os.environ["FILL_NOW"]).exists():
             time.sleep(0.05)
         fd = os.open(DISK / "fill.bin", os.O_WRONLY | os.O_CREAT)
         try:
@@ -69,7 +69,8 @@ def task_fill():  # fills the disk, then succeeds: doit cannot write the task's 
 
 
 def _start(path: Path, disk: Path, pid_file: Path, *args: str) -> subprocess.Popen:
-    return start_doit(path, *args, env={"DISK": str(disk), "WRITER_PID": str(pid_file)})
+    env = {"DISK": str(disk), "WRITER_PID": str(pid_file), "FILL_NOW": str(path / "fill-now")}
+    return start_doit(path, *args, env=env)
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> int:
@@ -117,6 +118,7 @@ def test_a_build_whose_state_cannot_be_written_stops_and_leaves_nothing_half_wri
     run = _start(project, small_disk, pid_file, "-n", "2", "write", "fill")
     writer = _wait_for(pid_file, run)
     assert (small_disk / "out" / ".decision.pt2.k2j4h5g6.tmp").is_file()
+    (project / "fill-now").touch()  # only now, so the build cannot stop before the file is seen
     out = run.communicate(timeout=120)[0]
     assert run.returncode == 1, out
     said = [line for line in out.splitlines() if line.startswith("laya-build: ")]
