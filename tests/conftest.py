@@ -31,6 +31,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # No build cache unless a test asks for one (``LAYA_BUILD_CACHE=on`` with its own url): a
 # developer's LAYA_BUILD_CACHE_URL must not answer the builds a test means to run.
 os.environ["LAYA_BUILD_CACHE"] = "off"
+# The processes a test starts write each line when it is printed: tests read doit's task lines
+# and a stage's messages as they come, to act between them (a kill at a task, a second run).
+os.environ.setdefault("PYTHONUNBUFFERED", "1")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -68,7 +68,7 @@ def test_a_build_past_its_limit_is_stopped_with_every_process_it_started(tmp_pat
     work = tmp_path / "work"
     for name in ("build.pid", "worker.pid"):
         pid = int((work / name).read_text())
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not alive(pid), f"{name} {pid} still runs"
@@ -83,7 +83,8 @@ def test_without_a_limit_a_build_runs_to_its_end(tmp_path):
 @pytest.mark.parametrize(("deadline", "reserve", "left"), [(100, 10, 90), (100, 100, 0), (5, 60, 0)])
 def test_the_time_left_before_the_deadline_is_never_negative(tmp_path, deadline, reserve, left):
     run, _ = run_helpers(tmp_path, f"until_deadline {reserve}", DEADLINE_S=str(deadline))
-    assert run.stdout.strip() == str(left)
+    # bash's SECONDS counts whole seconds since the script started: one may have passed
+    assert int(run.stdout.strip()) in {left, max(left - 1, 0)}, run.stdout
 
 
 @pytest.mark.parametrize(("deadline", "needed", "skipped"), [(100, 10, False), (100, 100, True), (5, 60, True)])

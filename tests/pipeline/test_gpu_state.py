@@ -27,8 +27,9 @@ FAKE = textwrap.dedent(
     #!{python}
     import json, os, sys, time
     here = os.path.dirname(os.path.abspath(__file__))
-    with open(os.path.join(here, "asked.json"), "w") as fh:
+    with open(os.path.join(here, "asked.tmp"), "w") as fh:
         json.dump({{"argv": sys.argv[1:], "pid": os.getpid()}}, fh)
+    os.replace(os.path.join(here, "asked.tmp"), os.path.join(here, "asked.json"))
     mode = os.environ.get("FAKE_SMI_MODE", "ok")
     if mode == "fail":
         print('Field "clocks_event_reasons.active" is not a valid field to query.', flush=True)
@@ -67,10 +68,16 @@ def fake_smi(tmp_path, monkeypatch):
     return folder
 
 
-def asked(folder) -> dict:
-    deadline = time.monotonic() + 10
-    while not (folder / "asked.json").exists() and time.monotonic() < deadline:
+def until(condition, what: str, timeout: float = 60) -> None:
+    """Wait for what a freshly started stand-in does: a loaded machine starts Python slowly."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout} s"
         time.sleep(0.02)
+
+
+def asked(folder) -> dict:
+    until((folder / "asked.json").exists, "the stand-in nvidia-smi started")
     return json.loads((folder / "asked.json").read_text())
 
 
@@ -90,7 +97,7 @@ def gpu_state_validator():
 
 def test_a_sampled_block_reports_clocks_power_and_the_limits_active(fake_smi):
     with gpu_state.GpuSampler("GPU-1234", interval_ms=20) as sampler:
-        time.sleep(0.5)
+        until(lambda: len(sampler._lines) >= 8, "eight samples")
     summary = sampler.summary
     assert summary["samples"] >= 8 and summary["interval_ms"] == 20
     assert summary["sm_clock_mhz"]["min"] == 1860 and summary["sm_clock_mhz"]["max"] == 1980
@@ -109,7 +116,7 @@ def test_a_sampled_block_reports_clocks_power_and_the_limits_active(fake_smi):
 def test_the_sampler_ends_with_its_block_also_when_the_block_raises(fake_smi):
     with pytest.raises(RuntimeError, match="timed call failed"):
         with gpu_state.GpuSampler("GPU-1234", interval_ms=20) as sampler:
-            time.sleep(0.1)
+            until(lambda: sampler._lines, "a sample")
             raise RuntimeError("timed call failed")
     pid = asked(fake_smi)["pid"]
     assert not alive(pid)
@@ -129,10 +136,7 @@ def test_a_killed_timing_process_leaves_no_sampler_behind(fake_smi):
         assert alive(pid)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-        deadline = time.monotonic() + 10
-        while alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not alive(pid), "the sampler outlived the process that timed"
+        until(lambda: not alive(pid), "the sampler ended with the process that timed")
     finally:
         proc.kill()
         proc.wait()
@@ -141,7 +145,7 @@ def test_a_killed_timing_process_leaves_no_sampler_behind(fake_smi):
 def test_a_failing_or_missing_nvidia_smi_says_why_and_the_timing_stands(fake_smi, monkeypatch):
     monkeypatch.setenv("FAKE_SMI_MODE", "fail")
     with gpu_state.GpuSampler("GPU-1234") as sampler:
-        time.sleep(0.1)
+        sampler._proc.wait(60)  # it prints its complaint and exits
     assert sampler.summary == {
         "unavailable": 'nvidia-smi gave no sample (exit code 2: Field "clocks_event_reasons.active" '
         "is not a valid field to query.)"

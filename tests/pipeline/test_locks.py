@@ -17,13 +17,15 @@ from pathlib import Path
 from laya_build.locks import held
 with held(sys.argv[1], "the test's lock", holder="aoti_package:cpu-float32 in /a/checkout"):
     Path(sys.argv[2]).write_text("held")
-    time.sleep(float(sys.argv[3]))
+    deadline = time.monotonic() + 120
+    while not Path(sys.argv[3]).exists() and time.monotonic() < deadline:  # until the test lets go
+        time.sleep(0.02)
 """
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _hold(lock: Path, marker: Path, seconds: float) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(lock), str(marker), str(seconds)], cwd=ROOT)
+def _hold(lock: Path, marker: Path, release: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(lock), str(marker), str(release)], cwd=ROOT)
     deadline = time.monotonic() + 60
     while not marker.exists():
         assert proc.poll() is None and time.monotonic() < deadline
@@ -31,9 +33,12 @@ def _hold(lock: Path, marker: Path, seconds: float) -> subprocess.Popen:
     return proc
 
 
-def test_a_waiter_names_the_holder_and_the_holder_leaves_no_name_behind(tmp_path, capsys):
-    lock = tmp_path / "x.lock"
-    holder = _hold(lock, tmp_path / "held", 1.5)
+def test_a_waiter_names_the_holder_and_the_holder_leaves_no_name_behind(tmp_path, capsys, monkeypatch):
+    lock, release = tmp_path / "x.lock", tmp_path / "release"
+    holder = _hold(lock, tmp_path / "held", release)
+    said = locks.log.info
+    # the holder lets go once this process has said whom it waits for
+    monkeypatch.setattr(locks.log, "info", lambda message, *a, **k: (said(message, *a, **k), release.touch()))
     with locks.held(lock, "the test's lock", holder="me"):
         out = capsys.readouterr().out
         # the holder's name is gone with it; this process's stands while it holds the lock

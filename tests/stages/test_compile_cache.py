@@ -31,7 +31,12 @@ from pathlib import Path
 from laya_build.runner.folders import inductor_cache
 with inductor_cache(sys.argv[1], shared=sys.argv[4] == "shared") as cache:
     Path(sys.argv[2]).write_text(str(cache))
-    time.sleep(float(sys.argv[3]))
+    if sys.argv[3].replace(".", "", 1).isdigit():  # seconds
+        time.sleep(float(sys.argv[3]))
+    else:  # a file: until the test makes it
+        deadline = time.monotonic() + 120
+        while not Path(sys.argv[3]).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
 """
 
 
@@ -248,10 +253,10 @@ def test_the_compiles_temporary_folder_is_its_own_and_its_headers_the_users(tmp_
 def test_a_build_of_another_user_that_holds_the_folder_is_waited_for(as_other_user):
     """Another user's real build holds the shared folder of the same programs: this build says what
     it waits for, waits, then compiles in the same folder (not in a folder of its own)."""
-    marker = as_other_user["place"] / "home" / "held"
+    marker, release = as_other_user["place"] / "home" / "held", as_other_user["place"] / "home" / "release"
     key = compile_cache_key("cpu", "float32", _unique("7"))
     theirs = subprocess.Popen(
-        [*as_other_user["prefix"], sys.executable, "-c", HOLD, key, str(marker), "6", "shared"],
+        [*as_other_user["prefix"], sys.executable, "-c", HOLD, key, str(marker), str(release), "shared"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -264,17 +269,25 @@ def test_a_build_of_another_user_that_holds_the_folder_is_waited_for(as_other_us
             time.sleep(0.05)
         assert marker.read_text() == str(folders.SHARED_COMPILE_ROOT / key)
         assert (folders.SHARED_COMPILE_ROOT / key).stat().st_uid == NOBODY
-        mine = subprocess.run(
+        mine = subprocess.Popen(
             [sys.executable, "-c", HOLD, key, "/dev/null", "0", "shared"],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
-            timeout=120,
             cwd=REPO,
         )
+        lines = []
+        for line in mine.stdout:  # it says whom it waits for; then their build ends
+            lines.append(line)
+            if "waiting for the compile folder" in line:
+                break
+        release.touch()
+        said = "".join(lines) + mine.communicate(timeout=120)[0]
         assert theirs.wait(timeout=60) == 0
     finally:
         theirs.kill()
-    said = mine.stdout + mine.stderr
+        if "mine" in locals():
+            mine.kill()
     assert mine.returncode == 0, said
     lock = folders.SHARED_COMPILE_ROOT / f".{key}.{NOBODY}.lock"
     expected = f"waiting for the compile folder {folders.SHARED_COMPILE_ROOT / key} (lock {lock}, held by uid {NOBODY}"
