@@ -262,6 +262,7 @@ def test_a_build_of_another_user_that_holds_the_folder_is_waited_for(as_other_us
         text=True,
         **as_other_user["kwargs"],
     )
+    mine = None
     try:
         deadline = time.monotonic() + 60
         while not marker.exists():
@@ -286,7 +287,7 @@ def test_a_build_of_another_user_that_holds_the_folder_is_waited_for(as_other_us
         assert theirs.wait(timeout=60) == 0
     finally:
         theirs.kill()
-        if "mine" in locals():
+        if mine is not None:
             mine.kill()
     assert mine.returncode == 0, said
     lock = folders.SHARED_COMPILE_ROOT / f".{key}.{NOBODY}.lock"
